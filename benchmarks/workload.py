@@ -1,0 +1,102 @@
+"""Shared vocabulary of the benchmark workloads: what a workload is and what a build returns.
+
+A workload module defines ``WORKLOADS``, a tuple of :class:`Workload`. Each workload names,
+per contender, a *builder*: a function that takes the workload's parameters as keywords and
+returns a :class:`Case`. Building (making data, constructing datasets) is never timed; only
+``Case.run`` is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+# Contenders that speak Grain's dataset API: one builder serves all of them.
+GRAIN_API_CONTENDERS = ("grain", "gristmill")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One contender's ready-to-time instance of a workload.
+
+    Attributes:
+      run: does the timed work once; its return value is ignored.
+      elements: how many elements one ``run()`` processes (the per-element divisor).
+      sample: untimed; returns some outputs, digested to check that contenders agree.
+        ``None`` digests what the last ``run()`` returned instead (for runs that return
+        their outputs, and whose repetition would be costly).
+    """
+
+    run: Callable[[], object]
+    elements: int
+    sample: Callable[[], object] | None = None
+
+
+Builder = Callable[..., Case]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A named piece of work, measured once per contender.
+
+    Attributes:
+      name: the name used by ``--only`` and in the results table.
+      summary: one line for the README and ``--list``.
+      params: keyword arguments passed to every builder in a full run.
+      quick_params: the same keys, smaller values, for ``--quick``.
+      builders: contender name -> builder.
+    """
+
+    name: str
+    summary: str
+    params: Mapping[str, int]
+    quick_params: Mapping[str, int]
+    builders: Mapping[str, Builder] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if set(self.params) != set(self.quick_params):
+            raise ValueError(
+                f"workload {self.name!r}: params and quick_params must have the same keys, "
+                f"got {sorted(self.params)} and {sorted(self.quick_params)}"
+            )
+
+
+def grain_api(build: Callable[..., Case]) -> dict[str, Builder]:
+    """Builders for every Grain-API contender from one ``build(module, **params)``."""
+
+    def bind(name: str) -> Builder:
+        return lambda **params: build(load_module(name), **params)
+
+    return {name: bind(name) for name in GRAIN_API_CONTENDERS}
+
+
+def load_module(name: str) -> ModuleType:
+    """Imports a contender's top-level module (``grain`` or ``gristmill``)."""
+    return importlib.import_module(name)
+
+
+def digest(value: Any) -> str:
+    """A short hash of a nested output, blind to container and numpy-scalar types.
+
+    Arrays keep their dtype and shape; a numpy integer and a Python int are equal, so the
+    digest compares values, not representation (the parity tests check types).
+    """
+    return hashlib.sha1(repr(_plain(value)).encode()).hexdigest()[:12]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return sorted((str(k), _plain(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,36 @@
+"""gristmill: fast, deterministic, resumable data loading for ML training.
+
+Grain-compatible: ``import gristmill as grain`` runs Grain 0.2.18 dataset code.
+
+>>> import gristmill as gm
+>>> ds = gm.MapDataset.range(10).seed(42).shuffle().map(lambda x: x * 2).batch(5)
+>>> ds[0].tolist()
+[2, 14, 12, 18, 0]
+"""
+
+from gristmill import constants, experimental, sources, transforms
+from gristmill._src import dataset as _dataset  # registers the transformations
+from gristmill._src.core.options import ReadOptions
+from gristmill._src.core.records import Record, RecordMetadata
+from gristmill._src.dataset.base import MapDataset
+from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.public import export as _export
+
+_export("gristmill", MapDataset, IterDataset, DatasetIterator, ReadOptions, Record, RecordMetadata)
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "MapDataset",
+    "IterDataset",
+    "DatasetIterator",
+    "ReadOptions",
+    "Record",
+    "RecordMetadata",
+    "constants",
+    "experimental",
+    "sources",
+    "transforms",
+]
+
+del _dataset

@@ -1,0 +1,35 @@
+"""Option dataclasses shared by the dataset API and the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+
+@dataclasses.dataclass(slots=True)
+class ReadOptions:
+    """How ``to_iter_dataset`` reads a MapDataset.
+
+    Attributes:
+      num_threads: threads reading and transforming elements concurrently.
+      prefetch_buffer_size: how many elements may be read ahead of the consumer.
+    """
+
+    num_threads: int = 16
+    prefetch_buffer_size: int = 500
+
+    def __post_init__(self) -> None:
+        for name in ("num_threads", "prefetch_buffer_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int >= 0, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}; use 0 to read inline")
+        if 0 < self.prefetch_buffer_size < self.num_threads:
+            warnings.warn(
+                f"prefetch_buffer_size={self.prefetch_buffer_size} is smaller than "
+                f"num_threads={self.num_threads}, so some threads will idle; use a buffer of "
+                "at least num_threads elements",
+                UserWarning,
+                stacklevel=3,
+            )

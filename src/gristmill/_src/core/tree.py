@@ -1,0 +1,93 @@
+"""Nested structures ("trees") of lists, tuples, namedtuples and mappings, and batching them.
+
+Containers: list, tuple, namedtuple, dict / any Mapping (incl. defaultdict). Everything else
+(numpy arrays and scalars, Python scalars, str, bytes, None) is a leaf. Mapping order is the
+insertion order of the first element (Grain 0.2.18 without jax).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _is_namedtuple(x: object) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def _rebuild_mapping(template: Mapping[Any, Any], items: list[tuple[Any, Any]]) -> Any:
+    if isinstance(template, defaultdict):
+        return defaultdict(template.default_factory, items)
+    if type(template) is dict:
+        return dict(items)
+    try:
+        return type(template)(items)  # type: ignore[call-arg]
+    except TypeError:
+        return dict(items)
+
+
+def map_structure(fn: Callable[..., Any], *trees: Any) -> Any:
+    """Applies ``fn`` to the leaves of ``trees`` (which share one structure) position-wise."""
+    return _map(fn, trees, "")
+
+
+def _mismatch(path: str, what: str) -> ValueError:
+    where = path or "the top level"
+    return ValueError(
+        f"Expected all input elements to have the same structure, but they differ at "
+        f"{where}: {what}. Make every element of a batch the same nested structure, or "
+        "pass batch_fn=list to keep elements as a list."
+    )
+
+
+def _map(fn: Callable[..., Any], trees: Sequence[Any], path: str) -> Any:
+    first = trees[0]
+    if isinstance(first, Mapping):
+        keys = list(first.keys())
+        key_set = set(keys)
+        for other in trees[1:]:
+            if not isinstance(other, Mapping):
+                raise _mismatch(path, f"a mapping and a {type(other).__name__}")
+            if other.keys() != key_set:
+                missing = key_set - set(other.keys())
+                extra = set(other.keys()) - key_set
+                raise _mismatch(path, f"mapping keys differ (missing {missing}, extra {extra})")
+        items = [(k, _map(fn, [t[k] for t in trees], f"{path}[{k!r}]")) for k in keys]
+        return _rebuild_mapping(first, items)
+    if isinstance(first, (list, tuple)):
+        kind = type(first)
+        for other in trees[1:]:
+            if type(other) is not kind:
+                raise _mismatch(path, f"a {kind.__name__} and a {type(other).__name__}")
+            if len(other) != len(first):
+                raise _mismatch(path, f"sequence lengths {len(first)} and {len(other)}")
+        children = [_map(fn, [t[i] for t in trees], f"{path}[{i}]") for i in range(len(first))]
+        if _is_namedtuple(first):
+            return kind(*children)
+        return kind(children)
+    for other in trees[1:]:
+        if isinstance(other, (Mapping, list, tuple)):
+            raise _mismatch(path, f"a leaf {type(first).__name__} and a {type(other).__name__}")
+    return fn(*trees)
+
+
+def _stack_leaves(*leaves: Any) -> np.ndarray:
+    try:
+        return np.stack(leaves)
+    except ValueError as e:
+        shapes = sorted({np.shape(leaf) for leaf in leaves})
+        raise ValueError(
+            "Expected all input elements to have the same structure, but leaf shapes "
+            f"differ: {shapes}. Pad or crop the leaves to one shape before batching (see "
+            "gristmill.experimental.batch_and_pad), or pass batch_fn=list."
+        ) from e
+
+
+def stack(elements: Sequence[Any]) -> Any:
+    """Stacks element trees leaf-wise: leaf ``x`` of shape ``s`` -> array of ``(n, *s)``."""
+    if not elements:
+        raise ValueError("cannot batch an empty list of elements")
+    return _map(_stack_leaves, elements, "")

@@ -1,0 +1,71 @@
+"""Shared argument checks, so one rule is phrased the same way everywhere.
+
+Every message names the parameter, the rule, the value received and the fix.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+_MAX_SEED = 2**32
+
+
+def check_index(index: Any) -> int:
+    """An element index: an ``int`` or numpy integer; anything else is a TypeError."""
+    try:
+        return operator.index(index)
+    except TypeError:
+        raise TypeError(
+            f"index must be an integer (int or numpy integer), got {index!r} of type "
+            f"{type(index).__name__}; convert it with int(index) if it is integral"
+        ) from None
+
+
+def empty_dataset_error(dataset: object, index: int) -> IndexError:
+    return IndexError(
+        f"cannot read index {index} of {dataset}: the dataset is empty (length 0); "
+        "check the source and any slice that produced it"
+    )
+
+
+def check_positive_int(value: Any, name: str, *, fix: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 1, got {value!r}{fix}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}{fix}")
+    return value
+
+
+def check_shuffle_seed(seed: Any, name: str = "seed") -> int:
+    """A permutation seed: an integer in ``[0, 2**32)``."""
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an integer in [0, 2**32), got {seed!r} of type {type(seed).__name__}"
+        ) from None
+    if not 0 <= value < _MAX_SEED:
+        raise ValueError(
+            f"{name} must be an integer between 0 and 2**32-1, got {seed!r}; "
+            f"reduce it, e.g. {name}={seed!r} % 2**32"
+        )
+    return value
+
+
+def check_rng_seed(seed: Any, name: str = "seed") -> int:
+    """A seed for numpy's Philox: any non-negative integer."""
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a non-negative integer, got {seed!r} of type {type(seed).__name__}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
+    return value
+
+
+def check_callable(fn: Any, name: str, *, hint: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name} must be callable ({hint}), got {fn!r} of type {type(fn).__name__}")

@@ -1,0 +1,12 @@
+"""The lazy dataset graph. Importing this package registers every transformation."""
+
+from gristmill._src.dataset import (  # noqa: F401  (imported for registration)
+    batching,
+    combine,
+    flatmap,
+    mapping,
+    shuffle,
+    slicing,
+    source,
+    to_iter,
+)

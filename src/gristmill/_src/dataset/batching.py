@@ -1,0 +1,101 @@
+"""``ds.batch(batch_size)``: consecutive elements of one epoch, stacked leaf-wise."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from gristmill._src.core import tree, validation
+from gristmill._src.dataset.base import IndexArray, MapDataset, register
+
+_INT64_MAX = 2**63 - 1
+
+
+def _discarding_ancestor(ds: MapDataset[Any]) -> str | None:
+    """The name of an upstream op that can leave holes (``None``), if any."""
+    stack = [ds]
+    while stack:
+        node = stack.pop()
+        if getattr(node, "_may_discard", False):
+            return type(node).__name__
+        stack.extend(node.parents)
+    return None
+
+
+@register("batch")
+class BatchMapDataset(MapDataset[Any]):
+    """Batch ``b``: ``e, k = divmod(b, len)``; ``parent[e*n + j]`` for j in batch ``k``.
+
+    A batch never crosses a parent epoch; the last one of an epoch may be short unless
+    ``drop_remainder``.
+    """
+
+    def __init__(
+        self,
+        parent: MapDataset[Any],
+        batch_size: int,
+        drop_remainder: bool = False,
+        batch_fn: Callable[[Sequence[Any]], Any] | None = None,
+    ) -> None:
+        super().__init__(parent)
+        validation.check_positive_int(batch_size, "batch_size")
+        if batch_fn is not None:
+            validation.check_callable(batch_fn, "batch_fn", hint="e.g. batch_fn=list")
+        holes = _discarding_ancestor(parent)
+        if holes is not None:
+            raise ValueError(
+                f"`MapDataset.batch` can not follow `MapDataset.filter` (here {holes}) because "
+                "it can discard elements, which would leave holes in a batch; convert to an "
+                "IterDataset first: ds.to_iter_dataset().batch(...)"
+            )
+        self._batch_size = batch_size
+        self._drop_remainder = bool(drop_remainder)
+        self._batch_fn = tree.stack if batch_fn is None else batch_fn
+        n = len(parent)
+        self._parent_length = n
+        self._length = n // batch_size if drop_remainder else -(-n // batch_size)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _member_indices(self, index: int) -> IndexArray | list[int]:
+        length = self._length
+        if not length:
+            raise validation.empty_dataset_error(self, index)
+        epoch, k = divmod(index, length)
+        n, bs = self._parent_length, self._batch_size
+        start = epoch * n + k * bs
+        stop = epoch * n + min(n, (k + 1) * bs)
+        if start >= -_INT64_MAX and stop <= _INT64_MAX:
+            return np.arange(start, stop, dtype=np.int64)
+        return list(range(start, stop))
+
+    def _get(self, index: int) -> Any:
+        members = self._member_indices(index)
+        if isinstance(members, list):
+            elements = [self._parent._get(i) for i in members]
+        else:
+            elements = self._parent._read(members)
+        return self._batch_fn(elements)
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        groups = [self._member_indices(i) for i in indices.tolist()]
+        if any(isinstance(g, list) for g in groups):
+            return [self._get(i) for i in indices.tolist()]
+        if not groups:
+            return []
+        elements = self._parent._read(np.concatenate(groups))
+        out = []
+        start = 0
+        for g in groups:
+            stop = start + len(g)
+            out.append(self._batch_fn(elements[start:stop]))
+            start = stop
+        return out
+
+    def __str__(self) -> str:
+        return (
+            f"BatchMapDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
+        )

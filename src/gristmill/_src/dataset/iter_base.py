@@ -1,0 +1,111 @@
+"""Base classes of the streaming half: IterDataset (an Iterable) and DatasetIterator.
+
+Minimal in this release: the bases (for Grain's subclassing contract) and what
+``MapDataset.to_iter_dataset`` / iteration need. The IterDataset transformations arrive
+with the iterator issue.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+def _single_parent(owner: object, parents: tuple[Any, ...]) -> Any:
+    if len(parents) != 1:
+        raise ValueError(
+            f"{type(owner).__name__} has {len(parents)} parents; _parent is only defined "
+            "for exactly one — use _parents"
+        )
+    return parents[0]
+
+
+class IterDataset(Generic[T], abc.ABC):
+    """A lazy, sequential dataset: ``iter(ds)`` returns a checkpointable DatasetIterator."""
+
+    def __init__(self, parents: Any = ()) -> None:
+        from gristmill._src.dataset.base import MapDataset
+
+        if isinstance(parents, (MapDataset, IterDataset)):
+            parents = (parents,)
+        self._parents: tuple[Any, ...] = tuple(parents)
+
+    @property
+    def parents(self) -> tuple[Any, ...]:
+        """The datasets this one reads from."""
+        return self._parents
+
+    @property
+    def _parent(self) -> Any:
+        return _single_parent(self, self._parents)
+
+    @property
+    def _own_seed(self) -> int | None:
+        return None
+
+    def pipe(self, func: Callable[..., S], /, *args: Any, **kwargs: Any) -> S:
+        """Returns ``func(self, *args, **kwargs)``."""
+        return func(self, *args, **kwargs)
+
+    @abc.abstractmethod
+    def __iter__(self) -> DatasetIterator[T]:
+        """A new iterator positioned at the start."""
+
+    def __str__(self) -> str:
+        return type(self).__name__
+
+
+class DatasetIterator(Generic[T], abc.ABC):
+    """An iterator with ``get_state()`` / ``set_state()``; ``close()`` releases resources."""
+
+    def __init__(self, parents: DatasetIterator[Any] | Sequence[DatasetIterator[Any]] = ()) -> None:
+        if isinstance(parents, DatasetIterator):
+            parents = (parents,)
+        self._parents: tuple[DatasetIterator[Any], ...] = tuple(parents)
+        self._closed = False
+
+    @property
+    def _parent(self) -> DatasetIterator[Any]:
+        return _single_parent(self, self._parents)  # type: ignore[no-any-return]
+
+    def __iter__(self) -> DatasetIterator[T]:
+        return self
+
+    @abc.abstractmethod
+    def __next__(self) -> T:
+        """The next element; StopIteration at the end."""
+
+    @abc.abstractmethod
+    def get_state(self) -> dict[str, Any]:
+        """A small JSON-able dict describing the position after the last returned element."""
+
+    @abc.abstractmethod
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Moves to the position ``state`` describes."""
+
+    def start_prefetch(self) -> None:
+        """Starts background work early (no-op for iterators without any)."""
+
+    def close(self) -> None:
+        """Releases resources held by this iterator and its parents; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for parent in self._parents:
+            parent.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(
+                f"Trying to advance a closed iterator: {self}; create a new one with iter(ds)"
+            )
+
+    def __enter__(self) -> DatasetIterator[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,146 @@
+"""Element-wise transformations of a MapDataset: map, random_map, map_with_index, filter.
+
+``None`` marks a filtered-out element: each of these passes it through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gristmill._src.core import transforms, validation
+from gristmill._src.core.rng import IndexedRng
+from gristmill._src.dataset.base import IndexArray, MapDataset, register
+from gristmill._src.dataset.shuffle import resolve_seed
+
+_U64 = 2**64
+
+
+@register("map")
+class MapMapDataset(MapDataset[Any]):
+    """``fn(x)`` for every element."""
+
+    def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = transforms.as_function(
+            transform, transforms.Map, "map", "transform", "ds.map(lambda x: x + 1)"
+        )
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def _get(self, index: int) -> Any:
+        element = self._parent._get(index)
+        return None if element is None else self._fn(element)
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        fn = self._fn
+        return [None if x is None else fn(x) for x in self._parent._read(indices)]
+
+    def __str__(self) -> str:
+        return f"MapMapDataset(transform={transforms.describe(self._transform)})"
+
+
+def _random_map_function(transform: Any) -> Any:
+    if isinstance(transform, transforms.TfRandomMap):
+        return transform.np_random_map
+    return transforms.as_function(
+        transform,
+        transforms.RandomMap,
+        "random_map",
+        "transform",
+        "ds.random_map(lambda x, rng: x + rng.integers(10), seed=0)",
+    )
+
+
+@register("random_map")
+class RandomMapMapDataset(MapDataset[Any]):
+    """``fn(x, rng)`` where ``rng`` depends only on (seed, index)."""
+
+    def __init__(self, parent: MapDataset[Any], transform: Any, seed: int | None = None) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = _random_map_function(transform)
+        if seed is None:
+            seed = resolve_seed(self, None, "random_map")
+        self._rng = IndexedRng(validation.check_rng_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def _get(self, index: int) -> Any:
+        element = self._parent._get(index)
+        if element is None:
+            return None
+        return self._fn(element, self._rng.at(index % _U64))
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        fn, at = self._fn, self._rng.at
+        return [
+            None if x is None else fn(x, at(i % _U64))
+            for i, x in zip(indices.tolist(), self._parent._read(indices), strict=True)
+        ]
+
+    def __str__(self) -> str:
+        return f"RandomMapMapDataset(transform={transforms.describe(self._transform)})"
+
+
+@register("map_with_index")
+class MapWithIndexMapDataset(MapDataset[Any]):
+    """``fn(index, x)``, ``index`` being the position read from this dataset."""
+
+    def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = transforms.as_function(
+            transform,
+            transforms.MapWithIndex,
+            "map_with_index",
+            "transform",
+            "ds.map_with_index(lambda i, x: (i, x))",
+        )
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def _get(self, index: int) -> Any:
+        element = self._parent._get(index)
+        return None if element is None else self._fn(index, element)
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        fn = self._fn
+        return [
+            None if x is None else fn(i, x)
+            for i, x in zip(indices.tolist(), self._parent._read(indices), strict=True)
+        ]
+
+    def __str__(self) -> str:
+        return f"MapWithIndexMapDataset(transform={transforms.describe(self._transform)})"
+
+
+@register("filter")
+class FilterMapDataset(MapDataset[Any]):
+    """Keeps elements where the predicate holds; the others read as ``None``."""
+
+    _may_discard = True
+
+    def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = transforms.as_function(
+            transform, transforms.Filter, "filter", "transform", "ds.filter(lambda x: x > 0)"
+        )
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def _get(self, index: int) -> Any:
+        element = self._parent._get(index)
+        return element if element is not None and self._fn(element) else None
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        fn = self._fn
+        return [x if x is not None and fn(x) else None for x in self._parent._read(indices)]
+
+    def __str__(self) -> str:
+        return f"FilterMapDataset(transform={transforms.describe(self._transform)})"

@@ -1,0 +1,136 @@
+"""``ds.slice(sl)`` / ``ds[a:b:c]``, ``ds.repeat(...)`` and ``ds.seed(s)``: index arithmetic."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from gristmill._src.core import validation
+from gristmill._src.dataset.base import IndexArray, MapDataset, register
+
+
+@register("slice")
+class SliceMapDataset(MapDataset[Any]):
+    """Element ``i``: ``parent[start + (i % m)*step + (i // m)*len(parent)]``.
+
+    Epoch ``k`` of the slice reads epoch ``k`` of the parent (google/grain#1200): after a
+    shuffle, a repeated slice sees the parent's later permutations. To repeat a fixed subset
+    use ``repeat(reseed_each_epoch=False)``, or slice before shuffling.
+    """
+
+    def __init__(self, parent: MapDataset[Any], sl: slice) -> None:
+        super().__init__(parent)
+        if not isinstance(sl, slice):
+            raise ValueError(
+                f"sl must be a slice object, got {sl!r} of type {type(sl).__name__}; "
+                "write ds.slice(slice(2, 8)) or ds[2:8]"
+            )
+        if sl.step == 0:
+            raise ValueError("slice step cannot be zero, got step=0; use a step of 1 or -1")
+        self._start, self._stop, self._step = sl.indices(len(parent))
+        self._length = len(range(self._start, self._stop, self._step))
+        self._parent_length = len(parent)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _get(self, index: int) -> Any:
+        m = self._length
+        if not m:
+            raise validation.empty_dataset_error(self, index)
+        epoch, position = divmod(index, m)
+        return self._parent._get(self._start + position * self._step + epoch * self._parent_length)
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        m = self._length
+        if not m:
+            if not indices.size:
+                return []
+            raise validation.empty_dataset_error(self, int(indices[0]))
+        if self._parent_length > 2**40:
+            return [self._get(i) for i in indices.tolist()]
+        return self._parent._read(
+            self._start + (indices % m) * self._step + (indices // m) * self._parent_length
+        )
+
+    def __str__(self) -> str:
+        return f"SliceMapDataset[{self._start}:{self._stop}:{self._step}]"
+
+
+@register("repeat")
+class RepeatMapDataset(MapDataset[Any]):
+    """``num_epochs`` epochs of the parent (``sys.maxsize`` elements when None)."""
+
+    def __init__(
+        self,
+        parent: MapDataset[Any],
+        num_epochs: int | None = None,
+        reseed_each_epoch: bool = True,
+    ) -> None:
+        super().__init__(parent)
+        parent_length = len(parent)
+        if num_epochs is not None:
+            validation.check_positive_int(
+                num_epochs, "num_epochs", fix="; use repeat(None) to repeat forever"
+            )
+        if parent_length >= sys.maxsize:
+            raise ValueError(
+                f"Repeating already infinite dataset {parent} does nothing; remove the "
+                "repeat(...) call"
+            )
+        self._parent_length = parent_length
+        self._reseed = reseed_each_epoch
+        if num_epochs is None:
+            self._length = sys.maxsize if parent_length else 0
+        else:
+            self._length = min(num_epochs * parent_length, sys.maxsize)
+        self._num_epochs = num_epochs
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _get(self, index: int) -> Any:
+        if not self._reseed:
+            if not self._parent_length:
+                raise validation.empty_dataset_error(self, index)
+            index %= self._parent_length
+        return self._parent._get(index)
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        if not self._reseed:
+            if not self._parent_length:
+                if not indices.size:
+                    return []
+                raise validation.empty_dataset_error(self, int(indices[0]))
+            indices = indices % self._parent_length
+        return self._parent._read(indices)
+
+    def __str__(self) -> str:
+        return f"RepeatMapDataset(num_epochs={self._num_epochs})"
+
+
+@register("seed")
+class SeedMapDataset(MapDataset[Any]):
+    """Carries the default seed for random ops downstream; elements pass unchanged."""
+
+    def __init__(self, parent: MapDataset[Any], seed: int) -> None:
+        super().__init__(parent)
+        if seed is None:
+            raise ValueError("seed must be an integer, got None; call ds.seed(42)")
+        self._seed_value = validation.check_rng_seed(seed)
+
+    @property
+    def _own_seed(self) -> int:
+        return self._seed_value
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def _get(self, index: int) -> Any:
+        return self._parent._get(index)
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        return self._parent._read(indices)
+
+    def __str__(self) -> str:
+        return f"SeedMapDataset(seed={self._seed_value})"

@@ -1,0 +1,110 @@
+"""Leaf datasets: ``MapDataset.source(seq)`` and ``MapDataset.range(...)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gristmill._src.core import validation
+from gristmill._src.dataset.base import IndexArray, MapDataset, register
+
+
+def _batched_reader(source: Any) -> Any:
+    """The source's own many-at-once read, if it offers one (PyTorch or Grain spelling)."""
+    for name in ("__getitems__", "_getitems"):
+        reader = getattr(source, name, None)
+        if callable(reader):
+            return reader
+    return None
+
+
+@register("source")
+class SourceMapDataset(MapDataset[Any]):
+    """``ds[i] = source[i % len(source)]``; chunks go to the source's batched read if any."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+            raise TypeError(
+                "source must be a Sequence or a RandomAccessDataSource (with __len__ and "
+                f"__getitem__), got {source!r} of type {type(source).__name__}; for an "
+                "iterable, use a list(...) of it or an IterDataset"
+            )
+        self._source = source
+        self._length = len(source)
+        self._batched = _batched_reader(source)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _get(self, index: int) -> Any:
+        try:
+            return self._source[index % self._length]
+        except ZeroDivisionError:
+            raise validation.empty_dataset_error(self, index) from None
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        if not self._length:
+            if not indices.size:
+                return []
+            raise validation.empty_dataset_error(self, int(indices[0]))
+        local = indices % self._length
+        source = self._source
+        if isinstance(source, np.ndarray):
+            return list(source[local])
+        if self._batched is not None:
+            return list(self._batched(local.tolist()))
+        return [source[i] for i in local.tolist()]
+
+    def __str__(self) -> str:
+        return f"SourceMapDataset(source={type(self._source).__name__})"
+
+
+def _check_range_arg(value: Any, name: str) -> int:
+    try:
+        return validation.check_index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an integer, got {value!r} of type {type(value).__name__}"
+        ) from None
+
+
+@register("range")
+class RangeMapDataset(MapDataset[int]):
+    """Like builtin ``range``: ``ds[i] = start + (i % len) * step``."""
+
+    def __init__(self, start: int, stop: int | None = None, step: int = 1) -> None:
+        super().__init__()
+        if stop is None:
+            start, stop = 0, start
+        start = _check_range_arg(start, "start")
+        stop = _check_range_arg(stop, "stop")
+        step = _check_range_arg(step, "step")
+        if step == 0:
+            raise ValueError("step must not be zero, got step=0; use step=1 to count up")
+        self._range = range(start, stop, step)
+        self._length = len(self._range)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _get(self, index: int) -> int:
+        try:
+            return self._range[index % self._length]
+        except ZeroDivisionError:
+            raise validation.empty_dataset_error(self, index) from None
+
+    def _read(self, indices: IndexArray) -> list[Any]:
+        if not self._length:
+            if not indices.size:
+                return []
+            raise validation.empty_dataset_error(self, int(indices[0]))
+        r = self._range
+        if abs(r.start) + abs(r.step) * self._length < 2**62:
+            return (r.start + (indices % self._length) * r.step).tolist()  # type: ignore[no-any-return]
+        return [r[i % self._length] for i in indices.tolist()]
+
+    def __str__(self) -> str:
+        r = self._range
+        return f"RangeMapDataset(start={r.start}, stop={r.stop}, step={r.step})"

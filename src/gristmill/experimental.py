@@ -1,0 +1,16 @@
+"""Experimental API (Grain-compatible names); grows as features land."""
+
+from gristmill._src.core.index_shuffle import index_shuffle
+from gristmill._src.core.transforms import FlatMap as FlatMapTransform
+from gristmill._src.core.transforms import MapWithIndex as MapWithIndexTransform
+from gristmill._src.dataset.flatmap import FlatMapMapDataset
+from gristmill._src.public import export as _export
+
+_export("gristmill.experimental", FlatMapMapDataset)
+
+__all__ = [
+    "FlatMapMapDataset",
+    "FlatMapTransform",
+    "MapWithIndexTransform",
+    "index_shuffle",
+]

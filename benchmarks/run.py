@@ -5,10 +5,11 @@
 Every (workload, contender) pair is measured in a fresh subprocess (this file with
 ``--child``), so one contender's imports, caches and garbage never touch another's. Each
 round measures every pair once, rotating the order of contenders; a child does one untimed
-warm-up run, then ``--runs`` timed runs. A row reports the best and the median of all timed
-runs of all rounds. Ratios are throughput ratios of best times: ``x grain`` is this row's
-elements/s over grain's, ``x limit`` this row's over the limit's (1.0 = as fast as a bare
-loop). Workloads live in ``WORKLOAD_MODULES``; see README.md.
+warm-up run, then at least ``--runs`` timed runs, more while they add up to less than
+``min_time_s`` (so fast contenders get enough samples). A row reports the best and the
+median of all timed runs of all rounds. Ratios are throughput ratios of best times:
+``x grain`` is this row's elements/s over grain's, ``x limit`` this row's over the limit's
+(1.0 = as fast as a bare loop). Workloads live in ``WORKLOAD_MODULES``; see README.md.
 """
 
 from __future__ import annotations
@@ -45,17 +46,20 @@ class Profile:
 
     Attributes:
       rounds: each round measures every (workload, contender) in a fresh subprocess.
-      runs: timed runs per subprocess, after one untimed warm-up run.
+      runs: the fewest timed runs per subprocess, after one untimed warm-up run.
+      min_time_s: a subprocess keeps timing runs (up to _MAX_RUNS) until they add up to this.
       timeout_s: a child running longer than this is killed and reported as an error.
     """
 
     rounds: int
     runs: int
+    min_time_s: float
     timeout_s: float
 
 
-FULL = Profile(rounds=5, runs=1, timeout_s=300)
-QUICK = Profile(rounds=2, runs=2, timeout_s=60)
+FULL = Profile(rounds=5, runs=1, min_time_s=0.25, timeout_s=300)
+QUICK = Profile(rounds=2, runs=1, min_time_s=0.05, timeout_s=60)
+_MAX_RUNS = 50
 
 
 @dataclass(kw_only=True)
@@ -68,6 +72,7 @@ class Row:
     times_s: list[float] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    tracebacks: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +93,7 @@ class Row:
             "times_s": self.times_s,
             "digests": sorted(set(self.digests)),
             "error": self.errors[0] if self.errors else None,
+            "traceback": self.tracebacks[0] if self.tracebacks else None,
             "output_vs_grain": output,
         }
         if self.ok:
@@ -114,19 +120,20 @@ def load_workloads() -> dict[str, Any]:
 # --- child: one (workload, contender) in this process -----------------------------------
 
 
-def child(workload_name: str, contender: str, runs: int, quick: bool) -> dict[str, Any]:
-    """Builds the case, warms it up, times ``runs`` runs; never raises."""
+def child(workload_name: str, contender: str, profile: Profile, quick: bool) -> dict[str, Any]:
+    """Builds the case, warms it up, times runs as the profile says; never raises."""
     try:
-        workload = load_workloads()[workload_name]  # also puts benchmarks/ on sys.path
-        from workload import digest
-
-        params = workload.quick_params if quick else workload.params
-        if contender not in workload.builders:
+        spec = load_workloads()[workload_name]  # also puts benchmarks/ on sys.path
+        digest = importlib.import_module("workload").digest
+        params = spec.quick_params if quick else spec.params
+        if contender not in spec.builders:
             raise KeyError(f"workload {workload_name!r} has no builder for {contender!r}")
-        case = workload.builders[contender](**params)
+        case = spec.builders[contender](**params)
         last = case.run()  # warm-up: first-touch costs, lazy caches, imports
-        times_ns = []
-        for _ in range(runs):
+        times_ns: list[int] = []
+        while len(times_ns) < profile.runs or (
+            sum(times_ns) < profile.min_time_s * 1e9 and len(times_ns) < _MAX_RUNS
+        ):
             gc.collect()  # start each run from the same heap; GC stays on, as in training
             start = time.perf_counter_ns()
             last = case.run()
@@ -140,7 +147,8 @@ def child(workload_name: str, contender: str, runs: int, quick: bool) -> dict[st
 def measure(workload: str, contender: str, profile: Profile, quick: bool) -> dict[str, Any]:
     """Runs one child subprocess and returns its report (or an error report)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", workload, contender]
-    cmd += ["--runs", str(profile.runs)] + (["--quick"] if quick else [])
+    cmd += ["--runs", str(profile.runs), "--min-time", str(profile.min_time_s)]
+    cmd += ["--quick"] if quick else []
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=profile.timeout_s)
     except subprocess.TimeoutExpired:
@@ -156,23 +164,28 @@ def measure(workload: str, contender: str, profile: Profile, quick: bool) -> dic
 
 
 def run_all(
-    workloads: list[str], contenders: list[str], profile: Profile, quick: bool
+    workloads: dict[str, Any], contenders: list[str], profile: Profile, quick: bool
 ) -> list[Row]:
-    rows = {(w, c): Row(workload=w, contender=c) for w in workloads for c in contenders}
+    """Measures every (workload, contender) that has a builder, ``profile.rounds`` times."""
+    rows = {
+        (w, c): Row(workload=w, contender=c)
+        for w, workload in workloads.items()
+        for c in contenders
+        if c in workload.builders
+    }
     total, done = profile.rounds * len(rows), 0
     for round_ in range(profile.rounds):
         # Rotate who goes first so drift (thermal, page cache, noisy neighbours) is shared.
         shift = round_ % len(contenders)
         order = contenders[shift:] + contenders[:shift]
         for workload in workloads:
-            for contender in order:
-                row, report = (
-                    rows[workload, contender],
-                    measure(workload, contender, profile, quick),
-                )
+            for contender in (c for c in order if (workload, c) in rows):
+                row = rows[workload, contender]
+                report = measure(workload, contender, profile, quick)
                 done += 1
                 if "error" in report:
                     row.errors.append(report["error"])
+                    row.tracebacks.append(report.get("traceback", ""))
                     status = f"error: {report['error']}"
                 else:
                     row.elements = report["elements"]
@@ -192,6 +205,12 @@ def _ratio(row: Row, reference: Row | None) -> float | None:
     if reference is None or not (row.ok and reference.ok):
         return None
     return reference.best_s / row.best_s
+
+
+def _format_ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return ""
+    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
 
 
 def _output_check(row: Row, baseline: Row | None) -> str:
@@ -227,7 +246,7 @@ def report(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
                 f"{row.us_per_element(row.best_s):.3f}",
                 f"{row.us_per_element(median):.3f}",
                 f"{row.elements / row.best_s:,.0f}",
-                *(f"{r:.3g}x" if r is not None else "" for r in ratios.values()),
+                *(_format_ratio(r) for r in ratios.values()),
                 output,
             ]
         lines.append("| " + " | ".join([row.workload, row.contender, *cells]) + " |")
@@ -253,7 +272,8 @@ def environment(profile: Profile, quick: bool) -> dict[str, Any]:
         "versions": {d: _version(d) for d in ("grain", "gristmill", "numpy")},
         "quick": quick,
         "rounds": profile.rounds,
-        "runs_per_round": profile.runs,
+        "min_runs_per_round": profile.runs,
+        "min_time_s_per_round": profile.min_time_s,
     }
 
 
@@ -268,7 +288,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
     parser.add_argument("--rounds", type=int, help="override the profile's rounds")
-    parser.add_argument("--runs", type=int, help="override timed runs per child")
+    parser.add_argument("--runs", type=int, help="override the fewest timed runs per child")
+    parser.add_argument(
+        "--min-time", type=float, metavar="S", help="override the least timed seconds per child"
+    )
     parser.add_argument("--list", action="store_true", help="list workloads and exit")
     parser.add_argument(
         "--strict", action="store_true", help="exit 1 if a row errored or an output differs"
@@ -283,10 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     base = QUICK if args.quick else FULL
     profile = Profile(
-        rounds=args.rounds or base.rounds, runs=args.runs or base.runs, timeout_s=base.timeout_s
+        rounds=args.rounds or base.rounds,
+        runs=args.runs or base.runs,
+        min_time_s=base.min_time_s if args.min_time is None else args.min_time,
+        timeout_s=base.timeout_s,
     )
     if args.child:
-        result = child(*args.child, runs=profile.runs, quick=args.quick)
+        result = child(*args.child, profile=profile, quick=args.quick)
         print(_RESULT_MARK + json.dumps(result), flush=True)
         return 1 if "error" in result else 0
 
@@ -299,16 +325,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown workload(s) {unknown}; known: {sorted(workloads)}", file=sys.stderr)
         return 2
-    names = [n for n in workloads if not args.only or n in args.only]
+    selected = {n: w for n, w in workloads.items() if not args.only or n in args.only}
     contenders = [c for c in CONTENDERS if not args.contender or c in args.contender]
 
     env = environment(profile, args.quick)
-    rows = run_all(names, contenders, profile, args.quick)
+    rows = run_all(selected, contenders, profile, args.quick)
     table, records = report(rows)
     print(
         f"\n{env['date']} · Python {env['python']} · {env['cpus']} CPUs · "
         f"grain {env['versions']['grain']} · gristmill {env['versions']['gristmill']} · "
-        f"best of {profile.rounds}x{profile.runs} runs · `{env['command']}`\n"
+        f"{profile.rounds} rounds · `{env['command']}`\n"
     )
     print(table)
     if args.json:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import numpy as np
+
 _MAX_SEED = 2**32
 
 
@@ -69,3 +71,33 @@ def check_rng_seed(seed: Any, name: str = "seed") -> int:
 def check_callable(fn: Any, name: str, *, hint: str) -> None:
     if not callable(fn):
         raise TypeError(f"{name} must be callable ({hint}), got {fn!r} of type {type(fn).__name__}")
+
+
+def check_int_in_range(
+    value: Any, name: str, *, low: int, high: int | None = None, fix: str = ""
+) -> int:
+    """An integer (``int`` or numpy integer, not ``bool``) in ``[low, high)``, as ``int``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got the bool {value!r}{fix}")
+    try:
+        result = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an integer, got {value!r} of type {type(value).__name__}{fix}"
+        ) from None
+    if high is None:
+        if result < low:
+            raise ValueError(f"{name} must be >= {low}, got {value!r}{fix}")
+    elif not low <= result < high:
+        raise ValueError(f"{name} must be in [{low}, {high}), got {value!r}{fix}")
+    return int(result)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """A flag: ``True``/``False`` (numpy bools accepted); ints and ``None`` are TypeErrors."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{name} must be a bool, got {value!r} of type {type(value).__name__}; "
+        f"pass {name}=True or {name}=False"
+    )

@@ -66,8 +66,8 @@ def as_index_array(indices: Sequence[int] | npt.ArrayLike) -> IndexArray:
     """Validates a batch of indices into an int64 array (TypeError for non-integers)."""
     arr = np.asarray(indices)
     if arr.dtype.kind not in "iub" and arr.size:
-        for i in arr.ravel():
-            validation.check_index(i)
+        items = indices if not isinstance(indices, np.ndarray) else arr.ravel().tolist()
+        return np.array([validation.check_index(i) for i in items], dtype=np.int64)
     return arr.astype(np.int64, copy=False).ravel()
 
 

@@ -1,0 +1,1 @@
+"""DataLoader building blocks: sharding options and index samplers."""

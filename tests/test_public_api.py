@@ -1,0 +1,108 @@
+"""The public names are pinned: adding or removing one is a deliberate change here."""
+
+import importlib
+import pickle
+
+import pytest
+
+import gristmill
+
+EXPECTED = {
+    "gristmill": [
+        "MapDataset",
+        "IterDataset",
+        "DatasetIterator",
+        "ReadOptions",
+        "Record",
+        "RecordMetadata",
+        "constants",
+        "experimental",
+        "samplers",
+        "sharding",
+        "sources",
+        "transforms",
+    ],
+    "gristmill.transforms": [
+        "Map",
+        "RandomMap",
+        "TfRandomMap",
+        "Filter",
+        "MapWithIndex",
+        "FlatMap",
+        "Batch",
+        "DatasetSelectionMap",
+        "Transformation",
+        "Transformations",
+    ],
+    "gristmill.sources": ["RandomAccessDataSource", "RangeDataSource"],
+    "gristmill.samplers": ["IndexSampler", "SequentialSampler", "Sampler"],
+    "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],
+    "gristmill.constants": [
+        "INDEX",
+        "RECORD_KEY",
+        "RECORD",
+        "SEED",
+        "EPOCH",
+        "DATASET_INDEX",
+        "META_FEATURES",
+    ],
+    "gristmill.experimental": [
+        "FlatMapMapDataset",
+        "FlatMapTransform",
+        "MapWithIndexTransform",
+        "index_shuffle",
+    ],
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(EXPECTED))
+def test_all_is_pinned(module_name):
+    module = importlib.import_module(module_name)
+    assert sorted(module.__all__) == sorted(EXPECTED[module_name])
+    for name in module.__all__:
+        assert hasattr(module, name), f"{module_name}.__all__ lists missing name {name}"
+
+
+@pytest.mark.parametrize("module_name", sorted(EXPECTED))
+def test_public_classes_report_their_public_module(module_name):
+    module = importlib.import_module(module_name)
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if isinstance(obj, type) and not name.endswith("Transform"):
+            assert obj.__module__ in EXPECTED, f"{module_name}.{name} has {obj.__module__}"
+
+
+def test_public_classes_pickle_by_public_path():
+    data = pickle.dumps(gristmill.transforms.Batch(4))
+    assert b"gristmill.transforms" in data
+    assert b"_src" not in data
+
+
+def test_legacy_python_alias_runs_grain_python_style_code():
+    import gristmill.python as grain
+
+    class AddOne(grain.MapTransform):
+        def map(self, element):
+            return element + 1
+
+    ds = grain.MapDataset.source(grain.RangeDataSource(0, 5, 1)).map(AddOne())
+    assert list(ds) == [1, 2, 3, 4, 5]
+    assert grain.MapTransform is gristmill.transforms.Map
+    assert grain.RandomMapTransform is gristmill.transforms.RandomMap
+    assert grain.INDEX == "_index"
+    assert sorted(grain.__all__) == sorted(set(grain.__all__))
+    for name in grain.__all__:
+        assert hasattr(grain, name)
+
+
+def test_import_as_grain_runs_grain_style_code():
+    import gristmill as grain
+
+    ds = (
+        grain.MapDataset.range(10)
+        .seed(42)
+        .shuffle()
+        .map(lambda x: x * 2)
+        .batch(5, drop_remainder=True)
+    )
+    assert [b.tolist() for b in ds] == [[2, 14, 12, 18, 0], [16, 8, 10, 6, 4]]

@@ -110,7 +110,7 @@ class RepeatMapDataset(MapDataset[Any]):
 
 
 @register("seed")
-class SeedMapDataset(MapDataset[Any]):
+class _WithSeedMapDataset(MapDataset[Any]):
     """Carries the default seed for random ops downstream; elements pass unchanged."""
 
     def __init__(self, parent: MapDataset[Any], seed: int) -> None:
@@ -133,4 +133,4 @@ class SeedMapDataset(MapDataset[Any]):
         return self._parent._read(indices)
 
     def __str__(self) -> str:
-        return f"SeedMapDataset(seed={self._seed_value})"
+        return f"WithSeedMapDataset(seed={self._seed_value})"

@@ -82,7 +82,7 @@ class ShardByJaxProcess(ShardOptions):
 def _jax_process_index_and_count() -> tuple[int, int]:
     # Imported here: jax is optional and slow to import, and only this class needs it.
     try:
-        import jax  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+        import jax  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return 0, 1
     return int(jax.process_index()), int(jax.process_count())

@@ -38,8 +38,8 @@ def _boundary_lengths() -> list[object]:
 
 
 BOUNDARY_LENGTHS = _boundary_lengths()
-# Up to here (2**16+1 included) index_shuffle is cheap enough to call once per index; longer
-# lengths are covered through the dataset's batched read.
+# Boundary lengths up to 70 000 (2**16+1 included): short enough to call index_shuffle once
+# per index. Longer ones are covered through the dataset's batched read.
 SMALL_BOUNDARY_LENGTHS = [p.values[0] for p in BOUNDARY_LENGTHS if p.values[0] <= 70_000]
 
 
@@ -117,6 +117,15 @@ def test_shuffle_epoch_e_equals_epoch_0_of_seed_plus_e(n: int, seed_epoch: tuple
     later_epoch = _epoch(gm.MapDataset.range(n).shuffle(seed), n, epoch)
     first_epoch_of_next_seed = _epoch(gm.MapDataset.range(n).shuffle(seed + epoch), n, 0)
     np.testing.assert_array_equal(later_epoch, first_epoch_of_next_seed)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 500), seed=st.integers(MAX_SEED - 2, MAX_SEED), epoch=EPOCHS)
+def test_shuffle_epoch_seed_wraps_modulo_2_to_the_32(n: int, seed: int, epoch: int) -> None:
+    # Reference §2.4: epoch e is shuffled with (seed + e) mod 2**32.
+    later_epoch = _epoch(gm.MapDataset.range(n).shuffle(seed), n, epoch)
+    wrapped = _epoch(gm.MapDataset.range(n).shuffle((seed + epoch) % 2**32), n, 0)
+    np.testing.assert_array_equal(later_epoch, wrapped)
 
 
 # --- 2. slicing equals list slicing, on every epoch ------------------------------------------

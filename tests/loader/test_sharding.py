@@ -210,7 +210,10 @@ def test_invalid_options_raise_value_error_like_grain(shard_index, shard_count):
         ({"shard_index": 1.5, "shard_count": 3}, ("shard_index", "1.5", "float")),
         ({"shard_index": 0, "shard_count": "2"}, ("shard_count", "'2'", "str")),
         ({"shard_index": True, "shard_count": 2}, ("shard_index", "bool", "True")),
-        ({"shard_index": 0, "shard_count": 2, "drop_remainder": "yes"}, ("drop_remainder", "'yes'")),
+        (
+            {"shard_index": 0, "shard_count": 2, "drop_remainder": "yes"},
+            ("drop_remainder", "'yes'"),
+        ),
         ({"shard_index": 0, "shard_count": 2, "drop_remainder": None}, ("drop_remainder", "None")),
     ],
 )

@@ -456,6 +456,13 @@ PIPELINES = [
         ),
     ),
     _p(
+        # float rounding of proportions must match upstream bit for bit ([300, 100], not 99)
+        "mix-weights-float-thirds",
+        lambda g: g.MapDataset.mix(
+            [g.MapDataset.range(30), g.MapDataset.range(100, 110)], [1.0, 1 / 3]
+        ),
+    ),
+    _p(
         "mix-three-weights-different-lengths",
         lambda g: g.MapDataset.mix(
             [g.MapDataset.range(5), g.MapDataset.range(100, 107), g.MapDataset.range(200, 203)],

@@ -49,7 +49,7 @@ def _read_grouped(
 
 
 def mix_proportions(weights: Sequence[float] | None, count: int) -> list[int]:
-    """Integer proportions ``int(w * 100 / min(w))`` (all 1s without weights)."""
+    """Integer proportions ``int(w * (100 / min(w)))`` (all 1s without weights)."""
     if weights is None:
         return [1] * count
     weights = list(weights)
@@ -62,8 +62,10 @@ def mix_proportions(weights: Sequence[float] | None, count: int) -> list[int]:
             f"weights must all be > 0, got {weights!r}; leave out a dataset instead of "
             "giving it weight 0 (Must specify all non-zero proportions for mixing)"
         )
-    smallest = min(weights)
-    return [int(w * 100 / smallest) for w in weights]
+    # Scale first, then multiply: the float rounding must match upstream's bit for bit
+    # (w * 100 / smallest can land one below, e.g. 1/3 -> 99 instead of 100).
+    scale = 100 / min(weights)
+    return [int(w * scale) for w in weights]
 
 
 def mix_position(k: int, proportions: Sequence[int]) -> tuple[int, int]:

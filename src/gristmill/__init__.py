@@ -8,7 +8,7 @@ Grain-compatible: ``import gristmill as grain`` runs Grain 0.2.18 dataset code.
 [2, 14, 12, 18, 0]
 """
 
-from gristmill import constants, experimental, sources, transforms
+from gristmill import constants, experimental, samplers, sharding, sources, transforms
 from gristmill._src import dataset as _dataset  # registers the transformations
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
@@ -29,6 +29,8 @@ __all__ = [
     "RecordMetadata",
     "constants",
     "experimental",
+    "samplers",
+    "sharding",
     "sources",
     "transforms",
 ]

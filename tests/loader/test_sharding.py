@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
+import itertools
 import pickle
 import re
 import sys
@@ -43,7 +44,7 @@ def test_even_split_drop_remainder_drops_the_tail_and_warns():
 
 
 def test_even_split_warning_points_at_the_caller():
-    with pytest.warns(UserWarning) as record:
+    with pytest.warns(UserWarning, match="drop_remainder") as record:
         even_split(10, gs.ShardOptions(0, 3, drop_remainder=True))
     assert record[0].filename == __file__
 
@@ -60,7 +61,7 @@ def test_even_split_blocks_tile_the_examples(num_examples, shard_count):
     blocks = [even_split(num_examples, gs.ShardOptions(s, shard_count)) for s in range(shard_count)]
     assert blocks[0][0] == 0
     assert blocks[-1][1] == num_examples
-    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
     sizes = [end - start for start, end in blocks]
     assert max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)

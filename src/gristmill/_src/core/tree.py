@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-
 # Common leaf types, checked first: isinstance against the Mapping ABC is slow per element.
 _PLAIN_LEAVES = (int, float, complex, str, bytes, np.ndarray, np.generic, type(None))
 

@@ -62,11 +62,11 @@ def op(name: str) -> Callable[..., Any]:
         ) from None
 
 
-def as_index_array(indices: Sequence[int] | npt.ArrayLike) -> IndexArray:
+def as_index_array(indices: Sequence[int] | npt.NDArray[Any]) -> IndexArray:
     """Validates a batch of indices into an int64 array (TypeError for non-integers)."""
     arr = np.asarray(indices)
     if arr.dtype.kind not in "iub" and arr.size:
-        items = indices if not isinstance(indices, np.ndarray) else arr.ravel().tolist()
+        items = arr.ravel().tolist() if isinstance(indices, np.ndarray) else indices
         return np.array([validation.check_index(i) for i in items], dtype=np.int64)
     return arr.astype(np.int64, copy=False).ravel()
 
@@ -169,7 +169,7 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
             )
         return self[index]
 
-    def _getitems(self, indices: Sequence[int] | npt.ArrayLike) -> list[T | None]:
+    def _getitems(self, indices: Sequence[int] | npt.NDArray[Any]) -> list[T | None]:
         """Reads many elements at once (one batched read per source)."""
         return self._read(as_index_array(indices))
 

@@ -221,6 +221,7 @@ class SequentialSampler:
       TypeError: an argument of the wrong type.
       ValueError: ``num_records < 1`` or a negative seed.
 
+    >>> from gristmill.sharding import ShardOptions
     >>> sampler = SequentialSampler(10, ShardOptions(0, 3, drop_remainder=True))
     >>> len(sampler), sampler[4]
     (9, RecordMetadata(index=4, record_key=4, rng=None))

@@ -1,0 +1,20 @@
+"""The benchmark harness runs end to end (timings are reported there, never asserted here)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_benchmark_runs_and_outputs_match_grain():
+    result = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--quick", "--rounds", "1", "--strict"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| getitem_shuffle_map | gristmill |" in result.stdout
+    assert "DIFFERS" not in result.stdout

@@ -106,3 +106,18 @@ def test_import_as_grain_runs_grain_style_code():
         .batch(5, drop_remainder=True)
     )
     assert [b.tolist() for b in ds] == [[2, 14, 12, 18, 0], [16, 8, 10, 6, 4]]
+
+
+def test_record_and_metadata():
+    metadata = gristmill.RecordMetadata(index=3, record_key=4)
+    assert repr(metadata) == "RecordMetadata(index=3, record_key=4, rng=None)"
+    assert str(metadata) == "RecordMetadata(index=3, record_key=4, rng=None)"
+    stripped = metadata.remove_record_key()
+    assert (stripped.index, stripped.record_key, metadata.record_key) == (3, None, 4)
+    record = gristmill.Record(metadata, data=1)
+    assert (
+        repr(record) == "Record(metadata=RecordMetadata(index=3, record_key=4, rng=None), data=1)"
+    )
+    assert record.data == 1
+    expected = {"_index", "_record_key", "_record", "_seed", "_epoch", "_dataset_index"}
+    assert expected == gristmill.constants.META_FEATURES

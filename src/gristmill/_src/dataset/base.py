@@ -71,6 +71,13 @@ def as_index_array(indices: Sequence[int] | npt.NDArray[Any]) -> IndexArray:
     return arr.astype(np.int64, copy=False).ravel()
 
 
+def empty_read(node: object, indices: IndexArray) -> list[Any]:
+    """What reading ``indices`` from an empty (length 0) dataset gives: nothing, or IndexError."""
+    if not indices.size:
+        return []
+    raise validation.empty_dataset_error(node, int(indices[0]))
+
+
 class _MapDatasetMeta(abc.ABCMeta):
     """Holds the factories, so they exist on the class but not on instances (as upstream)."""
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.core import validation
-from gristmill._src.dataset.base import IndexArray, MapDataset, register
+from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 # Vectorised mix arithmetic multiplies an index by a proportion; beyond this, exact Python ints.
 _SAFE_PRODUCT = 2**62
@@ -172,9 +172,7 @@ class ConcatenateMapDataset(MapDataset[Any]):
 
     def _read(self, indices: IndexArray) -> list[Any]:
         if not self._length:
-            if not indices.size:
-                return []
-            raise validation.empty_dataset_error(self, int(indices[0]))
+            return empty_read(self, indices)
         epochs, j = np.divmod(indices, self._length)
         starts = np.asarray(self._starts, dtype=np.int64)
         which = (np.searchsorted(starts, j, side="right") - 1).astype(np.int64)

@@ -11,6 +11,8 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.dataset.base import MapDataset
+
 T = TypeVar("T")
 S = TypeVar("S")
 
@@ -28,8 +30,6 @@ class IterDataset(Generic[T], abc.ABC):
     """A lazy, sequential dataset: ``iter(ds)`` returns a checkpointable DatasetIterator."""
 
     def __init__(self, parents: Any = ()) -> None:
-        from gristmill._src.dataset.base import MapDataset
-
         if isinstance(parents, (MapDataset, IterDataset)):
             parents = (parents,)
         self._parents: tuple[Any, ...] = tuple(parents)

@@ -10,7 +10,7 @@ import numpy as np
 
 from gristmill._src.core import index_shuffle as perm
 from gristmill._src.core import validation
-from gristmill._src.dataset.base import IndexArray, MapDataset, register
+from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 _U32 = 2**32
 # Epoch tables up to this many domain values are built (pointer doubling, ~25 ms at 2**20);
@@ -121,9 +121,7 @@ class ShuffleMapDataset(MapDataset[Any]):
     def _read(self, indices: IndexArray) -> list[Any]:
         n = self._length
         if not n:
-            if not indices.size:
-                return []
-            raise validation.empty_dataset_error(self, int(indices[0]))
+            return empty_read(self, indices)
         epochs, positions = np.divmod(indices, n)
         return self._parent._read(self._perm.many(epochs, positions) + epochs * n)
 

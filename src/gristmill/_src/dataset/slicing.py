@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from gristmill._src.core import validation
-from gristmill._src.dataset.base import IndexArray, MapDataset, register
+from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 
 @register("slice")
@@ -44,9 +44,7 @@ class SliceMapDataset(MapDataset[Any]):
     def _read(self, indices: IndexArray) -> list[Any]:
         m = self._length
         if not m:
-            if not indices.size:
-                return []
-            raise validation.empty_dataset_error(self, int(indices[0]))
+            return empty_read(self, indices)
         if self._parent_length > 2**40:
             return [self._get(i) for i in indices.tolist()]
         return self._parent._read(
@@ -99,9 +97,7 @@ class RepeatMapDataset(MapDataset[Any]):
     def _read(self, indices: IndexArray) -> list[Any]:
         if not self._reseed:
             if not self._parent_length:
-                if not indices.size:
-                    return []
-                raise validation.empty_dataset_error(self, int(indices[0]))
+                return empty_read(self, indices)
             indices = indices % self._parent_length
         return self._parent._read(indices)
 

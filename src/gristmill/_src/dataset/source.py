@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.core import validation
-from gristmill._src.dataset.base import IndexArray, MapDataset, register
+from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 
 def _batched_reader(source: Any) -> Any:
@@ -46,9 +46,7 @@ class SourceMapDataset(MapDataset[Any]):
 
     def _read(self, indices: IndexArray) -> list[Any]:
         if not self._length:
-            if not indices.size:
-                return []
-            raise validation.empty_dataset_error(self, int(indices[0]))
+            return empty_read(self, indices)
         local = indices % self._length
         source = self._source
         if isinstance(source, np.ndarray):
@@ -97,9 +95,7 @@ class RangeMapDataset(MapDataset[int]):
 
     def _read(self, indices: IndexArray) -> list[Any]:
         if not self._length:
-            if not indices.size:
-                return []
-            raise validation.empty_dataset_error(self, int(indices[0]))
+            return empty_read(self, indices)
         r = self._range
         if abs(r.start) + abs(r.step) * self._length < 2**62:
             return (r.start + (indices % self._length) * r.step).tolist()  # type: ignore[no-any-return]

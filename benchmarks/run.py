@@ -1,6 +1,6 @@
-"""Side-by-side benchmarks: grain 0.2.18, gristmill, and the bare-loop ``limit``.
+"""Side-by-side benchmarks: grain 0.2.18, gristmill, peers (spdl, torch), the bare-loop ``limit``.
 
-    python benchmarks/run.py [--quick] [--only NAME] [--json PATH]
+    python benchmarks/run.py [--quick] [--only NAME] [--family NAME] [--json PATH]
 
 Every (workload, contender) pair is measured in a fresh subprocess (this file with
 ``--child``), so one contender's imports, caches and garbage never touch another's. Each
@@ -9,12 +9,15 @@ warm-up run, then at least ``--runs`` timed runs, more while they add up to less
 ``min_time_s`` (so fast contenders get enough samples). A row reports the best and the
 median of all timed runs of all rounds. Ratios are throughput ratios of best times:
 ``x grain`` is this row's elements/s over grain's, ``x limit`` this row's over the limit's
-(1.0 = as fast as a bare loop). Workloads live in ``WORKLOAD_MODULES``; see README.md.
+(1.0 = as fast as a bare loop). Workloads whose cases time a first output also get the
+time from building an iterator to its first output (best of the timed tries). Workloads
+live in ``WORKLOAD_MODULES``; see README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import importlib
@@ -24,6 +27,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -33,9 +37,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 # Modules under benchmarks/ that define WORKLOADS; add new families here.
-WORKLOAD_MODULES = ("workloads_mapdataset",)
-CONTENDERS = ("grain", "gristmill", "limit")
+WORKLOAD_MODULES = ("workloads_mapdataset", "workloads_engine")
+# spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
+CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")
 BASELINE, SUBJECT, LIMIT = "grain", "gristmill", "limit"
+# Distributions whose versions a run records (peers only where installed).
+_VERSIONED = ("grain", "gristmill", "numpy", "spdl", "torch")
 # Prefix of the one stdout line through which a child reports (contender code may print).
 _RESULT_MARK = "@@gristmill-bench-result "
 
@@ -60,6 +67,10 @@ class Profile:
 FULL = Profile(rounds=5, runs=1, min_time_s=0.25, timeout_s=300)
 QUICK = Profile(rounds=2, runs=1, min_time_s=0.05, timeout_s=60)
 _MAX_RUNS = 50
+# First-output tries per child: each starts and releases an iterator (threads, processes).
+_MAX_FIRST = 10
+# Untimed: how long a released iterator's threads get to exit before the next try.
+_SETTLE_S = 1.0
 
 
 @dataclass(kw_only=True)
@@ -68,8 +79,10 @@ class Row:
 
     workload: str
     contender: str
+    strict: bool = True
     elements: int = 0
     times_s: list[float] = field(default_factory=list)
+    first_s: list[float] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
@@ -91,6 +104,7 @@ class Row:
             "contender": self.contender,
             "elements": self.elements,
             "times_s": self.times_s,
+            "first_output_s": self.first_s,
             "digests": sorted(set(self.digests)),
             "error": self.errors[0] if self.errors else None,
             "traceback": self.tracebacks[0] if self.tracebacks else None,
@@ -101,23 +115,64 @@ class Row:
             out["median_us_per_element"] = self.us_per_element(statistics.median(self.times_s))
             out["elements_per_s"] = self.elements / self.best_s
             out.update(ratios)
+        if self.first_s:
+            out["first_output_best_s"] = min(self.first_s)
+            out["first_output_median_s"] = statistics.median(self.first_s)
         return out
 
 
+def family_of(module_name: str) -> str:
+    """``workloads_engine`` -> ``engine``: the name ``--family`` selects a module by."""
+    return module_name.removeprefix("workloads_")
+
+
 def load_workloads() -> dict[str, Any]:
-    """All registered workloads by name, in registration order."""
+    """All registered workloads by name, in registration order.
+
+    Each gets its ``family`` (its module's name less ``workloads_``) and ``strict`` (its
+    module's ``STRICT``, default True: whether ``--strict`` counts its rows when it was not
+    selected explicitly) here.
+    """
     if str(HERE) not in sys.path:  # workload modules import their siblings by name
         sys.path.insert(0, str(HERE))
     workloads: dict[str, Any] = {}
     for module_name in WORKLOAD_MODULES:
-        for workload in importlib.import_module(module_name).WORKLOADS:
+        module = importlib.import_module(module_name)
+        for workload in module.WORKLOADS:
             if workload.name in workloads:
                 raise ValueError(f"workload {workload.name!r} is registered twice")
-            workloads[workload.name] = workload
+            workloads[workload.name] = dataclasses.replace(
+                workload, family=family_of(module_name), strict=getattr(module, "STRICT", True)
+            )
     return workloads
 
 
 # --- child: one (workload, contender) in this process -----------------------------------
+
+
+def _repeat(timed: Any, profile: Profile, most: int) -> list[int]:
+    """Calls ``timed()`` (which returns nanoseconds) at least ``profile.runs`` times, more
+    while the total is under ``profile.min_time_s``, at most ``most`` times."""
+    times_ns: list[int] = []
+    while len(times_ns) < profile.runs or (
+        sum(times_ns) < profile.min_time_s * 1e9 and len(times_ns) < most
+    ):
+        gc.collect()  # start each run from the same heap; GC stays on, as in training
+        times_ns.append(timed())
+    return times_ns
+
+
+def _first_output_ns(case: Any) -> int:
+    """Times ``case.first()``; then releases its iterator and lets its threads exit, untimed."""
+    threads = threading.active_count()
+    start = time.perf_counter_ns()
+    _, release = case.first()
+    elapsed = time.perf_counter_ns() - start
+    release()
+    deadline = time.monotonic() + _SETTLE_S
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return elapsed
 
 
 def child(workload_name: str, contender: str, profile: Profile, quick: bool) -> dict[str, Any]:
@@ -129,17 +184,33 @@ def child(workload_name: str, contender: str, profile: Profile, quick: bool) -> 
         if contender not in spec.builders:
             raise KeyError(f"workload {workload_name!r} has no builder for {contender!r}")
         case = spec.builders[contender](**params)
-        last = case.run()  # warm-up: first-touch costs, lazy caches, imports
-        times_ns: list[int] = []
-        while len(times_ns) < profile.runs or (
-            sum(times_ns) < profile.min_time_s * 1e9 and len(times_ns) < _MAX_RUNS
-        ):
-            gc.collect()  # start each run from the same heap; GC stays on, as in training
-            start = time.perf_counter_ns()
-            last = case.run()
-            times_ns.append(time.perf_counter_ns() - start)
+        first_ns: list[int] = []
+        if case.first_seconds is not None:  # a synthetic limit: computed, not measured
+            first_ns = [round(case.first_seconds * 1e9)]
+        elif case.first is not None:
+            _first_output_ns(case)  # warm-up
+            first_ns = _repeat(lambda: _first_output_ns(case), profile, _MAX_FIRST)
+        last: Any = None
+        if case.seconds is not None:
+            times_ns = [round(case.seconds * 1e9)]
+        else:
+            if spec.warmup:
+                last = case.run()  # warm-up: first-touch costs, lazy caches, imports
+
+            def timed_run() -> int:
+                nonlocal last
+                start = time.perf_counter_ns()
+                last = case.run()
+                return time.perf_counter_ns() - start
+
+            times_ns = _repeat(timed_run, profile, _MAX_RUNS)
         outputs = last if case.sample is None else case.sample()
-        return {"times_ns": times_ns, "elements": case.elements, "digest": digest(outputs)}
+        return {
+            "times_ns": [round(t * case.scale) for t in times_ns],
+            "first_ns": [round(t * case.scale) for t in first_ns],
+            "elements": case.elements,
+            "digest": digest(outputs),
+        }
     except Exception as exc:  # reported as the row's error, not a crash of the harness
         return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
@@ -164,11 +235,19 @@ def measure(workload: str, contender: str, profile: Profile, quick: bool) -> dic
 
 
 def run_all(
-    workloads: dict[str, Any], contenders: list[str], profile: Profile, quick: bool
+    workloads: dict[str, Any],
+    contenders: list[str],
+    profile: Profile,
+    quick: bool,
+    explicit: bool = False,
 ) -> list[Row]:
-    """Measures every (workload, contender) that has a builder, ``profile.rounds`` times."""
+    """Measures every (workload, contender) that has a builder, ``profile.rounds`` times.
+
+    ``explicit``: the workloads were selected by name or family, so ``--strict`` counts
+    all their rows, those of non-strict modules included.
+    """
     rows = {
-        (w, c): Row(workload=w, contender=c)
+        (w, c): Row(workload=w, contender=c, strict=explicit or workload.strict)
         for w, workload in workloads.items()
         for c in contenders
         if c in workload.builders
@@ -181,7 +260,9 @@ def run_all(
         for workload in workloads:
             for contender in (c for c in order if (workload, c) in rows):
                 row = rows[workload, contender]
+                started = time.monotonic()
                 report = measure(workload, contender, profile, quick)
+                took = time.monotonic() - started
                 done += 1
                 if "error" in report:
                     row.errors.append(report["error"])
@@ -190,11 +271,14 @@ def run_all(
                 else:
                     row.elements = report["elements"]
                     row.times_s += [t / 1e9 for t in report["times_ns"]]
+                    row.first_s += [t / 1e9 for t in report.get("first_ns", ())]
                     row.digests.append(report["digest"])
                     best = min(report["times_ns"]) / 1e3 / report["elements"]
                     status = f"{best:.3f} us/element"
+                    if report.get("first_ns"):
+                        status += f", first output {min(report['first_ns']) / 1e6:.2f} ms"
                 print(
-                    f"[{done}/{total}] {workload:<22} {contender:<10} {status}",
+                    f"[{done}/{total}] {workload:<22} {contender:<10} {status} ({took:.1f} s)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -214,19 +298,36 @@ def _format_ratio(ratio: float | None) -> str:
 
 
 def _output_check(row: Row, baseline: Row | None) -> str:
-    """Whether a Grain-API contender produced what grain did (the limit is not checked)."""
+    """Whether a contender produced what grain did (the limit is not checked).
+
+    gristmill must: ``same`` or ``DIFFERS`` (which fails ``--strict``). A peer (spdl,
+    torch) is compared for information: ``same`` or ``differs`` (an spdl stage emits in
+    completion order by default, so its batches may legitimately differ).
+    """
     if row.contender in (BASELINE, LIMIT) or not row.ok or baseline is None or not baseline.ok:
         return ""
-    return "same" if set(row.digests) == set(baseline.digests) else "DIFFERS"
+    if set(row.digests) == set(baseline.digests):
+        return "same"
+    return "DIFFERS" if row.contender == SUBJECT else "differs"
+
+
+def _format_ms(seconds: list[float]) -> str:
+    return f"{min(seconds) * 1e3:,.2f}" if seconds else ""
 
 
 def report(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
-    """The markdown results table and the JSON records."""
+    """The markdown results table and the JSON records.
+
+    The ``first output`` column (ms from building an iterator to its first output, best
+    try) appears when some row has it.
+    """
     by_key = {(r.workload, r.contender): r for r in rows}
+    with_first = any(r.first_s for r in rows)
+    first_head, first_align = (" first output, ms |", "--:|") if with_first else ("", "")
     lines = [
         "| workload | contender | µs/element (best) | µs/element (median) | elements/s"
-        " | x grain | x limit | output |",
-        "|---|---|--:|--:|--:|--:|--:|---|",
+        f" | x grain | x limit |{first_head} output |",
+        f"|---|---|--:|--:|--:|--:|--:|{first_align}---|",
     ]
     errors, records = [], []
     for row in rows:
@@ -237,9 +338,18 @@ def report(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
         }
         output = _output_check(row, baseline)
         records.append(row.to_json(ratios, output))
+        first = [_format_ms(row.first_s)] if with_first else []
         if not row.ok:
             errors.append(f"- {row.workload} / {row.contender}: {row.errors[0]}")
-            cells = ["error", "", "", "", "", f"error [{len(errors)}]"]
+            cells = [
+                "error",
+                "",
+                "",
+                "",
+                "",
+                *([""] if with_first else []),
+                f"error [{len(errors)}]",
+            ]
         else:
             median = statistics.median(row.times_s)
             cells = [
@@ -247,6 +357,7 @@ def report(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
                 f"{row.us_per_element(median):.3f}",
                 f"{row.elements / row.best_s:,.0f}",
                 *(_format_ratio(r) for r in ratios.values()),
+                *first,
                 output,
             ]
         lines.append("| " + " | ".join([row.workload, row.contender, *cells]) + " |")
@@ -269,7 +380,7 @@ def environment(profile: Profile, quick: bool) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "versions": {d: _version(d) for d in ("grain", "gristmill", "numpy")},
+        "versions": {d: _version(d) for d in _VERSIONED},
         "quick": quick,
         "rounds": profile.rounds,
         "min_runs_per_round": profile.runs,
@@ -279,9 +390,16 @@ def environment(profile: Profile, quick: bool) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (<30 s)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     parser.add_argument(
         "--only", action="append", metavar="NAME", help="run only this workload (repeatable)"
+    )
+    parser.add_argument(
+        "--family",
+        action="append",
+        metavar="NAME",
+        help="run only this module's workloads: mapdataset, engine (repeatable; with --only, "
+        "runs the union)",
     )
     parser.add_argument(
         "--contender", action="append", choices=CONTENDERS, help="run only these (repeatable)"
@@ -294,7 +412,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--list", action="store_true", help="list workloads and exit")
     parser.add_argument(
-        "--strict", action="store_true", help="exit 1 if a row errored or an output differs"
+        "--strict",
+        action="store_true",
+        help="exit 1 if a row errored or gristmill's output differs from grain's (rows of a "
+        "module with STRICT = False count only when selected with --only / --family)",
     )
     parser.add_argument(
         "--child", nargs=2, metavar=("WORKLOAD", "CONTENDER"), help=argparse.SUPPRESS
@@ -319,21 +440,33 @@ def main(argv: list[str] | None = None) -> int:
     workloads = load_workloads()
     if args.list:
         for workload in workloads.values():
-            print(f"{workload.name:<22} {workload.summary}")
+            print(f"{workload.name:<22} [{workload.family}] {workload.summary}")
         return 0
     unknown = sorted(set(args.only or ()) - set(workloads))
+    families = {w.family for w in workloads.values()}
+    unknown += sorted(f"family {f}" for f in set(args.family or ()) - families)
     if unknown:
-        print(f"unknown workload(s) {unknown}; known: {sorted(workloads)}", file=sys.stderr)
+        print(
+            f"unknown {unknown}; workloads: {sorted(workloads)}; families: {sorted(families)}",
+            file=sys.stderr,
+        )
         return 2
-    selected = {n: w for n, w in workloads.items() if not args.only or n in args.only}
+    explicit = bool(args.only or args.family)
+    selected = {
+        n: w
+        for n, w in workloads.items()
+        if not explicit or n in (args.only or ()) or w.family in (args.family or ())
+    }
     contenders = [c for c in CONTENDERS if not args.contender or c in args.contender]
 
     env = environment(profile, args.quick)
-    rows = run_all(selected, contenders, profile, args.quick)
+    rows = run_all(selected, contenders, profile, args.quick, explicit)
     table, records = report(rows)
+    versions = " · ".join(
+        f"{d} {v}" for d, v in env["versions"].items() if d != "numpy" and v != "not installed"
+    )
     print(
-        f"\n{env['date']} · Python {env['python']} · {env['cpus']} CPUs · "
-        f"grain {env['versions']['grain']} · gristmill {env['versions']['gristmill']} · "
+        f"\n{env['date']} · Python {env['python']} · {env['cpus']} CPUs · {versions} · "
         f"{profile.rounds} rounds · `{env['command']}`\n"
     )
     print(table)
@@ -341,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"environment": env, "results": records}, indent=2))
     failed = any(
-        r["error"] or not r["times_s"] or r["output_vs_grain"] == "DIFFERS" for r in records
+        row.strict and (not row.ok or record["output_vs_grain"] == "DIFFERS")
+        for row, record in zip(rows, records, strict=True)
     )
     return 1 if args.strict and failed else 0
 

@@ -51,6 +51,7 @@ EXPECTED = {
         "FlatMapTransform",
         "MapWithIndexTransform",
         "index_shuffle",
+        "log_statistics_every",
     ],
 }
 

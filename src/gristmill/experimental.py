@@ -4,6 +4,7 @@ from gristmill._src.core.index_shuffle import index_shuffle
 from gristmill._src.core.transforms import FlatMap as FlatMapTransform
 from gristmill._src.core.transforms import MapWithIndex as MapWithIndexTransform
 from gristmill._src.dataset.flatmap import FlatMapMapDataset
+from gristmill._src.engine.reporting import log_statistics_every
 from gristmill._src.public import export as _export
 
 _export("gristmill.experimental", FlatMapMapDataset)
@@ -13,4 +14,5 @@ __all__ = [
     "FlatMapTransform",
     "MapWithIndexTransform",
     "index_shuffle",
+    "log_statistics_every",
 ]

@@ -43,7 +43,8 @@ def test_batch_reads_the_source_once_per_batch(name):
 def test_iteration_reads_in_chunks():
     source = CountingSource(1000, "_getitems")
     assert list(M.source(source).map(lambda x: x // 10)) == list(range(1000))
-    assert source.single_reads == 0
+    # The engine reads the first element alone to measure its cost, then reads chunks.
+    assert source.single_reads <= 1
     assert len(source.batched_reads) < 20
 
 

@@ -1,9 +1,9 @@
-"""``MapDataset.to_iter_dataset()``: reads one epoch in index order, skipping ``None``.
+"""``MapDataset.to_iter_dataset()``: one epoch in index order, on the engine.
 
-This release reads synchronously in growing chunks (one batched read per chunk); the
-concurrent engine behind ``ReadOptions`` arrives with the engine issue. Output and state
-are the same either way: ``{"next_index": i}`` counts MapDataset indices consumed,
-filtered holes included.
+The MapDataset chain is one fused stage (chunked ``_read``) run by an OrderedChunkRunner:
+inline on the consumer's thread when elements are cheap, on ``num_threads`` threads when
+they are not — output and state are the same either way. State ``{"next_index": i}`` counts
+MapDataset indices consumed, filtered holes included (as Grain).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.base import MapDataset, register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-
-_FIRST_CHUNK = 8
-_MAX_CHUNK = 256
+from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
+from gristmill._src.engine.reporting import PeriodicReporter
+from gristmill._src.engine.stats import PipelineStatistics
 
 
 @register("to_iter_dataset")
@@ -43,7 +43,7 @@ class PrefetchIterDataset(IterDataset[Any]):
         self._allow_nones = bool(allow_nones)
 
     def __iter__(self) -> PrefetchDatasetIterator:
-        return PrefetchDatasetIterator(self._parent, self._allow_nones)
+        return PrefetchDatasetIterator(self._parent, self._read_options, self._allow_nones)
 
     def __str__(self) -> str:
         return (
@@ -52,44 +52,105 @@ class PrefetchIterDataset(IterDataset[Any]):
         )
 
 
-class PrefetchDatasetIterator(DatasetIterator[Any]):
-    """Reads ``parent`` in index order in chunks; delivers elements one at a time."""
+def stage_name(ds: MapDataset[Any]) -> str:
+    """A short name for the fused chain ending at ``ds``: ``Range → Shuffle → Map(f)``."""
+    names = []
+    node: MapDataset[Any] | None = ds
+    while node is not None:
+        name = type(node).__name__.removesuffix("MapDataset").strip("_") or type(node).__name__
+        transform = getattr(node, "_transform", None)
+        if transform is not None:
+            name += f"({getattr(transform, '__name__', type(transform).__name__)})"
+        if len(node.parents) > 1:
+            name += f"[{len(node.parents)}]"
+        names.append(name)
+        node = node.parents[0] if len(node.parents) == 1 else None
+    return " → ".join(reversed(names))
 
-    def __init__(self, parent: MapDataset[Any], allow_nones: bool) -> None:
+
+def _reader(ds: MapDataset[Any]) -> Any:
+    """``read(a, b)`` for the engine; refers to the dataset only (not the iterator)."""
+    get, read = ds._get, ds._read
+
+    def read_range(start: int, stop: int) -> list[Any]:
+        if stop - start == 1:
+            return [get(start)]
+        return read(np.arange(start, stop, dtype=np.int64))
+
+    return read_range
+
+
+class PrefetchDatasetIterator(DatasetIterator[Any]):
+    """Delivers elements of ``parent`` in index order from the engine's chunks."""
+
+    def __init__(
+        self, parent: MapDataset[Any], read_options: ReadOptions, allow_nones: bool
+    ) -> None:
         super().__init__()
         self._dataset = parent
         self._length = len(parent)
+        self._options = read_options
         self._allow_nones = allow_nones
         self._next_index = 0  # the first index not yet delivered (or skipped)
-        self._buffer: list[Any] = []
-        self._buffer_pos = 0
-        self._chunk = _FIRST_CHUNK
+        self._chunk: Chunk | None = None
+        self._pos = 0
+        self._runner: OrderedChunkRunner | None = None
+        self._stage_name = stage_name(parent)
+        self._reporter = PeriodicReporter(self.statistics)
 
-    def _refill(self) -> None:
-        start = self._next_index
-        stop = min(self._length, start + self._chunk)
-        self._chunk = min(self._chunk * 2, _MAX_CHUNK)
-        try:
-            self._buffer = self._dataset._read(np.arange(start, stop, dtype=np.int64))
-        except Exception:
-            # Read one element only, so the error surfaces at the exact element and every
-            # element before it is delivered first.
-            self._chunk = 1
-            self._buffer = [self._dataset._get(start)]
-        self._buffer_pos = 0
+    def _get_runner(self) -> OrderedChunkRunner:
+        if self._runner is None:
+            self._runner = OrderedChunkRunner(
+                _reader(self._dataset),
+                self._next_index,
+                self._length,
+                workers=self._options.num_threads,
+                buffer_size=self._options.prefetch_buffer_size,
+                name=self._stage_name,
+            )
+        return self._runner
 
     def __next__(self) -> Any:
         self._check_open()
         while True:
-            if self._buffer_pos >= len(self._buffer):
-                if self._next_index >= self._length:
+            chunk = self._chunk
+            if chunk is None or self._pos >= len(chunk.values):
+                if chunk is not None and chunk.error is not None:
+                    self._raise_chunk_error(chunk)
+                if self._fetch() is None:
                     raise StopIteration
-                self._refill()
-            element = self._buffer[self._buffer_pos]
-            self._buffer_pos += 1
+                continue
+            value = chunk.values[self._pos]
+            self._pos += 1
             self._next_index += 1
-            if element is not None or self._allow_nones:
-                return element
+            if value is not None or self._allow_nones:
+                return value
+
+    def _fetch(self) -> Chunk | None:
+        runner = self._get_runner()
+        try:
+            chunk = runner.next_chunk()
+        except BaseException:
+            # KeyboardInterrupt while waiting, or the runner failed: stop every thread now.
+            self.close()
+            raise
+        self._chunk = chunk
+        self._pos = 0
+        self._reporter.maybe_report()
+        return chunk
+
+    def _raise_chunk_error(self, chunk: Chunk) -> None:
+        error = chunk.error
+        assert error is not None
+        self._chunk = None
+        if self._runner is not None:
+            self._runner.reset(self._next_index)  # a retry recomputes from the failed element
+        if isinstance(error, Exception):
+            error.add_note(
+                f"gristmill: raised in stage {self._stage_name!r} at element index "
+                f"{chunk.error_index}"
+            )
+        raise error
 
     def get_state(self) -> dict[str, Any]:
         return {"next_index": self._next_index}
@@ -108,9 +169,24 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 f"length {self._length}; the state belongs to another dataset"
             )
         self._next_index = next_index
-        self._buffer = []
-        self._buffer_pos = 0
-        self._chunk = _FIRST_CHUNK
+        self._chunk = None
+        if self._runner is not None:
+            self._runner.reset(next_index)
+
+    def start_prefetch(self) -> None:
+        self._check_open()
+        self._get_runner().start_early()
+
+    def statistics(self) -> PipelineStatistics:
+        """A frozen snapshot of the engine's per-stage counters."""
+        if self._runner is None:
+            return PipelineStatistics(stages=())
+        return PipelineStatistics(stages=(self._runner.statistics(),))
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+        super().close()
 
     def __str__(self) -> str:
         return f"PrefetchDatasetIterator(next_index={self._next_index})"

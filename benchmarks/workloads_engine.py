@@ -1,0 +1,428 @@
+"""Engine workloads: ``MapDataset -> to_iter_dataset(ReadOptions) -> batch``, iterated.
+
+What the concurrent engine behind ``to_iter_dataset`` is for: cheap elements (overhead per
+element), waits (I/O-like latency hidden by threads), GIL-releasing CPU work on 2 threads,
+and batches of images (copying). Every workload is also done by the peers:
+
+- ``spdl``: SPDL 0.8's ``PipelineBuilder`` (``add_source -> pipe -> aggregate -> add_sink``,
+  ``build(num_threads=...)``), stage concurrency as in the workload, default hooks and queues;
+  a pipeline is single-pass, so every run builds a new one (``build`` is timed, as ``iter``
+  is for the others).
+- ``torch``: PyTorch's ``DataLoader`` over a map-style dataset (an object with
+  ``__len__`` / ``__getitem__``: picklable, defined here so that no child imports torch
+  unless it runs the torch contender), default ``collate_fn`` (torch tensors: the digest
+  views them as numpy), ``num_workers`` as in the workload (worker processes are started by
+  every ``iter()``, and that is timed).
+
+Every case also times its **first output**: from building the iterator (``iter(ds)``, a
+DataLoader's ``iter()``, an SPDL ``build()``) to receiving the first batch; releasing the
+iterator afterwards is not timed.
+
+Sizes: ``n`` elements per run; ``n_<contender>`` overrides it for one contender (grain's and
+spdl's per-element hand-offs cost ~200 µs, so they get a smaller ``n`` on cheap work;
+µs/element stays comparable). The output check compares the first batches only, which
+every size shares.
+
+``STRICT = False``: until the engine (and ``IterDataset.batch``) lands, gristmill's rows may
+error; ``--strict`` then counts these workloads only when they are selected with ``--only``
+or ``--family engine``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from workload import Builder, Case, Workload, grain_api
+
+STRICT = False
+
+# How many first batches `sample` digests (the output check).
+_SAMPLE_BATCHES = 8
+
+
+# --- element functions (module-level: shared by every contender, picklable) -----------
+
+
+def _increment(x: int) -> int:
+    return x + 1
+
+
+_WAIT_S = 0.002
+
+
+def _wait_2ms(i: int) -> int:
+    time.sleep(_WAIT_S)
+    return i
+
+
+def _inflate_sort(compressed: bytes) -> np.ndarray:
+    """zlib-decompress, then sort the bytes: both release the GIL."""
+    return np.sort(np.frombuffer(zlib.decompress(compressed), dtype=np.uint8))
+
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.stack(arrays)
+
+
+def _stack_records(records: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """What Grain's default batch does to a list of ``{"image", "label"}`` records."""
+    return {
+        "image": np.stack([r["image"] for r in records]),
+        "label": np.asarray([r["label"] for r in records]),
+    }
+
+
+# --- data (built once per child, deterministic) ---------------------------------------
+
+
+def _compressed(n: int, kib: int, distinct: int = 8) -> list[bytes]:
+    """``n`` zlib buffers (``distinct`` different ones, reused): each inflates to ``kib``
+    KiB of random bytes over a 16-letter alphabet (~4 bits of entropy, so they compress)."""
+    rng = np.random.default_rng(4)
+    buffers = [
+        zlib.compress(rng.integers(0, 16, size=kib * 1024, dtype=np.uint8).tobytes(), 6)
+        for _ in range(distinct)
+    ]
+    return [buffers[i % distinct] for i in range(n)]
+
+
+def _image_records(n: int, distinct: int = 4) -> list[dict[str, Any]]:
+    """``n`` records ``{"image": uint8[224, 224, 3], "label": i}`` (``distinct`` arrays)."""
+    rng = np.random.default_rng(5)
+    images = [rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8) for _ in range(distinct)]
+    return [{"image": images[i % distinct], "label": i} for i in range(n)]
+
+
+# --- iterator plumbing ----------------------------------------------------------------
+
+
+def _drain(iterable: Any) -> None:
+    for _ in iterable:
+        pass
+
+
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def _first(start: Callable[[], Iterator[Any]]) -> tuple[Any, Callable[[], None]]:
+    """``Case.first`` for an iterator: ``start()`` is timed with its first ``next()``; the
+    release closes the iterator (grain, gristmill) and drops the last reference to it
+    (a DataLoader iterator then shuts its workers down)."""
+    held = [start()]
+    output = next(held[0])
+
+    def release() -> None:
+        _close(held.pop())
+
+    return output, release
+
+
+def _head(start: Callable[[], Iterator[Any]], count: int = _SAMPLE_BATCHES) -> list[Any]:
+    """The first ``count`` outputs of a fresh iterator, which is then released."""
+    it = start()
+    try:
+        return list(itertools.islice(it, count))
+    finally:
+        _close(it)
+
+
+def _case(start: Callable[[], Iterator[Any]], n: int, consume: Callable[[Any], Any] = _drain):
+    """A case iterating ``start()`` to the end; ``consume`` gets the iterator."""
+    return Case(
+        run=lambda: consume(start()),
+        elements=n,
+        sample=lambda: _head(start),
+        first=lambda: _first(start),
+    )
+
+
+def _per_contender(builders: dict[str, Builder]) -> dict[str, Builder]:
+    """Each builder gets ``n = params["n_<contender>"]`` where given, else ``params["n"]``;
+    the ``n_*`` keys themselves are not passed on."""
+
+    def bind(contender: str, build: Builder) -> Builder:
+        def builder(**params: int) -> Case:
+            n = params.get(f"n_{contender}", params["n"])
+            rest = {k: v for k, v in params.items() if not k.startswith("n_") and k != "n"}
+            return build(n=n, **rest)
+
+        return builder
+
+    return {contender: bind(contender, build) for contender, build in builders.items()}
+
+
+# --- peers ----------------------------------------------------------------------------
+
+
+class _MapStyle:
+    """A map-style dataset for ``torch.utils.data.DataLoader``: ``fn(items[i])``."""
+
+    def __init__(self, fn: Callable[[Any], Any], items: Any) -> None:
+        self.fn, self.items = fn, items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.fn(self.items[i])
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _torch_case(dataset: _MapStyle, n: int, **loader_kwargs: Any) -> Case:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, **loader_kwargs)
+    return _case(lambda: iter(loader), n)
+
+
+class _SpdlIterator:
+    """Builds an SPDL pipeline and iterates it, passing each output through ``convert`` in
+    this (the consumer's) thread; ``close()``, or reaching the end, stops the pipeline."""
+
+    def __init__(self, builder: Any, num_threads: int, convert: Callable[[Any], Any]) -> None:
+        self.pipeline = builder.build(num_threads=num_threads)
+        self.it = iter(self.pipeline)
+        self.convert = convert
+
+    def __iter__(self) -> _SpdlIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            item = next(self.it)
+        except StopIteration:
+            self.close()
+            raise
+        return self.convert(item)
+
+    def close(self) -> None:
+        self.pipeline.stop()
+
+
+def _spdl_case(
+    source: Any,
+    stages: Callable[[Any], Any],
+    n: int,
+    num_threads: int,
+    convert: Callable[[Any], Any] = _identity,
+) -> Case:
+    """``stages(PipelineBuilder().add_source(source)).add_sink()``, built with
+    ``num_threads``; ``convert`` runs on each output in the consumer loop."""
+    from spdl.pipeline import PipelineBuilder
+
+    builder = stages(PipelineBuilder().add_source(source)).add_sink()
+    return _case(lambda: _SpdlIterator(builder, num_threads, convert), n)
+
+
+# --- iter_cheap_batch -------------------------------------------------------------------
+
+
+def _cheap_dataset(gm: ModuleType, *, n: int, batch_size: int) -> Case:
+    ds = gm.MapDataset.range(n).map(_increment).to_iter_dataset().batch(batch_size)
+    return _case(lambda: iter(ds), n)
+
+
+def _cheap_torch(*, n: int, batch_size: int) -> Case:
+    return _torch_case(_MapStyle(_increment, range(n)), n, batch_size=batch_size)
+
+
+def _cheap_spdl(*, n: int, batch_size: int) -> Case:
+    return _spdl_case(
+        range(n), lambda b: b.pipe(_increment).aggregate(batch_size), n, 1, np.asarray
+    )
+
+
+def _cheap_limit(*, n: int, batch_size: int) -> Case:
+    def start() -> Iterator[np.ndarray]:
+        for lo in range(0, n, batch_size):
+            yield np.asarray([_increment(x) for x in range(lo, min(lo + batch_size, n))])
+
+    return _case(start, n)
+
+
+# --- iter_wait_2ms ----------------------------------------------------------------------
+
+
+def _wait_dataset(gm: ModuleType, *, n: int, threads: int, batch_size: int) -> Case:
+    options = gm.ReadOptions(num_threads=threads, prefetch_buffer_size=500)
+    ds = gm.MapDataset.range(n).map(_wait_2ms).to_iter_dataset(options).batch(batch_size)
+    return _case(lambda: iter(ds), n)
+
+
+# DataLoader workers on a 2-core machine: a worker builds whole batches (32 waits in a row),
+# so 8 workers keep 8 waits in flight; more processes than that mostly cost start-up time.
+_TORCH_WAIT_WORKERS = 8
+
+
+def _wait_torch(*, n: int, threads: int, batch_size: int) -> Case:
+    dataset = _MapStyle(_wait_2ms, range(n))
+    return _torch_case(dataset, n, batch_size=batch_size, num_workers=_TORCH_WAIT_WORKERS)
+
+
+def _wait_spdl(*, n: int, threads: int, batch_size: int) -> Case:
+    def stages(b: Any) -> Any:
+        return b.pipe(_wait_2ms, concurrency=threads).aggregate(batch_size)
+
+    return _spdl_case(range(n), stages, n, threads, np.asarray)
+
+
+def _wait_limit(*, n: int, threads: int, batch_size: int) -> Case:
+    """Synthetic: ``n`` waits spread perfectly over ``threads`` threads, and the first batch
+    after one wave of waits."""
+    return Case(run=lambda: None, elements=n, seconds=n * _WAIT_S / threads, first_seconds=_WAIT_S)
+
+
+# --- iter_zlib_sort ---------------------------------------------------------------------
+
+
+def _zlib_dataset(gm: ModuleType, *, n: int, kib: int, threads: int, batch_size: int) -> Case:
+    ds = (
+        gm.MapDataset.source(_compressed(n, kib))
+        .map(_inflate_sort)
+        .to_iter_dataset(gm.ReadOptions(num_threads=threads))
+        .batch(batch_size, batch_fn=_stack)
+    )
+    return _case(lambda: iter(ds), n)
+
+
+def _zlib_torch(*, n: int, kib: int, threads: int, batch_size: int) -> Case:
+    dataset = _MapStyle(_inflate_sort, _compressed(n, kib))
+    return _torch_case(dataset, n, batch_size=batch_size, num_workers=threads)
+
+
+def _zlib_spdl(*, n: int, kib: int, threads: int, batch_size: int) -> Case:
+    def stages(b: Any) -> Any:
+        return b.pipe(_inflate_sort, concurrency=threads).aggregate(batch_size)
+
+    return _spdl_case(_compressed(n, kib), stages, n, threads, _stack)
+
+
+def _zlib_limit(*, n: int, kib: int, threads: int, batch_size: int) -> Case:
+    """The serial loop, timed, then divided by ``threads``: the ideal on ``threads`` cores."""
+    records = _compressed(n, kib)
+
+    def start() -> Iterator[np.ndarray]:
+        for lo in range(0, n, batch_size):
+            yield _stack([_inflate_sort(r) for r in records[lo : lo + batch_size]])
+
+    return Case(
+        run=lambda: _drain(start()),
+        elements=n,
+        sample=lambda: _head(start),
+        first=lambda: _first(start),
+        scale=1 / threads,
+    )
+
+
+# --- iter_images_batch64 ----------------------------------------------------------------
+
+
+def _images_dataset(gm: ModuleType, *, n: int, batch_size: int) -> Case:
+    ds = gm.MapDataset.source(_image_records(n)).to_iter_dataset().batch(batch_size)
+    return _case(lambda: iter(ds), n)
+
+
+def _images_torch(*, n: int, batch_size: int) -> Case:
+    return _torch_case(_MapStyle(_identity, _image_records(n)), n, batch_size=batch_size)
+
+
+def _images_spdl(*, n: int, batch_size: int) -> Case:
+    def stages(b: Any) -> Any:
+        return b.aggregate(batch_size).pipe(_stack_records)
+
+    return _spdl_case(_image_records(n), stages, n, 1)
+
+
+def _images_limit(*, n: int, batch_size: int) -> Case:
+    records = _image_records(n)
+
+    def start() -> Iterator[dict[str, np.ndarray]]:
+        for lo in range(0, n, batch_size):
+            yield _stack_records(records[lo : lo + batch_size])
+
+    return _case(start, n)
+
+
+WORKLOADS = (
+    Workload(
+        name="iter_cheap_batch",
+        summary="range(n).map(x+1).to_iter_dataset().batch(32), default ReadOptions",
+        params={
+            "n": 200_000,
+            "n_grain": 3_200,
+            "n_spdl": 3_200,
+            "batch_size": 32,
+        },
+        quick_params={
+            "n": 20_000,
+            "n_grain": 320,
+            "n_spdl": 320,
+            "batch_size": 32,
+        },
+        builders=_per_contender(
+            {
+                **grain_api(_cheap_dataset),
+                "spdl": _cheap_spdl,
+                "torch": _cheap_torch,
+                "limit": _cheap_limit,
+            }
+        ),
+    ),
+    Workload(
+        name="iter_wait_2ms",
+        summary="range(n).map(sleep 2 ms).to_iter_dataset(ReadOptions(32, 500)).batch(32)",
+        params={"n": 2_000, "threads": 32, "batch_size": 32},
+        quick_params={"n": 320, "threads": 32, "batch_size": 32},
+        builders=_per_contender(
+            {
+                **grain_api(_wait_dataset),
+                "spdl": _wait_spdl,
+                "torch": _wait_torch,
+                "limit": _wait_limit,
+            }
+        ),
+    ),
+    Workload(
+        name="iter_zlib_sort",
+        summary="source(zlib bufs).map(inflate + np.sort).to_iter_dataset(ReadOptions(2))"
+        ".batch(32, stack)",
+        params={"n": 2_000, "kib": 64, "threads": 2, "batch_size": 32},
+        quick_params={"n": 192, "kib": 64, "threads": 2, "batch_size": 32},
+        warmup=False,
+        builders=_per_contender(
+            {
+                **grain_api(_zlib_dataset),
+                "spdl": _zlib_spdl,
+                "torch": _zlib_torch,
+                "limit": _zlib_limit,
+            }
+        ),
+    ),
+    Workload(
+        name="iter_images_batch64",
+        summary="source(n {'image': uint8[224,224,3], 'label'}).to_iter_dataset().batch(64)",
+        params={"n": 2_000, "batch_size": 64},
+        quick_params={"n": 256, "batch_size": 64},
+        builders=_per_contender(
+            {
+                **grain_api(_images_dataset),
+                "spdl": _images_spdl,
+                "torch": _images_torch,
+                "limit": _images_limit,
+            }
+        ),
+    ),
+)

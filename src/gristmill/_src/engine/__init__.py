@@ -1,0 +1,1 @@
+"""The one executor: chunked, ordered, bounded, measured (see docs/architecture.md)."""

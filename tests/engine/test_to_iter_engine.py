@@ -1,0 +1,251 @@
+"""to_iter_dataset on the engine: same output for every option, exact state, clean shutdown."""
+
+import dataclasses
+import gc
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gristmill as gm
+
+M = gm.MapDataset
+OPTIONS = [(0, 0), (1, 1), (2, 3), (4, 16), (16, 500), (7, 7)]
+
+
+def gristmill_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
+
+
+def slow(x, seconds=0.0005):
+    time.sleep(seconds)
+    return x
+
+
+def read_all(ds, threads, buffer):
+    return list(
+        ds.to_iter_dataset(gm.ReadOptions(num_threads=threads, prefetch_buffer_size=buffer))
+    )
+
+
+@pytest.mark.parametrize(("threads", "buffer"), OPTIONS)
+def test_output_is_identical_for_every_option_cheap_elements(threads, buffer):
+    ds = M.range(3000).seed(1).shuffle().filter(lambda x: x % 7 != 0).map(lambda x: x * 3)
+    assert read_all(ds, threads, buffer) == [x for x in (ds[i] for i in range(3000)) if x]
+
+
+@pytest.mark.parametrize(("threads", "buffer"), OPTIONS)
+def test_output_is_identical_for_every_option_slow_elements(threads, buffer):
+    ds = M.range(300).shuffle(5).map(slow).filter(lambda x: x % 5 != 0)
+    expected = [x for x in (ds[i] for i in range(300)) if x is not None]
+    assert read_all(ds, threads, buffer) == expected
+
+
+def test_slow_elements_run_on_threads_and_cheap_ones_inline():
+    slow_it = iter(M.range(200).map(slow).to_iter_dataset(gm.ReadOptions(num_threads=8)))
+    cheap_it = iter(M.range(5000).map(lambda x: x + 1).to_iter_dataset())
+    list(slow_it), list(cheap_it)
+    (slow_stage,) = slow_it.statistics().stages
+    (cheap_stage,) = cheap_it.statistics().stages
+    assert slow_stage.executor == "threads"
+    assert slow_stage.concurrency == 8
+    assert cheap_stage.executor == "inline"
+    assert cheap_stage.elements_out == 5000
+    assert cheap_stage.tasks < 100  # chunked: far fewer tasks than elements
+
+
+def test_waiting_elements_overlap_on_threads():
+    ds = M.range(64).map(lambda x: slow(x, 0.01))
+    start = time.perf_counter()
+    assert read_all(ds, 16, 64) == list(range(64))
+    assert time.perf_counter() - start < 64 * 0.01 / 2  # at least 2x from overlap
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 17, 150, 299, 300])
+@pytest.mark.parametrize(("before", "after"), [((16, 500), (1, 1)), ((0, 0), (8, 30))])
+def test_restore_under_different_threads_continues_exactly(stop_after, before, after):
+    ds = M.range(300).seed(2).shuffle().map(slow)
+    full = read_all(ds, 4, 20)
+    it = iter(ds.to_iter_dataset(gm.ReadOptions(*before)))
+    for _ in range(stop_after):
+        next(it)
+    state = it.get_state()
+    it.close()
+    restored = iter(ds.to_iter_dataset(gm.ReadOptions(*after)))
+    restored.set_state(state)
+    assert list(restored) == full[stop_after:]
+
+
+def test_state_reflects_delivered_elements_not_prefetched_ones():
+    it = iter(M.range(1000).map(slow).to_iter_dataset(gm.ReadOptions(8, 100)))
+    for expected in range(5):
+        assert next(it) == expected
+        assert it.get_state() == {"next_index": expected + 1}
+    it.close()
+
+
+def fail_at(bad):
+    def fn(x):
+        if x == bad:
+            raise KeyError(f"bad element {x}")
+        time.sleep(0.0002)
+        return x
+
+    return fn
+
+
+@pytest.mark.parametrize(("threads", "buffer"), [(0, 0), (16, 500), (2, 4)])
+def test_error_reraised_at_its_element_with_stage_and_index(threads, buffer):
+    ds = M.range(100).map(fail_at(37))
+    it = iter(ds.to_iter_dataset(gm.ReadOptions(threads, buffer)))
+    assert [next(it) for _ in range(37)] == list(range(37))
+    with pytest.raises(KeyError, match="bad element 37") as info:
+        next(it)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "element index 37" in notes
+    assert "Map(fn)" in notes
+    assert it.get_state() == {"next_index": 37}
+    # The failure is at index 37: retrying recomputes it (and fails again, deterministically).
+    with pytest.raises(KeyError):
+        next(it)
+    it.set_state({"next_index": 38})
+    assert next(it) == 38
+    it.close()
+
+
+def test_error_traceback_includes_the_user_function():
+    it = iter(M.range(50).map(fail_at(3)).to_iter_dataset(gm.ReadOptions(4, 8)))
+    with pytest.raises(KeyError) as info:
+        list(it)
+    assert any(entry.name == "fn" for entry in info.traceback)
+
+
+def test_close_is_idempotent_and_stops_threads_within_a_second():
+    it = iter(M.range(10_000).map(slow).to_iter_dataset(gm.ReadOptions(8, 64)))
+    next(it), next(it)  # the first element is measured inline; then the threads start
+    assert gristmill_threads()
+    start = time.monotonic()
+    it.close()
+    it.close()
+    assert time.monotonic() - start < 1.0
+    assert not gristmill_threads()
+    with pytest.raises(ValueError, match="closed iterator"):
+        next(it)
+
+
+def test_break_then_garbage_collection_stops_threads():
+    for x in M.range(10_000).map(slow).to_iter_dataset(gm.ReadOptions(8, 64)):
+        if x == 3:
+            break
+    gc.collect()
+    deadline = time.monotonic() + 1.0
+    while gristmill_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gristmill_threads()
+
+
+def test_context_manager_closes():
+    with iter(M.range(1000).map(slow).to_iter_dataset(gm.ReadOptions(4, 16))) as it:
+        next(it)
+    assert not gristmill_threads()
+
+
+def test_keyboard_interrupt_while_waiting_stops_every_thread():
+    main = threading.main_thread().ident
+
+    def interrupt_at_20(x):
+        if x == 20:
+            signal.pthread_kill(main, signal.SIGINT)
+        time.sleep(0.002)
+        return x
+
+    it = iter(M.range(10_000).map(interrupt_at_20).to_iter_dataset(gm.ReadOptions(4, 32)))
+    with pytest.raises(KeyboardInterrupt):
+        for _ in it:
+            pass
+    deadline = time.monotonic() + 1.0
+    while gristmill_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gristmill_threads()
+
+
+def test_interpreter_exit_with_running_threads_is_silent_and_prompt():
+    script = textwrap.dedent(
+        """
+        import time
+        import gristmill as gm
+        def slow(x):
+            time.sleep(0.01)
+            return x
+        it = iter(gm.MapDataset.range(10**6).map(slow).to_iter_dataset(gm.ReadOptions(8, 64)))
+        print(next(it), next(it))
+        """
+    )
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "1"]
+    assert result.stderr == ""
+    assert time.monotonic() - start < 10
+
+
+def test_statistics_snapshot_and_bottleneck():
+    it = iter(M.range(400).map(slow).to_iter_dataset(gm.ReadOptions(4, 40)))
+    assert it.statistics().bottleneck() == "no stage has run yet"
+    out = list(it)
+    stats = it.statistics()
+    (stage,) = stats.stages
+    assert stage.elements_out == len(out) == 400
+    assert stage.elements_in >= 400
+    assert stage.busy_s > 400 * 0.0004
+    assert 0 < stage.p50_task_s <= stage.p99_task_s
+    assert stage.mean_element_s > 0.0004
+    assert stage.name == "Range → Map(slow)"
+    assert stage.buffer_size == 40
+    assert stage.throughput > 0
+    assert "Range → Map(slow)" in stats.bottleneck()
+    assert "Range → Map(slow)" in str(stats)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stage.elements_out = 0  # type: ignore[misc]
+
+
+def test_bottleneck_names_the_consumer_when_data_is_ready():
+    it = iter(M.range(50).map(lambda x: x).to_iter_dataset(gm.ReadOptions(2, 50)))
+    for _ in it:
+        time.sleep(0.002)  # a slow training step
+    assert it.statistics().bottleneck().startswith("the consumer")
+
+
+def test_periodic_statistics_log(caplog):
+    gm.experimental.log_statistics_every(1e-9)
+    try:
+        with caplog.at_level(logging.INFO, logger="gristmill.statistics"):
+            list(M.range(3000).map(lambda x: x).to_iter_dataset())
+    finally:
+        gm.experimental.log_statistics_every(None)
+    lines = [r.getMessage() for r in caplog.records if r.name == "gristmill.statistics"]
+    assert lines
+    assert lines[0].startswith("stage 'Range → Map(<lambda>)' [inline x16]")
+    with pytest.raises(ValueError, match="seconds must be > 0 or None"):
+        gm.experimental.log_statistics_every(0)
+
+
+def test_start_prefetch_is_safe_before_and_after_next():
+    it = iter(M.range(100).map(slow).to_iter_dataset(gm.ReadOptions(4, 8)))
+    it.start_prefetch()
+    it.start_prefetch()
+    assert list(it) == list(range(100))
+
+
+def test_numpy_elements_pass_through_threads_unchanged():
+    ds = M.range(200).map(lambda x: slow(np.full((4, 4), x, np.float32)))
+    out = read_all(ds, 4, 16)
+    assert all(a.dtype == np.float32 and a[0, 0] == i for i, a in enumerate(out))

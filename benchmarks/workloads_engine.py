@@ -18,10 +18,15 @@ Every case also times its **first output**: from building the iterator (``iter(d
 DataLoader's ``iter()``, an SPDL ``build()``) to receiving the first batch; releasing the
 iterator afterwards is not timed.
 
+Warm-up: every run builds a fresh iterator (threads, worker processes), and each child
+first times first outputs (after one untimed try that imports, starts and touches
+everything), so these workloads skip the untimed full pass (``warmup=False``); their runs
+take up to seconds.
+
 Sizes: ``n`` elements per run; ``n_<contender>`` overrides it for one contender (grain's and
 spdl's per-element hand-offs cost ~200 µs, so they get a smaller ``n`` on cheap work;
 µs/element stays comparable). The output check compares the first batches only, which
-every size shares.
+every size shares: a run returns its first batches, which the child digests.
 
 ``STRICT = False``: until the engine (and ``IterDataset.batch``) lands, gristmill's rows may
 error; ``--strict`` then counts these workloads only when they are selected with ``--only``
@@ -43,8 +48,8 @@ from workload import Builder, Case, Workload, grain_api
 
 STRICT = False
 
-# How many first batches `sample` digests (the output check).
-_SAMPLE_BATCHES = 8
+# How many first batches a run keeps for the output check (its digest).
+_SAMPLE_BATCHES = 4
 
 
 # --- element functions (module-level: shared by every contender, picklable) -----------
@@ -103,9 +108,13 @@ def _image_records(n: int, distinct: int = 4) -> list[dict[str, Any]]:
 # --- iterator plumbing ----------------------------------------------------------------
 
 
-def _drain(iterable: Any) -> None:
-    for _ in iterable:
+def _drain(iterable: Any) -> list[Any]:
+    """Iterates to the end; returns the first outputs (the output check digests them)."""
+    it = iter(iterable)
+    head = list(itertools.islice(it, _SAMPLE_BATCHES))
+    for _ in it:
         pass
+    return head
 
 
 def _close(it: Any) -> None:
@@ -127,23 +136,9 @@ def _first(start: Callable[[], Iterator[Any]]) -> tuple[Any, Callable[[], None]]
     return output, release
 
 
-def _head(start: Callable[[], Iterator[Any]], count: int = _SAMPLE_BATCHES) -> list[Any]:
-    """The first ``count`` outputs of a fresh iterator, which is then released."""
-    it = start()
-    try:
-        return list(itertools.islice(it, count))
-    finally:
-        _close(it)
-
-
-def _case(start: Callable[[], Iterator[Any]], n: int, consume: Callable[[Any], Any] = _drain):
-    """A case iterating ``start()`` to the end; ``consume`` gets the iterator."""
-    return Case(
-        run=lambda: consume(start()),
-        elements=n,
-        sample=lambda: _head(start),
-        first=lambda: _first(start),
-    )
+def _case(start: Callable[[], Iterator[Any]], n: int, **kwargs: Any) -> Case:
+    """A case whose run iterates ``start()`` to the end and returns its first outputs."""
+    return Case(run=lambda: _drain(start()), elements=n, first=lambda: _first(start), **kwargs)
 
 
 def _per_contender(builders: dict[str, Builder]) -> dict[str, Builder]:
@@ -318,13 +313,7 @@ def _zlib_limit(*, n: int, kib: int, threads: int, batch_size: int) -> Case:
         for lo in range(0, n, batch_size):
             yield _stack([_inflate_sort(r) for r in records[lo : lo + batch_size]])
 
-    return Case(
-        run=lambda: _drain(start()),
-        elements=n,
-        sample=lambda: _head(start),
-        first=lambda: _first(start),
-        scale=1 / threads,
-    )
+    return _case(start, n, scale=1 / threads)
 
 
 # --- iter_images_batch64 ----------------------------------------------------------------
@@ -372,6 +361,7 @@ WORKLOADS = (
             "n_spdl": 320,
             "batch_size": 32,
         },
+        warmup=False,
         builders=_per_contender(
             {
                 **grain_api(_cheap_dataset),
@@ -386,6 +376,7 @@ WORKLOADS = (
         summary="range(n).map(sleep 2 ms).to_iter_dataset(ReadOptions(32, 500)).batch(32)",
         params={"n": 2_000, "threads": 32, "batch_size": 32},
         quick_params={"n": 320, "threads": 32, "batch_size": 32},
+        warmup=False,
         builders=_per_contender(
             {
                 **grain_api(_wait_dataset),
@@ -400,7 +391,7 @@ WORKLOADS = (
         summary="source(zlib bufs).map(inflate + np.sort).to_iter_dataset(ReadOptions(2))"
         ".batch(32, stack)",
         params={"n": 2_000, "kib": 64, "threads": 2, "batch_size": 32},
-        quick_params={"n": 192, "kib": 64, "threads": 2, "batch_size": 32},
+        quick_params={"n": 128, "kib": 16, "threads": 2, "batch_size": 32},
         warmup=False,
         builders=_per_contender(
             {
@@ -416,6 +407,7 @@ WORKLOADS = (
         summary="source(n {'image': uint8[224,224,3], 'label'}).to_iter_dataset().batch(64)",
         params={"n": 2_000, "batch_size": 64},
         quick_params={"n": 256, "batch_size": 64},
+        warmup=False,
         builders=_per_contender(
             {
                 **grain_api(_images_dataset),

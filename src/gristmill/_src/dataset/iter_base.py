@@ -8,10 +8,12 @@ with the iterator issue.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from gristmill._src.dataset.base import MapDataset
+from gristmill._src.core import seeds
+from gristmill._src.dataset.base import MapDataset, op
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -47,9 +49,45 @@ class IterDataset(Generic[T], abc.ABC):
     def _own_seed(self) -> int | None:
         return None
 
+    @functools.cached_property
+    def _default_seed(self) -> int | None:
+        return seeds.derive_default_seed(
+            self, lambda node: node.parents, lambda node: getattr(node, "_own_seed", None)
+        )
+
     def pipe(self, func: Callable[..., S], /, *args: Any, **kwargs: Any) -> S:
         """Returns ``func(self, *args, **kwargs)``."""
         return func(self, *args, **kwargs)
+
+    def seed(self, seed: int) -> IterDataset[T]:
+        """Sets the default seed of every random op downstream."""
+        return op("iter.seed")(self, seed)  # type: ignore[no-any-return]
+
+    def map(self, transform: Any) -> IterDataset[Any]:
+        """Applies a callable or ``transforms.Map`` to every element."""
+        return op("iter.map")(self, transform)  # type: ignore[no-any-return]
+
+    def random_map(self, transform: Any, *, seed: int | None = None) -> IterDataset[Any]:
+        """Applies ``fn(x, rng)``; the generator depends on (seed, element count)."""
+        return op("iter.random_map")(self, transform, seed)  # type: ignore[no-any-return]
+
+    def map_with_index(self, transform: Any) -> IterDataset[Any]:
+        """Applies ``fn(k, x)`` where ``k`` counts the elements this node has seen."""
+        return op("iter.map_with_index")(self, transform)  # type: ignore[no-any-return]
+
+    def filter(self, transform: Any) -> IterDataset[T]:
+        """Keeps the elements where the predicate is true."""
+        return op("iter.filter")(self, transform)  # type: ignore[no-any-return]
+
+    def batch(
+        self,
+        batch_size: int,
+        *,
+        drop_remainder: bool = False,
+        batch_fn: Callable[[Sequence[T]], S] | None = None,
+    ) -> IterDataset[S]:
+        """Groups ``batch_size`` consecutive elements; leaves are stacked by default."""
+        return op("iter.batch")(self, batch_size, drop_remainder, batch_fn)  # type: ignore[no-any-return]
 
     @abc.abstractmethod
     def __iter__(self) -> DatasetIterator[T]:

@@ -41,7 +41,7 @@ class MapMapDataset(MapDataset[Any]):
         return f"MapMapDataset(transform={transforms.describe(self._transform)})"
 
 
-def _random_map_function(transform: Any) -> Any:
+def random_map_function(transform: Any) -> Any:
     if isinstance(transform, transforms.TfRandomMap):
         return transform.np_random_map
     return transforms.as_function(
@@ -60,7 +60,7 @@ class RandomMapMapDataset(MapDataset[Any]):
     def __init__(self, parent: MapDataset[Any], transform: Any, seed: int | None = None) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = _random_map_function(transform)
+        self._fn = random_map_function(transform)
         if seed is None:
             seed = resolve_seed(self, None, "random_map")
         self._rng = IndexedRng(validation.check_rng_seed(seed))

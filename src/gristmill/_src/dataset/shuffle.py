@@ -19,11 +19,11 @@ _MAX_TABLE_DOMAIN = 2**20
 _CACHED_EPOCHS = 4
 
 
-def resolve_seed(node: MapDataset[Any], seed: Any, op_name: str) -> int:
+def resolve_seed(node: Any, seed: Any, op_name: str) -> int:
     """An explicit seed (validated) or the default one from ``ds.seed()`` upstream."""
     if seed is not None:
         return validation.check_shuffle_seed(seed)
-    default = node._default_seed
+    default: int | None = node._default_seed
     if default is None:
         raise ValueError(
             f"`{op_name}` requires a seed, got seed=None and no ds.seed(...) upstream; pass "

@@ -1,0 +1,255 @@
+"""Element-wise IterDataset transformations: map, random_map, map_with_index, filter, batch.
+
+States follow Grain 0.2.18's shapes: map, filter and batch add nothing to the parent's
+state; random_map records ``index_for_rng`` and map_with_index ``counter``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gristmill._src.core import transforms, tree, validation
+from gristmill._src.core.rng import IndexedRng
+from gristmill._src.dataset.base import register
+from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.mapping import random_map_function
+from gristmill._src.dataset.shuffle import resolve_seed
+
+_U64 = 2**64
+
+
+def _state_key(state: Any, key: str, owner: str) -> Any:
+    try:
+        return state[key]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"{owner} state must be a dict with key {key!r}, got {state!r}; pass a dict "
+            "returned by get_state() of an iterator over the same pipeline"
+        ) from None
+
+
+class _OneParentIterator(DatasetIterator[Any]):
+    """An iterator over one parent iterator whose state is the parent's state."""
+
+    def get_state(self) -> dict[str, Any]:
+        return self._parent.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._parent.set_state(state)
+
+    def start_prefetch(self) -> None:
+        self._parent.start_prefetch()
+
+    def statistics(self) -> Any:
+        return getattr(self._parent, "statistics", lambda: None)()
+
+
+@register("iter.seed")
+class WithSeedIterDataset(IterDataset[Any]):
+    """Carries the default seed for random ops downstream; elements pass unchanged."""
+
+    def __init__(self, parent: IterDataset[Any], seed: int) -> None:
+        super().__init__(parent)
+        if seed is None:
+            raise ValueError("seed must be an integer, got None; call ds.seed(42)")
+        self._seed_value = validation.check_rng_seed(seed)
+
+    @property
+    def _own_seed(self) -> int:
+        return self._seed_value
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        iterator: DatasetIterator[Any] = iter(self._parent)
+        return iterator
+
+
+class _MapIterator(_OneParentIterator):
+    def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any]) -> None:
+        super().__init__(parent)
+        self._fn = fn
+
+    def __next__(self) -> Any:
+        return self._fn(next(self._parent))
+
+
+@register("iter.map")
+class MapIterDataset(IterDataset[Any]):
+    """``fn(x)`` for every element."""
+
+    def __init__(self, parent: IterDataset[Any], transform: Any) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = transforms.as_function(
+            transform, transforms.Map, "map", "transform", "ds.map(lambda x: x + 1)"
+        )
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        return _MapIterator(iter(self._parent), self._fn)
+
+    def __str__(self) -> str:
+        return f"MapIterDataset(transform={transforms.describe(self._transform)})"
+
+
+class _FilterIterator(_OneParentIterator):
+    def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any]) -> None:
+        super().__init__(parent)
+        self._fn = fn
+
+    def __next__(self) -> Any:
+        parent, fn = self._parent, self._fn
+        while True:
+            element = next(parent)
+            if fn(element):
+                return element
+
+
+@register("iter.filter")
+class FilterIterDataset(IterDataset[Any]):
+    """Keeps the elements where the predicate holds."""
+
+    def __init__(self, parent: IterDataset[Any], transform: Any) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = transforms.as_function(
+            transform, transforms.Filter, "filter", "transform", "ds.filter(lambda x: x > 0)"
+        )
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        return _FilterIterator(iter(self._parent), self._fn)
+
+    def __str__(self) -> str:
+        return f"FilterIterDataset(transform={transforms.describe(self._transform)})"
+
+
+class _CountingIterator(DatasetIterator[Any]):
+    """Applies ``apply(count, x)``; state ``{"parent": …, key: count}``."""
+
+    def __init__(
+        self, parent: DatasetIterator[Any], apply: Callable[[int, Any], Any], key: str
+    ) -> None:
+        super().__init__(parent)
+        self._apply = apply
+        self._key = key
+        self._count = 0
+
+    def __next__(self) -> Any:
+        element = next(self._parent)
+        count = self._count
+        self._count += 1
+        return self._apply(count, element)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"parent": self._parent.get_state(), self._key: self._count}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        owner = type(self).__name__
+        parent = _state_key(state, "parent", owner)
+        count = validation.check_index(_state_key(state, self._key, owner))
+        self._parent.set_state(parent)
+        self._count = count
+
+    def start_prefetch(self) -> None:
+        self._parent.start_prefetch()
+
+
+@register("iter.random_map")
+class RandomMapIterDataset(IterDataset[Any]):
+    """``fn(x, rng)``; the generator is keyed by (seed, elements seen), as upstream."""
+
+    def __init__(self, parent: IterDataset[Any], transform: Any, seed: int | None = None) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = random_map_function(transform)
+        if seed is None:
+            seed = resolve_seed(self, None, "random_map")
+        self._seed = validation.check_rng_seed(seed)
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        fn, rng = self._fn, IndexedRng(self._seed)
+
+        def apply(count: int, element: Any) -> Any:
+            return fn(element, rng.at(count % _U64))
+
+        return _CountingIterator(iter(self._parent), apply, "index_for_rng")
+
+    def __str__(self) -> str:
+        return f"RandomMapIterDataset(transform={transforms.describe(self._transform)})"
+
+
+@register("iter.map_with_index")
+class MapWithIndexIterDataset(IterDataset[Any]):
+    """``fn(k, x)`` where ``k`` counts the elements pulled by this node."""
+
+    def __init__(self, parent: IterDataset[Any], transform: Any) -> None:
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = transforms.as_function(
+            transform,
+            transforms.MapWithIndex,
+            "map_with_index",
+            "transform",
+            "ds.map_with_index(lambda i, x: (i, x))",
+        )
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        return _CountingIterator(iter(self._parent), self._fn, "counter")
+
+    def __str__(self) -> str:
+        return f"MapWithIndexIterDataset(transform={transforms.describe(self._transform)})"
+
+
+class _BatchIterator(_OneParentIterator):
+    def __init__(
+        self,
+        parent: DatasetIterator[Any],
+        batch_size: int,
+        drop_remainder: bool,
+        batch_fn: Callable[[Sequence[Any]], Any],
+    ) -> None:
+        super().__init__(parent)
+        self._batch_size = batch_size
+        self._drop_remainder = drop_remainder
+        self._batch_fn = batch_fn
+
+    def __next__(self) -> Any:
+        parent = self._parent
+        elements = []
+        for _ in range(self._batch_size):
+            try:
+                elements.append(next(parent))
+            except StopIteration:
+                break
+        if not elements or (self._drop_remainder and len(elements) < self._batch_size):
+            raise StopIteration
+        return self._batch_fn(elements)
+
+
+@register("iter.batch")
+class BatchIterDataset(IterDataset[Any]):
+    """Groups ``batch_size`` consecutive elements (the last batch may be short)."""
+
+    def __init__(
+        self,
+        parent: IterDataset[Any],
+        batch_size: int,
+        drop_remainder: bool = False,
+        batch_fn: Callable[[Sequence[Any]], Any] | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._batch_size = validation.check_positive_int(batch_size, "batch_size")
+        if batch_fn is not None:
+            validation.check_callable(batch_fn, "batch_fn", hint="e.g. batch_fn=list")
+        self._drop_remainder = bool(drop_remainder)
+        self._batch_fn = tree.stack if batch_fn is None else batch_fn
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        return _BatchIterator(
+            iter(self._parent), self._batch_size, self._drop_remainder, self._batch_fn
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"BatchIterDataset(batch_size={self._batch_size}, "
+            f"drop_remainder={self._drop_remainder})"
+        )

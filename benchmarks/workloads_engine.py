@@ -6,8 +6,8 @@ and batches of images (copying). Every workload is also done by the peers:
 
 - ``spdl``: SPDL 0.8's ``PipelineBuilder`` (``add_source -> pipe -> aggregate -> add_sink``,
   ``build(num_threads=...)``), stage concurrency as in the workload, default hooks and queues;
-  a pipeline is single-pass, so every run builds a new one (``build`` is timed, as ``iter``
-  is for the others).
+  a pipeline is single-pass, so every run builds a new one (``PipelineBuilder`` ... ``build``
+  is timed, as ``iter`` is for the others).
 - ``torch``: PyTorch's ``DataLoader`` over a map-style dataset (an object with
   ``__len__`` / ``__getitem__``: picklable, defined here so that no child imports torch
   unless it runs the torch contender), default ``collate_fn`` (torch tensors: the digest
@@ -215,11 +215,20 @@ def _spdl_case(
     convert: Callable[[Any], Any] = _identity,
 ) -> Case:
     """``stages(PipelineBuilder().add_source(source)).add_sink()``, built with
-    ``num_threads``; ``convert`` runs on each output in the consumer loop."""
+    ``num_threads``; ``convert`` runs on each output in the consumer loop.
+
+    Every iterator gets a new ``PipelineBuilder``: ``aggregate(k)`` makes one ``Collate``
+    whose buffer every pipeline built from that builder shares, so after a pipeline is
+    stopped early (a first-output try) the next one's first batch would begin with the
+    stopped one's leftovers (seen with spdl 0.8.0).
+    """
     from spdl.pipeline import PipelineBuilder
 
-    builder = stages(PipelineBuilder().add_source(source)).add_sink()
-    return _case(lambda: _SpdlIterator(builder, num_threads, convert), n)
+    def start() -> _SpdlIterator:
+        builder = stages(PipelineBuilder().add_source(source)).add_sink()
+        return _SpdlIterator(builder, num_threads, convert)
+
+    return _case(start, n)
 
 
 # --- iter_cheap_batch -------------------------------------------------------------------

@@ -13,6 +13,7 @@ EXPECTED = {
         "IterDataset",
         "DatasetIterator",
         "ReadOptions",
+        "MultiprocessingOptions",
         "Record",
         "RecordMetadata",
         "constants",
@@ -50,8 +51,13 @@ EXPECTED = {
         "FlatMapMapDataset",
         "FlatMapTransform",
         "MapWithIndexTransform",
+        "PerformanceConfig",
+        "ThreadPrefetchDatasetIterator",
+        "ThreadPrefetchIterDataset",
         "index_shuffle",
         "log_statistics_every",
+        "multithread_prefetch",
+        "pick_performance_config",
     ],
 }
 

@@ -10,13 +10,22 @@ Grain-compatible: ``import gristmill as grain`` runs Grain 0.2.18 dataset code.
 
 from gristmill import constants, experimental, samplers, sharding, sources, transforms
 from gristmill._src import dataset as _dataset  # registers the transformations
-from gristmill._src.core.options import ReadOptions
+from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.public import export as _export
 
-_export("gristmill", MapDataset, IterDataset, DatasetIterator, ReadOptions, Record, RecordMetadata)
+_export(
+    "gristmill",
+    MapDataset,
+    IterDataset,
+    DatasetIterator,
+    MultiprocessingOptions,
+    ReadOptions,
+    Record,
+    RecordMetadata,
+)
 
 __version__ = "0.1.0.dev0"
 
@@ -25,6 +34,7 @@ __all__ = [
     "IterDataset",
     "DatasetIterator",
     "ReadOptions",
+    "MultiprocessingOptions",
     "Record",
     "RecordMetadata",
     "constants",

@@ -33,3 +33,26 @@ class ReadOptions:
                 UserWarning,
                 stacklevel=3,
             )
+
+
+@dataclasses.dataclass(slots=True)
+class MultiprocessingOptions:
+    """Worker processes for ``mp_prefetch`` (the process backend is a later release).
+
+    Attributes:
+      num_workers: worker processes; 0 runs in the main process.
+      per_worker_buffer_size: elements each worker may produce ahead.
+      enable_profiling: whether workers record profiles.
+    """
+
+    num_workers: int = 0
+    per_worker_buffer_size: int = 1
+    enable_profiling: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("num_workers", 0), ("per_worker_buffer_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value!r}")

@@ -6,6 +6,8 @@ from gristmill._src.dataset import (  # noqa: F401  (imported for registration)
     flatmap,
     iter_ops,
     mapping,
+    perf_config,
+    prefetch,
     shuffle,
     slicing,
     source,

@@ -76,15 +76,16 @@ class _Core:
         self.done: dict[int, tuple[int, Chunk]] = {}  # seq -> (task size, result)
         self.generation = 0
         self.closed = False
+        self.retiring = False
         self.threads: list[threading.Thread] = []
 
     def work(self) -> None:
         """A worker thread's loop: take a task, run it, file the result."""
         while True:
             with self.lock:
-                while not self.tasks and not self.closed:
+                while not self.tasks and not self.closed and not self.retiring:
                     self.work_ready.wait()
-                if self.closed:
+                if self.closed or (self.retiring and not self.tasks):
                     return
                 generation, seq, start, stop = self.tasks.popleft()
             began = time.perf_counter()
@@ -102,6 +103,17 @@ class _Core:
             # Drop the reference: an error re-raised by the consumer grows a traceback that
             # reaches the iterator, and a live thread must not keep that alive.
             del chunk
+
+    def retire_workers(self) -> None:
+        """Stops the (idle) worker threads; new ones start when work is threaded again."""
+        with self.lock:
+            self.retiring = True
+            self.work_ready.notify_all()
+        for thread in self.threads:
+            thread.join(_JOIN_TIMEOUT_S)
+        with self.lock:
+            self.retiring = False
+            self.threads = [t for t in self.threads if t.is_alive()]
 
     def shutdown(self) -> None:
         with self.lock:
@@ -178,6 +190,8 @@ class OrderedChunkRunner:
             if self._next_start >= self._stop:
                 return None
             if not self._policy.use_threads():
+                if self._core.threads:
+                    self._core.retire_workers()  # e.g. the first element was a slow warm-up
                 return self._run_inline()
         return self._take_from_workers()
 

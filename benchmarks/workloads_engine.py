@@ -28,9 +28,9 @@ spdl's per-element hand-offs cost ~200 µs, so they get a smaller ``n`` on cheap
 µs/element stays comparable). The output check compares the first batches only, which
 every size shares: a run returns its first batches, which the child digests.
 
-``STRICT = False``: until the engine (and ``IterDataset.batch``) lands, gristmill's rows may
-error; ``--strict`` then counts these workloads only when they are selected with ``--only``
-or ``--family engine``.
+``STRICT = False``: while the engine is being built, gristmill's rows may error, and CI has
+no torch or spdl; ``--strict`` counts these workloads only when they are selected with
+``--only`` or ``--family engine``.
 """
 
 from __future__ import annotations

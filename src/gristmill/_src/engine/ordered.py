@@ -74,6 +74,7 @@ class _Core:
         self.result_ready = threading.Condition(self.lock)
         self.tasks: collections.deque[tuple[int, int, int, int]] = collections.deque()
         self.done: dict[int, tuple[int, Chunk]] = {}  # seq -> (task size, result)
+        self.ready = 0  # elements in `done`: computed, waiting for the consumer
         self.generation = 0
         self.closed = False
         self.retiring = False
@@ -99,6 +100,11 @@ class _Core:
                 self.policy.record(stop - start, elapsed)
                 if generation == self.generation and not self.closed:
                     self.done[seq] = (stop - start, chunk)
+                    self.ready += stop - start
+                    # Blocked on output: computed results alone fill the buffer.
+                    self.counters.set_blocked(
+                        self.ready >= self.policy.buffer_size, time.perf_counter()
+                    )
                     self.result_ready.notify()
             # Drop the reference: an error re-raised by the consumer grows a traceback that
             # reaches the iterator, and a live thread must not keep that alive.
@@ -225,8 +231,6 @@ class OrderedChunkRunner:
             self._in_flight += stop - start
             self._next_start = stop
             core.work_ready.notify()
-        full = self._in_flight >= policy.buffer_size and self._next_start < self._stop
-        self._counters.set_blocked(full, time.perf_counter())
 
     def _ensure_threads(self) -> None:
         core = self._core
@@ -256,6 +260,8 @@ class OrderedChunkRunner:
                 finally:
                     self._counters.starved_s += time.perf_counter() - began
             task_size, chunk = core.done.pop(seq)
+            core.ready -= task_size
+            self._counters.set_blocked(core.ready >= self._policy.buffer_size, time.perf_counter())
             self._next_seq += 1
             occupancy = self._in_flight
             self._in_flight -= task_size
@@ -277,6 +283,7 @@ class OrderedChunkRunner:
             core.generation += 1
             core.tasks.clear()
             core.done.clear()
+            core.ready = 0
             self._reset_positions(position)
             self._counters.set_blocked(False, time.perf_counter())
 

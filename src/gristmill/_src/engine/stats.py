@@ -45,7 +45,7 @@ class StageStatistics:
     starved_s: float
     """Seconds the stage's consumer waited because the stage had no output ready."""
     blocked_s: float
-    """Seconds the stage had a full buffer (its output waited on the consumer)."""
+    """Seconds its finished, undelivered output filled the buffer (waiting on the consumer)."""
     buffer_size: int
     """The stage's buffer bound, in elements."""
     mean_buffer_occupancy: float

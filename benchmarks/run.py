@@ -5,13 +5,13 @@
 Every (workload, contender) pair is measured in a fresh subprocess (this file with
 ``--child``), so one contender's imports, caches and garbage never touch another's. Each
 round measures every pair once, rotating the order of contenders; a child does one untimed
-warm-up run, then at least ``--runs`` timed runs, more while they add up to less than
-``min_time_s`` (so fast contenders get enough samples). A row reports the best and the
-median of all timed runs of all rounds. Ratios are throughput ratios of best times:
-``x grain`` is this row's elements/s over grain's, ``x limit`` this row's over the limit's
-(1.0 = as fast as a bare loop). Workloads whose cases time a first output also get the
-time from building an iterator to its first output (best of the timed tries). Workloads
-live in ``WORKLOAD_MODULES``; see README.md.
+warm-up run (unless its workload opts out), then at least ``--runs`` timed runs, more
+while they add up to less than ``min_time_s`` (so fast contenders get enough samples). A
+row reports the best and the median of all timed runs of all rounds. Ratios are throughput
+ratios of best times: ``x grain`` is this row's elements/s over grain's, ``x limit`` this
+row's over the limit's (1.0 = as fast as a bare loop). Workloads whose cases time a first
+output also get the time from building an iterator to its first output (best of the timed
+tries). Workloads live in ``WORKLOAD_MODULES``; see README.md.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ EXPECTED = {
         "FlatMapMapDataset",
         "FlatMapTransform",
         "MapWithIndexTransform",
+        "InterleaveIterDataset",
         "PerformanceConfig",
         "ThreadPrefetchDatasetIterator",
         "ThreadPrefetchIterDataset",

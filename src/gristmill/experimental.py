@@ -4,6 +4,7 @@ from gristmill._src.core.index_shuffle import index_shuffle
 from gristmill._src.core.transforms import FlatMap as FlatMapTransform
 from gristmill._src.core.transforms import MapWithIndex as MapWithIndexTransform
 from gristmill._src.dataset.flatmap import FlatMapMapDataset
+from gristmill._src.dataset.interleave import InterleaveIterDataset
 from gristmill._src.dataset.perf_config import PerformanceConfig, pick_performance_config
 from gristmill._src.dataset.prefetch import (
     ThreadPrefetchDatasetIterator,
@@ -16,6 +17,7 @@ from gristmill._src.public import export as _export
 _export(
     "gristmill.experimental",
     FlatMapMapDataset,
+    InterleaveIterDataset,
     PerformanceConfig,
     ThreadPrefetchDatasetIterator,
     ThreadPrefetchIterDataset,
@@ -25,6 +27,7 @@ __all__ = [
     "FlatMapMapDataset",
     "FlatMapTransform",
     "MapWithIndexTransform",
+    "InterleaveIterDataset",
     "PerformanceConfig",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from gristmill._src.core import seeds, validation
 
 if TYPE_CHECKING:
-    from gristmill._src.dataset.iter_base import IterDataset
+    from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -188,7 +188,7 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
         get = self._get
         return [get(i) for i in indices.tolist()]
 
-    def __iter__(self) -> Iterator[T]:
+    def __iter__(self) -> DatasetIterator[T]:
         return iter(self.to_iter_dataset())
 
     def __str__(self) -> str:

@@ -9,7 +9,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_benchmark_runs_and_outputs_match_grain():
     result = subprocess.run(
-        [sys.executable, "benchmarks/run.py", "--quick", "--rounds", "1", "--strict"],
+        [
+            sys.executable,
+            "benchmarks/run.py",
+            "--quick",
+            "--rounds",
+            "1",
+            "--strict",
+            "--family",
+            "mapdataset",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

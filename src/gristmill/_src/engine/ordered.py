@@ -1,9 +1,10 @@
 """OrderedChunkRunner: evaluates ``read(a, b)`` over an index range, chunk by chunk, in order.
 
 The consumer calls :meth:`OrderedChunkRunner.next_chunk`. Each chunk runs either inline on
-the consumer's thread or on a pool of worker threads (see :mod:`policy`); results are handed
-back in index order through a reorder window keyed by chunk sequence number, and at most
-``buffer_size`` elements are in flight. A failing chunk is re-run element by element to find
+the consumer's thread or on a pool of worker threads (see :mod:`policy`). Workers claim the
+next chunk of the index range themselves (no task queue to fill), at most ``buffer_size``
+elements ahead of the consumer; results come back in index order through a reorder window
+keyed by chunk sequence number. A failing chunk is re-run element by element to find
 the exact failing index; the elements before it are delivered, then the error.
 
 Ownership: the runner owns its threads. They reference only the runner's shared core (never
@@ -15,7 +16,6 @@ stops whatever is still running at interpreter exit.
 from __future__ import annotations
 
 import atexit
-import collections
 import dataclasses
 import threading
 import time
@@ -65,30 +65,75 @@ def run_chunk(read: ReadFn, start: int, stop: int) -> Chunk:
 class _Core:
     """State shared by the consumer and the worker threads, guarded by ``lock``."""
 
-    def __init__(self, read: ReadFn, counters: StageCounters, policy: ChunkPolicy) -> None:
+    def __init__(
+        self, read: ReadFn, stop: int, counters: StageCounters, policy: ChunkPolicy
+    ) -> None:
         self.read = read
+        self.stop = stop
         self.counters = counters
         self.policy = policy
         self.lock = threading.Lock()
         self.work_ready = threading.Condition(self.lock)
         self.result_ready = threading.Condition(self.lock)
-        self.tasks: collections.deque[tuple[int, int, int, int]] = collections.deque()
-        self.done: dict[int, tuple[int, Chunk]] = {}  # seq -> (task size, result)
+        self.done: dict[int, tuple[int, Chunk]] = {}  # seq -> (claimed size, result)
         self.ready = 0  # elements in `done`: computed, waiting for the consumer
+        self.waiting_for = -1  # the chunk the consumer is blocked on (-1: not blocked)
+        self.threaded = False  # whether workers may claim chunks
         self.generation = 0
         self.closed = False
         self.retiring = False
         self.threads: list[threading.Thread] = []
+        self.reset(0)
+
+    def reset(self, position: int) -> None:
+        """Positions: call with the lock held (or before any worker exists)."""
+        self.generation += 1
+        self.done.clear()
+        self.ready = 0
+        self.next_start = position  # first index not yet claimed
+        self.next_claim = 0  # sequence number of the next chunk to claim
+        self.in_flight = 0  # elements claimed and not yet delivered
+
+    def _can_claim(self) -> bool:
+        return (
+            self.threaded
+            and self.next_start < self.stop
+            and self.in_flight < self.policy.buffer_size
+        )
+
+    def spawn_then_work(self, names: list[str]) -> None:
+        """A worker's entry: start half of ``names`` each in two children, then work.
+
+        Starting threads in a tree overlaps their start-up (~0.1 ms each) with work.
+        """
+        half = (len(names) + 1) // 2
+        for group in (names[:half], names[half:]):
+            if not group:
+                continue
+            with self.lock:
+                if self.closed or self.retiring:
+                    break
+                thread = threading.Thread(
+                    target=self.spawn_then_work, args=(group[1:],), name=group[0], daemon=True
+                )
+                self.threads.append(thread)
+            thread.start()
+        self.work()
 
     def work(self) -> None:
-        """A worker thread's loop: take a task, run it, file the result."""
+        """A worker thread's loop: claim a chunk, run it, file the result."""
         while True:
             with self.lock:
-                while not self.tasks and not self.closed and not self.retiring:
+                while not self._can_claim() and not self.closed and not self.retiring:
                     self.work_ready.wait()
-                if self.closed or (self.retiring and not self.tasks):
+                if self.closed or not self._can_claim():
                     return
-                generation, seq, start, stop = self.tasks.popleft()
+                generation, seq, start = self.generation, self.next_claim, self.next_start
+                room = self.policy.buffer_size - self.in_flight
+                stop = min(self.stop, start + max(1, min(self.policy.thread_chunk(), room)))
+                self.next_claim += 1
+                self.next_start = stop
+                self.in_flight += stop - start
             began = time.perf_counter()
             try:
                 chunk = run_chunk(self.read, start, stop)
@@ -105,18 +150,35 @@ class _Core:
                     self.counters.set_blocked(
                         self.ready >= self.policy.buffer_size, time.perf_counter()
                     )
-                    self.result_ready.notify()
+                    if seq == self.waiting_for:  # wake the consumer only for the chunk it needs
+                        self.result_ready.notify()
             # Drop the reference: an error re-raised by the consumer grows a traceback that
             # reaches the iterator, and a live thread must not keep that alive.
             del chunk
+
+    def start_workers(self, count: int, name: str) -> None:
+        """Starts workers up to ``count``. Call with the lock held."""
+        self.threads = [t for t in self.threads if t.is_alive() or t.ident is None]
+        missing = count - len(self.threads)
+        if missing <= 0:
+            return
+        first = len(self.threads)
+        names = [f"gristmill[{name}]-{first + i}" for i in range(missing)]
+        thread = threading.Thread(
+            target=self.spawn_then_work, args=(names[1:],), name=names[0], daemon=True
+        )
+        self.threads.append(thread)
+        thread.start()
+        _LIVE.add(self)
 
     def retire_workers(self) -> None:
         """Stops the (idle) worker threads; new ones start when work is threaded again."""
         with self.lock:
             self.retiring = True
             self.work_ready.notify_all()
-        for thread in self.threads:
-            thread.join(_JOIN_TIMEOUT_S)
+        for thread in list(self.threads):
+            if thread.ident is not None:
+                thread.join(_JOIN_TIMEOUT_S)
         with self.lock:
             self.retiring = False
             self.threads = [t for t in self.threads if t.is_alive()]
@@ -124,13 +186,14 @@ class _Core:
     def shutdown(self) -> None:
         with self.lock:
             self.closed = True
-            self.tasks.clear()
+            self.done.clear()
             self.work_ready.notify_all()
             self.result_ready.notify_all()
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         current = threading.current_thread()
-        for thread in self.threads:
-            if thread is not current:
+        for thread in list(self.threads):
+            # A worker still being started sees `closed` and returns at once.
+            if thread is not current and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
 
@@ -160,19 +223,13 @@ class OrderedChunkRunner:
         buffer_size: int,
         name: str,
     ) -> None:
-        self._stop = stop
         self._name = name
         self._policy = ChunkPolicy(workers, buffer_size)
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
-        self._core = _Core(read, self._counters, self._policy)
-        self._finalizer = weakref.finalize(self, self._core.shutdown)
-        self._reset_positions(start)
-
-    def _reset_positions(self, position: int) -> None:
-        self._next_start = position  # first index not yet handed to any worker
+        self._core = _Core(read, stop, self._counters, self._policy)
+        self._core.reset(start)
         self._next_seq = 0  # sequence number of the next chunk to deliver
-        self._submitted_seq = 0
-        self._in_flight = 0  # elements submitted and not yet delivered
+        self._finalizer = weakref.finalize(self, self._core.shutdown)
 
     # -- knobs (the autotuner's hooks; take effect at the next chunk) ----------------------
 
@@ -184,6 +241,7 @@ class OrderedChunkRunner:
             self._policy.configure(workers, buffer_size)
             self._counters.concurrency = max(workers, 1)
             self._counters.buffer_size = buffer_size
+            self._core.work_ready.notify_all()
 
     # -- consumer side ------------------------------------------------------------------
 
@@ -192,22 +250,25 @@ class OrderedChunkRunner:
         core = self._core
         if core.closed:
             raise RunnerClosedError(f"stage {self._name!r} is closed")
-        if self._in_flight == 0:
-            if self._next_start >= self._stop:
+        if core.in_flight == 0:
+            if core.next_start >= core.stop:
                 return None
             if not self._policy.use_threads():
-                if self._core.threads:
-                    self._core.retire_workers()  # e.g. the first element was a slow warm-up
+                if core.threaded or core.threads:
+                    with core.lock:
+                        core.threaded = False
+                    core.retire_workers()  # e.g. the first element was a slow warm-up
                 return self._run_inline()
         return self._take_from_workers()
 
     def _run_inline(self) -> Chunk:
-        start = self._next_start
-        stop = min(self._stop, start + self._policy.inline_chunk())
+        core = self._core
+        start = core.next_start
+        stop = min(core.stop, start + self._policy.inline_chunk())
         began = time.perf_counter()
-        chunk = run_chunk(self._core.read, start, stop)
+        chunk = run_chunk(core.read, start, stop)
         elapsed = time.perf_counter() - began
-        self._next_start = stop
+        core.next_start = stop
         counters = self._counters
         counters.executor = "inline"
         counters.task_done(stop - start, elapsed)
@@ -215,76 +276,60 @@ class OrderedChunkRunner:
         self._policy.record(stop - start, elapsed)
         return chunk
 
-    def _submit(self) -> None:
-        """Tops the task queue up to the buffer bound. Call with the lock held."""
-        policy = self._policy
-        if not policy.use_threads():
-            return
-        self._ensure_threads()
+    def _enable_workers(self) -> None:
+        """Lets workers claim chunks (starting them if needed). Call with the lock held."""
         core = self._core
-        while self._next_start < self._stop and self._in_flight < policy.buffer_size:
-            start = self._next_start
-            size = min(policy.thread_chunk(), policy.buffer_size - self._in_flight)
-            stop = min(self._stop, start + max(size, 1))
-            core.tasks.append((core.generation, self._submitted_seq, start, stop))
-            self._submitted_seq += 1
-            self._in_flight += stop - start
-            self._next_start = stop
-            core.work_ready.notify()
-
-    def _ensure_threads(self) -> None:
-        core = self._core
-        core.threads = [t for t in core.threads if t.is_alive()]
-        while len(core.threads) < self._policy.workers:
-            thread = threading.Thread(
-                target=core.work,
-                name=f"gristmill[{self._name}]-{len(core.threads)}",
-                daemon=True,
-            )
-            thread.start()
-            core.threads.append(thread)
-        _LIVE.add(core)
+        if not core.threaded and self._policy.use_threads():
+            core.threaded = True
+            core.next_claim = self._next_seq
+            core.start_workers(self._policy.workers, self._name)
+            core.work_ready.notify_all()
 
     def _take_from_workers(self) -> Chunk:
         core = self._core
         with core.lock:
-            self._submit()
+            self._enable_workers()
             seq = self._next_seq
             if seq not in core.done:
                 began = time.perf_counter()
+                core.waiting_for = seq
                 try:
                     while seq not in core.done:
                         if core.closed:
                             raise RunnerClosedError(f"stage {self._name!r} is closed")
                         core.result_ready.wait()
                 finally:
+                    core.waiting_for = -1
                     self._counters.starved_s += time.perf_counter() - began
-            task_size, chunk = core.done.pop(seq)
-            core.ready -= task_size
-            self._counters.set_blocked(core.ready >= self._policy.buffer_size, time.perf_counter())
+            size, chunk = core.done.pop(seq)
+            core.ready -= size
+            occupancy = core.in_flight
+            core.in_flight -= size
             self._next_seq += 1
-            occupancy = self._in_flight
-            self._in_flight -= task_size
-            self._counters.executor = "threads"
-            self._counters.delivered(len(chunk.values), occupancy)
+            counters = self._counters
+            counters.set_blocked(core.ready >= self._policy.buffer_size, time.perf_counter())
+            counters.executor = "threads"
+            counters.delivered(len(chunk.values), occupancy)
             if chunk.error is None:
-                self._submit()
+                core.work_ready.notify()  # room for one more chunk
+            else:
+                core.threaded = False  # the consumer resets to the failing element next
+            if not self._policy.use_threads():
+                core.threaded = False  # drain what is in flight, then run inline
             return chunk
 
     def start_early(self) -> None:
         """Starts the workers early (``start_prefetch``) if the policy already wants them."""
         with self._core.lock:
-            self._submit()
+            self._enable_workers()
 
     def reset(self, position: int) -> None:
         """Discards in-flight work; the next chunk starts at ``position``."""
         core = self._core
         with core.lock:
-            core.generation += 1
-            core.tasks.clear()
-            core.done.clear()
-            core.ready = 0
-            self._reset_positions(position)
+            core.reset(position)
+            core.threaded = False
+            self._next_seq = 0
             self._counters.set_blocked(False, time.perf_counter())
 
     def close(self) -> None:

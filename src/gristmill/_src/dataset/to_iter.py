@@ -96,17 +96,23 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._pos = 0
         self._runner: OrderedChunkRunner | None = None
         self._stage_name = stage_name(parent)
-        self._reporter = PeriodicReporter(self.statistics)
+        self._reporter: PeriodicReporter | None = None
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
-            self._runner = OrderedChunkRunner(
+            runner = OrderedChunkRunner(
                 _reader(self._dataset),
                 self._next_index,
                 self._length,
                 workers=self._options.num_threads,
                 buffer_size=self._options.prefetch_buffer_size,
                 name=self._stage_name,
+            )
+            self._runner = runner
+            # Bound to the runner, not to this iterator: no reference cycle, so dropping the
+            # iterator frees it (and stops its threads) at once, without the cyclic GC.
+            self._reporter = PeriodicReporter(
+                lambda: PipelineStatistics(stages=(runner.statistics(),))
             )
         return self._runner
 
@@ -136,7 +142,8 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             raise
         self._chunk = chunk
         self._pos = 0
-        self._reporter.maybe_report()
+        if self._reporter is not None:
+            self._reporter.maybe_report()
         return chunk
 
     def _raise_chunk_error(self, chunk: Chunk) -> None:

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.engine import reaper
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 
@@ -229,7 +230,8 @@ class OrderedChunkRunner:
         self._core = _Core(read, stop, self._counters, self._policy)
         self._core.reset(start)
         self._next_seq = 0  # sequence number of the next chunk to deliver
-        self._finalizer = weakref.finalize(self, self._core.shutdown)
+        reaper.ensure_started()
+        self._finalizer = weakref.finalize(self, reaper.reap, self._core)
 
     # -- knobs (the autotuner's hooks; take effect at the next chunk) ----------------------
 
@@ -334,7 +336,8 @@ class OrderedChunkRunner:
 
     def close(self) -> None:
         """Stops the worker threads (joined within 1 s); idempotent."""
-        self._finalizer()
+        if self._finalizer.detach() is not None:
+            self._core.shutdown()
 
     @property
     def closed(self) -> bool:

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.engine import reaper
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.stats import StageCounters
 
@@ -121,7 +122,8 @@ class BackgroundProducer:
         self, produce: Callable[[], Any], *, buffer_size: int, counters: StageCounters
     ) -> None:
         self._core = _Core(produce, buffer_size, counters)
-        self._finalizer = weakref.finalize(self, self._core.shutdown)
+        reaper.ensure_started()
+        self._finalizer = weakref.finalize(self, reaper.reap, self._core)
         self._pending: collections.deque[Any] = collections.deque()
         self._end: _End | None = None
         thread = threading.Thread(
@@ -152,4 +154,5 @@ class BackgroundProducer:
 
     def close(self) -> None:
         """Stops the thread (joined within 1 s); idempotent."""
-        self._finalizer()
+        if self._finalizer.detach() is not None:
+            self._core.shutdown()

@@ -104,3 +104,37 @@ def describe(transform: Any) -> str:
     """A short name for reprs and error messages: a function's name or the class name."""
     name = getattr(transform, "__name__", None)
     return name if isinstance(name, str) else type(transform).__name__
+
+
+def map_function(transform: Any) -> Callable[[Any], Any]:
+    """``fn(x)`` behind a callable or a :class:`Map`."""
+    return as_function(transform, Map, "map", "transform", "ds.map(lambda x: x + 1)")
+
+
+def filter_function(transform: Any) -> Callable[[Any], Any]:
+    """``predicate(x)`` behind a callable or a :class:`Filter`."""
+    return as_function(transform, Filter, "filter", "transform", "ds.filter(lambda x: x > 0)")
+
+
+def map_with_index_function(transform: Any) -> Callable[[int, Any], Any]:
+    """``fn(index, x)`` behind a callable or a :class:`MapWithIndex`."""
+    return as_function(
+        transform,
+        MapWithIndex,
+        "map_with_index",
+        "transform",
+        "ds.map_with_index(lambda i, x: (i, x))",
+    )
+
+
+def random_map_function(transform: Any) -> Callable[[Any, np.random.Generator], Any]:
+    """``fn(x, rng)`` behind a callable, a :class:`RandomMap` or a :class:`TfRandomMap`."""
+    if isinstance(transform, TfRandomMap):
+        return transform.np_random_map
+    return as_function(
+        transform,
+        RandomMap,
+        "random_map",
+        "transform",
+        "ds.random_map(lambda x, rng: x + rng.integers(10), seed=0)",
+    )

@@ -101,3 +101,10 @@ def check_bool(value: Any, name: str) -> bool:
         f"{name} must be a bool, got {value!r} of type {type(value).__name__}; "
         f"pass {name}=True or {name}=False"
     )
+
+
+def check_default_seed(seed: Any) -> int:
+    """The argument of ``ds.seed(seed)``: a non-negative integer (None is an error)."""
+    if seed is None:
+        raise ValueError("seed must be an integer, got None; call ds.seed(42)")
+    return check_rng_seed(seed)

@@ -13,7 +13,6 @@ from gristmill._src.core import transforms, tree, validation
 from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-from gristmill._src.dataset.mapping import random_map_function
 from gristmill._src.dataset.shuffle import resolve_seed
 
 _U64 = 2**64
@@ -51,9 +50,7 @@ class WithSeedIterDataset(IterDataset[Any]):
 
     def __init__(self, parent: IterDataset[Any], seed: int) -> None:
         super().__init__(parent)
-        if seed is None:
-            raise ValueError("seed must be an integer, got None; call ds.seed(42)")
-        self._seed_value = validation.check_rng_seed(seed)
+        self._seed_value = validation.check_default_seed(seed)
 
     @property
     def _own_seed(self) -> int:
@@ -80,9 +77,7 @@ class MapIterDataset(IterDataset[Any]):
     def __init__(self, parent: IterDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = transforms.as_function(
-            transform, transforms.Map, "map", "transform", "ds.map(lambda x: x + 1)"
-        )
+        self._fn = transforms.map_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
         return _MapIterator(iter(self._parent), self._fn)
@@ -111,9 +106,7 @@ class FilterIterDataset(IterDataset[Any]):
     def __init__(self, parent: IterDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = transforms.as_function(
-            transform, transforms.Filter, "filter", "transform", "ds.filter(lambda x: x > 0)"
-        )
+        self._fn = transforms.filter_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
         return _FilterIterator(iter(self._parent), self._fn)
@@ -160,7 +153,7 @@ class RandomMapIterDataset(IterDataset[Any]):
     def __init__(self, parent: IterDataset[Any], transform: Any, seed: int | None = None) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = random_map_function(transform)
+        self._fn = transforms.random_map_function(transform)
         if seed is None:
             seed = resolve_seed(self, None, "random_map")
         self._seed = validation.check_rng_seed(seed)
@@ -184,13 +177,7 @@ class MapWithIndexIterDataset(IterDataset[Any]):
     def __init__(self, parent: IterDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = transforms.as_function(
-            transform,
-            transforms.MapWithIndex,
-            "map_with_index",
-            "transform",
-            "ds.map_with_index(lambda i, x: (i, x))",
-        )
+        self._fn = transforms.map_with_index_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
         return _CountingIterator(iter(self._parent), self._fn, "counter")

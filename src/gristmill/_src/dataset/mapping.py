@@ -22,9 +22,7 @@ class MapMapDataset(MapDataset[Any]):
     def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = transforms.as_function(
-            transform, transforms.Map, "map", "transform", "ds.map(lambda x: x + 1)"
-        )
+        self._fn = transforms.map_function(transform)
 
     def __len__(self) -> int:
         return len(self._parent)
@@ -41,18 +39,6 @@ class MapMapDataset(MapDataset[Any]):
         return f"MapMapDataset(transform={transforms.describe(self._transform)})"
 
 
-def random_map_function(transform: Any) -> Any:
-    if isinstance(transform, transforms.TfRandomMap):
-        return transform.np_random_map
-    return transforms.as_function(
-        transform,
-        transforms.RandomMap,
-        "random_map",
-        "transform",
-        "ds.random_map(lambda x, rng: x + rng.integers(10), seed=0)",
-    )
-
-
 @register("random_map")
 class RandomMapMapDataset(MapDataset[Any]):
     """``fn(x, rng)`` where ``rng`` depends only on (seed, index)."""
@@ -60,7 +46,7 @@ class RandomMapMapDataset(MapDataset[Any]):
     def __init__(self, parent: MapDataset[Any], transform: Any, seed: int | None = None) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = random_map_function(transform)
+        self._fn = transforms.random_map_function(transform)
         if seed is None:
             seed = resolve_seed(self, None, "random_map")
         self._rng = IndexedRng(validation.check_rng_seed(seed))
@@ -92,13 +78,7 @@ class MapWithIndexMapDataset(MapDataset[Any]):
     def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = transforms.as_function(
-            transform,
-            transforms.MapWithIndex,
-            "map_with_index",
-            "transform",
-            "ds.map_with_index(lambda i, x: (i, x))",
-        )
+        self._fn = transforms.map_with_index_function(transform)
 
     def __len__(self) -> int:
         return len(self._parent)
@@ -127,9 +107,7 @@ class FilterMapDataset(MapDataset[Any]):
     def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
-        self._fn = transforms.as_function(
-            transform, transforms.Filter, "filter", "transform", "ds.filter(lambda x: x > 0)"
-        )
+        self._fn = transforms.filter_function(transform)
 
     def __len__(self) -> int:
         return len(self._parent)

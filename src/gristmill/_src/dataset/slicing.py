@@ -111,9 +111,7 @@ class _WithSeedMapDataset(MapDataset[Any]):
 
     def __init__(self, parent: MapDataset[Any], seed: int) -> None:
         super().__init__(parent)
-        if seed is None:
-            raise ValueError("seed must be an integer, got None; call ds.seed(42)")
-        self._seed_value = validation.check_rng_seed(seed)
+        self._seed_value = validation.check_default_seed(seed)
 
     @property
     def _own_seed(self) -> int:

@@ -252,15 +252,19 @@ class OrderedChunkRunner:
         core = self._core
         if core.closed:
             raise RunnerClosedError(f"stage {self._name!r} is closed")
-        if core.in_flight == 0:
-            if core.next_start >= core.stop:
-                return None
-            if not self._policy.use_threads():
-                if core.threaded or core.threads:
-                    with core.lock:
-                        core.threaded = False
-                    core.retire_workers()  # e.g. the first element was a slow warm-up
-                return self._run_inline()
+        with core.lock:  # workers claim under this lock: decide on a consistent view
+            if core.in_flight == 0:
+                if core.next_start >= core.stop:
+                    return None
+                inline = not self._policy.use_threads()
+                if inline:
+                    core.threaded = False  # no worker claims from here on
+            else:
+                inline = False
+        if inline:
+            if core.threads:
+                core.retire_workers()  # e.g. the first element was a slow warm-up
+            return self._run_inline()
         return self._take_from_workers()
 
     def _run_inline(self) -> Chunk:

@@ -152,12 +152,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._chunk = None
         if self._runner is not None:
             self._runner.reset(self._next_index)  # a retry recomputes from the failed element
-        if isinstance(error, Exception):
-            error.add_note(
-                f"gristmill: raised in stage {self._stage_name!r} at element index "
-                f"{chunk.error_index}"
-            )
-        raise error
+        raise error  # the runner has noted the stage and the element index on it
 
     def get_state(self) -> dict[str, Any]:
         return {"next_index": self._next_index}

@@ -1,106 +1,153 @@
-"""OrderedChunkRunner: evaluates ``read(a, b)`` over an index range, chunk by chunk, in order.
+"""ChunkRunner: one stage of the engine, evaluated chunk by chunk, in order.
 
-The consumer calls :meth:`OrderedChunkRunner.next_chunk`. Each chunk runs either inline on
-the consumer's thread or on a pool of worker threads (see :mod:`policy`). Workers claim the
-next chunk of the index range themselves (no task queue to fill), at most ``buffer_size``
-elements ahead of the consumer; results come back in index order through a reorder window
-keyed by chunk sequence number. A failing chunk is re-run element by element to find
-the exact failing index; the elements before it are delivered, then the error.
+A runner takes *tasks* (runs of consecutive positions) from its feed (:mod:`feeds`: an index
+range, or the chunks an upstream runner delivers) and computes them either inline on the
+consumer's thread or on its executor: worker threads here, an event loop in
+:mod:`asyncio_lane`. Where the work runs and how big the tasks are is decided from measured
+cost (:mod:`policy`). Workers claim tasks themselves (no task queue to fill), at most
+``buffer_size`` positions ahead of the consumer; results come back through a reorder window
+keyed by task sequence number — in input order, or in completion order when asked. A
+failure travels as a value: the elements before it are delivered, then the error, with a
+note naming the stage and the element index.
 
 Ownership: the runner owns its threads. They reference only the runner's shared core (never
 the runner or the iterator), so dropping the iterator lets the runner be collected, and its
-finaliser stops the threads; ``close()`` does the same explicitly, and an ``atexit`` hook
-stops whatever is still running at interpreter exit.
+finaliser hands the core to the reaper; ``close()`` does the same synchronously, and an
+``atexit`` hook stops whatever is still running at interpreter exit. Shutting a core down
+closes its feed's upstream first, so a whole chain of runners stops from its last one.
+
+Locks: ``feed_lock`` (one claimer at a time: ``take`` may block on upstream) is always taken
+before ``lock`` (the bookkeeping); the consumer never holds ``lock`` while it takes
+``feed_lock``.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any
 
 from gristmill._src.engine import reaper
+from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, ReadFn, Task
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 
-ReadFn = Callable[[int, int], list[Any]]
+__all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
+
 _JOIN_TIMEOUT_S = 1.0
+_ANY = -2  # `waiting_for` in completion order: any finished task wakes the consumer
+OUTPUT_ORDERS = ("input", "completion")
+
+Claimed = tuple[int, int, Task]  # (generation, sequence number, task)
 
 
-@dataclasses.dataclass(slots=True)
-class Chunk:
-    """Elements ``[start, start + len(values))``, then ``error`` at the next index if any."""
-
-    start: int
-    values: list[Any]
-    error: BaseException | None = None
-
-    @property
-    def error_index(self) -> int:
-        return self.start + len(self.values)
+class RunnerClosedError(RuntimeError):
+    """The runner was closed while the consumer waited for it."""
 
 
-def run_chunk(read: ReadFn, start: int, stop: int) -> Chunk:
-    """Reads ``[start, stop)``; on failure, locates the first failing element.
+class Core:
+    """State shared by the consumer and the executor's threads, guarded by ``lock``.
 
-    Only ``Exception``s are caught: KeyboardInterrupt and friends propagate at once.
+    This class is the thread executor: workers claim a task, run it, file the result.
     """
-    try:
-        return Chunk(start, read(start, stop))
-    except Exception as e:
-        if stop - start == 1:
-            return Chunk(start, [], e)
-    values: list[Any] = []
-    for i in range(start, stop):
-        try:
-            values.extend(read(i, i + 1))
-        except Exception as e:
-            return Chunk(start, values, e)
-    return Chunk(start, values)  # the failure did not repeat element-wise
 
+    executor = "threads"
 
-class _Core:
-    """State shared by the consumer and the worker threads, guarded by ``lock``."""
-
-    def __init__(
-        self, read: ReadFn, stop: int, counters: StageCounters, policy: ChunkPolicy
-    ) -> None:
-        self.read = read
-        self.stop = stop
+    def __init__(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> None:
+        self.feed = feed
         self.counters = counters
         self.policy = policy
+        self.feed_lock = threading.Lock()
         self.lock = threading.Lock()
         self.work_ready = threading.Condition(self.lock)
         self.result_ready = threading.Condition(self.lock)
-        self.done: dict[int, tuple[int, Chunk]] = {}  # seq -> (claimed size, result)
-        self.ready = 0  # elements in `done`: computed, waiting for the consumer
-        self.waiting_for = -1  # the chunk the consumer is blocked on (-1: not blocked)
-        self.threaded = False  # whether workers may claim chunks
+        self.done: dict[int, tuple[Task, Chunk]] = {}  # seq -> result, in completion order
+        self.ready = 0  # positions in `done`: computed, waiting for the consumer
+        self.waiting_for = -1  # the task the consumer is blocked on (-1: not blocked)
+        self.threaded = False  # whether workers may claim tasks
         self.generation = 0
         self.closed = False
         self.retiring = False
         self.threads: list[threading.Thread] = []
-        self.reset(0)
+        self.next_claim = 0  # sequence number of the next task to claim
+        self.in_flight = 0  # positions claimed and not yet delivered
+        self.tasks_out = 0  # tasks claimed and not yet delivered
 
     def reset(self, position: int) -> None:
-        """Positions: call with the lock held (or before any worker exists)."""
-        self.generation += 1
-        self.done.clear()
-        self.ready = 0
-        self.next_start = position  # first index not yet claimed
-        self.next_claim = 0  # sequence number of the next chunk to claim
-        self.in_flight = 0  # elements claimed and not yet delivered
+        """Repositions the feed; discards work in flight. Call with no lock held."""
+        with self.feed_lock, self.lock:
+            self.generation += 1
+            self.done.clear()
+            self.ready = self.next_claim = self.in_flight = self.tasks_out = 0
+            self.threaded = False
+            self.feed.reset(position)
 
     def _can_claim(self) -> bool:
         return (
-            self.threaded
-            and self.next_start < self.stop
-            and self.in_flight < self.policy.buffer_size
+            self.threaded and not self.feed.exhausted() and self.in_flight < self.policy.buffer_size
         )
+
+    # -- executor side ------------------------------------------------------------------
+
+    def claim(self) -> Claimed | None:
+        """Waits for the next task to claim; None when the claimer should exit."""
+        while True:
+            with self.lock:
+                while not self._can_claim() and not self.closed and not self.retiring:
+                    self.work_ready.wait()
+                if self.closed or not self._can_claim():
+                    return None
+            with self.feed_lock:
+                with self.lock:
+                    if self.closed or not self._can_claim():
+                        continue  # the wait above returns None once closed
+                    generation, seq = self.generation, self.next_claim
+                    room = self.policy.buffer_size - self.in_flight
+                    limit = max(1, min(self.policy.thread_chunk(), room))
+                    self.next_claim += 1
+                    self.in_flight += limit  # reserved while `take` runs
+                    self.tasks_out += 1
+                task = self.feed.take(limit)
+                with self.lock:
+                    if task is None:  # the feed ended: give the reservation back
+                        self.in_flight -= limit
+                        self.tasks_out -= 1
+                        self.next_claim -= 1
+                        self.result_ready.notify_all()
+                        continue
+                    self.in_flight += task.size - limit
+                    return generation, seq, task
+
+    def file(self, claimed: Claimed, chunk: Chunk, elapsed: float) -> None:
+        """Records a finished task and wakes the consumer if it waits for it."""
+        generation, seq, task = claimed
+        with self.lock:
+            self.counters.task_done(task.size, elapsed)
+            self.policy.record(task.size, elapsed)
+            if generation == self.generation and not self.closed:
+                self.done[seq] = (task, chunk)
+                self.ready += task.size
+                # Blocked on output: computed results alone fill the buffer.
+                self.counters.set_blocked(
+                    self.ready >= self.policy.buffer_size, time.perf_counter()
+                )
+                if self.waiting_for in (seq, _ANY):
+                    self.result_ready.notify()
+
+    def work(self) -> None:
+        """A worker thread's loop."""
+        run = self.feed.run
+        while (claimed := self.claim()) is not None:
+            began = time.perf_counter()
+            try:
+                chunk = run(claimed[2])
+            except BaseException as e:  # not an Exception (e.g. SystemExit): still report it
+                chunk = Chunk(claimed[2].start, [], e)
+            self.file(claimed, chunk, time.perf_counter() - began)
+            # Drop the references: an error re-raised by the consumer grows a traceback that
+            # reaches the iterator, and a live thread must not keep that alive.
+            del chunk, claimed
 
     def spawn_then_work(self, names: list[str]) -> None:
         """A worker's entry: start half of ``names`` each in two children, then work.
@@ -121,42 +168,6 @@ class _Core:
             thread.start()
         self.work()
 
-    def work(self) -> None:
-        """A worker thread's loop: claim a chunk, run it, file the result."""
-        while True:
-            with self.lock:
-                while not self._can_claim() and not self.closed and not self.retiring:
-                    self.work_ready.wait()
-                if self.closed or not self._can_claim():
-                    return
-                generation, seq, start = self.generation, self.next_claim, self.next_start
-                room = self.policy.buffer_size - self.in_flight
-                stop = min(self.stop, start + max(1, min(self.policy.thread_chunk(), room)))
-                self.next_claim += 1
-                self.next_start = stop
-                self.in_flight += stop - start
-            began = time.perf_counter()
-            try:
-                chunk = run_chunk(self.read, start, stop)
-            except BaseException as e:  # not an Exception (e.g. SystemExit): still report it
-                chunk = Chunk(start, [], e)
-            elapsed = time.perf_counter() - began
-            with self.lock:
-                self.counters.task_done(stop - start, elapsed)
-                self.policy.record(stop - start, elapsed)
-                if generation == self.generation and not self.closed:
-                    self.done[seq] = (stop - start, chunk)
-                    self.ready += stop - start
-                    # Blocked on output: computed results alone fill the buffer.
-                    self.counters.set_blocked(
-                        self.ready >= self.policy.buffer_size, time.perf_counter()
-                    )
-                    if seq == self.waiting_for:  # wake the consumer only for the chunk it needs
-                        self.result_ready.notify()
-            # Drop the reference: an error re-raised by the consumer grows a traceback that
-            # reaches the iterator, and a live thread must not keep that alive.
-            del chunk
-
     def start_workers(self, count: int, name: str) -> None:
         """Starts workers up to ``count``. Call with the lock held."""
         self.threads = [t for t in self.threads if t.is_alive() or t.ident is None]
@@ -172,6 +183,10 @@ class _Core:
         thread.start()
         _LIVE.add(self)
 
+    def reconfigured(self) -> None:
+        """The policy's knobs changed. Call with the lock held."""
+        self.work_ready.notify_all()
+
     def retire_workers(self) -> None:
         """Stops the (idle) worker threads; new ones start when work is threaded again."""
         with self.lock:
@@ -184,12 +199,19 @@ class _Core:
             self.retiring = False
             self.threads = [t for t in self.threads if t.is_alive()]
 
+    def stop_executor(self) -> None:
+        """Hook for executors that need more than ``closed`` to stop (an event loop)."""
+
     def shutdown(self) -> None:
         with self.lock:
             self.closed = True
             self.done.clear()
             self.work_ready.notify_all()
             self.result_ready.notify_all()
+        close_upstream = getattr(self.feed, "close", None)
+        if close_upstream is not None:
+            close_upstream()  # wakes a worker blocked on upstream
+        self.stop_executor()
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         current = threading.current_thread()
         for thread in list(self.threads):
@@ -198,7 +220,7 @@ class _Core:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
 
-_LIVE: weakref.WeakSet[_Core] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[Core] = weakref.WeakSet()
 
 
 @atexit.register
@@ -207,83 +229,111 @@ def _stop_all_at_exit() -> None:
         core.shutdown()
 
 
-class RunnerClosedError(RuntimeError):
-    """The runner was closed while the consumer waited for it."""
+def _make_core(executor: str, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+    if executor == "threads":
+        return Core(feed, counters, policy)
+    if executor == "asyncio":
+        from gristmill._src.engine.asyncio_lane import AsyncCore
+
+        return AsyncCore(feed, counters, policy)
+    raise ValueError(f"executor must be 'threads' or 'asyncio', got {executor!r}")
 
 
-class OrderedChunkRunner:
-    """Ordered, bounded, chunked evaluation of ``read`` over ``[start, stop)``."""
+class ChunkRunner:
+    """Ordered (or completion-ordered), bounded, chunked evaluation of one stage."""
 
     def __init__(
         self,
-        read: ReadFn,
-        start: int,
-        stop: int,
+        feed: Feed,
         *,
         workers: int,
         buffer_size: int,
         name: str,
+        executor: str = "threads",
+        output_order: str = "input",
     ) -> None:
+        if output_order not in OUTPUT_ORDERS:
+            raise ValueError(f"output_order must be one of {OUTPUT_ORDERS}, got {output_order!r}")
         self._name = name
-        self._policy = ChunkPolicy(workers, buffer_size)
+        self._in_order = output_order == "input"
+        self._policy = ChunkPolicy(workers, buffer_size, always_offload=executor == "asyncio")
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
-        self._core = _Core(read, stop, self._counters, self._policy)
-        self._core.reset(start)
-        self._next_seq = 0  # sequence number of the next chunk to deliver
+        self._core = _make_core(executor, feed, self._counters, self._policy)
+        self._next_seq = 0  # sequence number of the next task to deliver (input order)
         reaper.ensure_started()
         self._finalizer = weakref.finalize(self, reaper.reap, self._core)
 
-    # -- knobs (the autotuner's hooks; take effect at the next chunk) ----------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    # -- knobs (the autotuner's hooks; take effect at the next task) ---------------------
 
     def configure(self, *, workers: int | None = None, buffer_size: int | None = None) -> None:
-        """Changes concurrency and/or buffer bound without a restart."""
+        """Changes concurrency and/or the buffer bound without a restart."""
         with self._core.lock:
             workers = self._policy.workers if workers is None else workers
             buffer_size = self._policy.buffer_size if buffer_size is None else buffer_size
             self._policy.configure(workers, buffer_size)
             self._counters.concurrency = max(workers, 1)
             self._counters.buffer_size = buffer_size
-            self._core.work_ready.notify_all()
+            self._core.reconfigured()
+
+    @property
+    def knobs(self) -> dict[str, int]:
+        """The current knob values: ``{"workers": ..., "buffer_size": ...}``."""
+        return {"workers": self._policy.workers, "buffer_size": self._policy.buffer_size}
 
     # -- consumer side ------------------------------------------------------------------
 
     def next_chunk(self) -> Chunk | None:
-        """The next chunk in index order, or None at the end of the range."""
+        """The next chunk (in input order unless configured otherwise), None at the end."""
         core = self._core
         if core.closed:
             raise RunnerClosedError(f"stage {self._name!r} is closed")
         with core.lock:  # workers claim under this lock: decide on a consistent view
-            if core.in_flight == 0:
-                if core.next_start >= core.stop:
+            if core.tasks_out == 0:
+                if core.feed.exhausted():
                     return None
                 inline = not self._policy.use_threads()
                 if inline:
                     core.threaded = False  # no worker claims from here on
             else:
                 inline = False
-        if inline:
-            if core.threads:
-                core.retire_workers()  # e.g. the first element was a slow warm-up
-            return self._run_inline()
-        return self._take_from_workers()
+        chunk = self._run_inline() if inline else self._take_from_workers()
+        if chunk is not None and chunk.error is not None:
+            self._mark_origin(chunk)
+        return chunk
 
-    def _run_inline(self) -> Chunk:
+    def _mark_origin(self, chunk: Chunk) -> None:
+        """Names this stage on an error it raised (not on one passed on from upstream)."""
+        error = chunk.error
+        if isinstance(error, Exception) and not hasattr(error, "_gristmill_stage"):
+            error._gristmill_stage = self._name  # type: ignore[attr-defined]
+            error.add_note(
+                f"gristmill: raised in stage {self._name!r} at element index {chunk.error_index}"
+            )
+
+    def _run_inline(self) -> Chunk | None:
         core = self._core
-        start = core.next_start
-        stop = min(core.stop, start + self._policy.inline_chunk())
+        if core.threads:
+            core.retire_workers()  # e.g. the first element was a slow warm-up
+        with core.feed_lock:
+            task = core.feed.take(self._policy.inline_chunk())
+        if task is None:
+            return None
         began = time.perf_counter()
-        chunk = run_chunk(core.read, start, stop)
+        chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
-        core.next_start = stop
         counters = self._counters
         counters.executor = "inline"
-        counters.task_done(stop - start, elapsed)
-        counters.delivered(len(chunk.values), stop - start)
-        self._policy.record(stop - start, elapsed)
+        counters.task_done(task.size, elapsed)
+        counters.delivered(len(chunk.values), task.size)
+        self._policy.record(task.size, elapsed)
         return chunk
 
     def _enable_workers(self) -> None:
-        """Lets workers claim chunks (starting them if needed). Call with the lock held."""
+        """Lets workers claim tasks (starting them if needed). Call with the lock held."""
         core = self._core
         if not core.threaded and self._policy.use_threads():
             core.threaded = True
@@ -291,34 +341,44 @@ class OrderedChunkRunner:
             core.start_workers(self._policy.workers, self._name)
             core.work_ready.notify_all()
 
-    def _take_from_workers(self) -> Chunk:
+    def _ready_seq(self) -> int | None:
+        done = self._core.done
+        if self._in_order:
+            return self._next_seq if self._next_seq in done else None
+        return next(iter(done), None)
+
+    def _take_from_workers(self) -> Chunk | None:
         core = self._core
         with core.lock:
             self._enable_workers()
-            seq = self._next_seq
-            if seq not in core.done:
+            seq = self._ready_seq()
+            if seq is None:
                 began = time.perf_counter()
-                core.waiting_for = seq
+                core.waiting_for = self._next_seq if self._in_order else _ANY
                 try:
-                    while seq not in core.done:
+                    while (seq := self._ready_seq()) is None:
                         if core.closed:
                             raise RunnerClosedError(f"stage {self._name!r} is closed")
+                        if core.tasks_out == 0 and core.feed.exhausted():
+                            return None
                         core.result_ready.wait()
                 finally:
                     core.waiting_for = -1
                     self._counters.starved_s += time.perf_counter() - began
-            size, chunk = core.done.pop(seq)
-            core.ready -= size
+            task, chunk = core.done.pop(seq)
+            core.ready -= task.size
             occupancy = core.in_flight
-            core.in_flight -= size
-            self._next_seq += 1
+            core.in_flight -= task.size
+            core.tasks_out -= 1
+            if self._in_order:
+                self._next_seq += 1
             counters = self._counters
             counters.set_blocked(core.ready >= self._policy.buffer_size, time.perf_counter())
-            counters.executor = "threads"
+            counters.executor = core.executor
             counters.delivered(len(chunk.values), occupancy)
             if chunk.error is None:
-                core.work_ready.notify()  # room for one more chunk
-            else:
+                core.work_ready.notify()  # room for one more task
+            elif self._in_order:
                 core.threaded = False  # the consumer resets to the failing element next
             if not self._policy.use_threads():
                 core.threaded = False  # drain what is in flight, then run inline
@@ -330,16 +390,14 @@ class OrderedChunkRunner:
             self._enable_workers()
 
     def reset(self, position: int) -> None:
-        """Discards in-flight work; the next chunk starts at ``position``."""
-        core = self._core
-        with core.lock:
-            core.reset(position)
-            core.threaded = False
-            self._next_seq = 0
+        """Discards in-flight work; the next chunk starts at ``position`` (upstream too)."""
+        self._core.reset(position)
+        self._next_seq = 0
+        with self._core.lock:
             self._counters.set_blocked(False, time.perf_counter())
 
     def close(self) -> None:
-        """Stops the worker threads (joined within 1 s); idempotent."""
+        """Stops the executor's threads and upstream's (joined within 1 s); idempotent."""
         if self._finalizer.detach() is not None:
             self._core.shutdown()
 
@@ -350,3 +408,21 @@ class OrderedChunkRunner:
     def statistics(self) -> StageStatistics:
         with self._core.lock:
             return self._counters.snapshot()
+
+
+class OrderedChunkRunner(ChunkRunner):
+    """In-order evaluation of ``read(a, b)`` over the index range ``[start, stop)``."""
+
+    def __init__(
+        self,
+        read: ReadFn,
+        start: int,
+        stop: int,
+        *,
+        workers: int,
+        buffer_size: int,
+        name: str,
+    ) -> None:
+        super().__init__(
+            RangeFeed(read, start, stop), workers=workers, buffer_size=buffer_size, name=name
+        )

@@ -20,20 +20,28 @@ INLINE_TARGET_S = 1e-3
 """Inline chunks aim at this much work: long enough to amortise per-chunk bookkeeping."""
 MAX_INLINE_CHUNK = 256
 _WINDOW = 16
+ASYNC_TASKS_PER_BUFFER = 4
 
 
 class ChunkPolicy:
     """Decides inline vs threads and chunk sizes. Owned by one runner; not thread-safe."""
 
-    def __init__(self, workers: int, buffer_size: int) -> None:
+    def __init__(self, workers: int, buffer_size: int, *, always_offload: bool = False) -> None:
         self._costs: collections.deque[float] = collections.deque(maxlen=_WINDOW)
+        self.always_offload = always_offload
+        """Never inline: the work needs the executor (an event loop for async functions)."""
         self.configure(workers, buffer_size)
 
     def configure(self, workers: int, buffer_size: int) -> None:
         """Applies new knobs (the autotuner's or the user's); takes effect at the next chunk."""
         self.workers = workers
         self.buffer_size = buffer_size
-        self.thread_chunk_cap = max(1, buffer_size // max(workers, 1))
+        if self.always_offload:
+            # One event loop runs every element of a task concurrently: a task's size does
+            # not limit parallelism, only the hand-offs count. Four tasks fill the buffer.
+            self.thread_chunk_cap = max(1, buffer_size // ASYNC_TASKS_PER_BUFFER)
+        else:
+            self.thread_chunk_cap = max(1, buffer_size // max(workers, 1))
         self.inline_chunk_cap = max(1, min(MAX_INLINE_CHUNK, buffer_size))
 
     def record(self, elements: int, seconds: float) -> None:
@@ -47,6 +55,8 @@ class ChunkPolicy:
 
     def use_threads(self) -> bool:
         """True when even the largest allowed thread chunk amortises a hand-off."""
+        if self.always_offload:
+            return True
         if self.workers <= 0 or self.buffer_size <= 0:
             return False
         cost = self.cost
@@ -55,6 +65,8 @@ class ChunkPolicy:
         return cost * self.thread_chunk_cap * MAX_OVERHEAD >= HANDOFF_S
 
     def thread_chunk(self) -> int:
+        if self.always_offload:
+            return self.thread_chunk_cap
         cost = self.cost or HANDOFF_S
         wanted = math.ceil(HANDOFF_S / (MAX_OVERHEAD * cost))
         return max(1, min(wanted, self.thread_chunk_cap))

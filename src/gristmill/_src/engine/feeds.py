@@ -1,0 +1,199 @@
+"""Where a stage's work comes from, and how one unit of it runs.
+
+A stage claims *tasks*: a contiguous run of stream positions (source indices) and, for a
+stage fed by another stage, the input values at those positions. Two feeds exist:
+
+- :class:`RangeFeed`: positions ``[start, stop)`` of an index range, read by ``read(a, b)``
+  (a fused MapDataset chain, or a plan's index source);
+- :class:`StreamFeed`: the in-order chunks another stage delivers, each value passed through
+  an element function.
+
+A feed is used by one claimer at a time (the runner serialises ``take`` under its feed lock);
+``run`` may be called from any thread, concurrently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+ReadFn = Callable[[int, int], list[Any]]
+
+
+@dataclasses.dataclass(slots=True)
+class Chunk:
+    """Elements ``[start, start + len(values))``, then ``error`` at the next index if any."""
+
+    start: int
+    values: list[Any]
+    error: BaseException | None = None
+
+    @property
+    def error_index(self) -> int:
+        return self.start + len(self.values)
+
+
+@dataclasses.dataclass(slots=True)
+class Task:
+    """Positions ``[start, start + size)`` to compute; ``inputs`` their values upstream.
+
+    ``upstream_error`` is the error the upstream stage delivered right after these inputs:
+    it passes downstream unless this stage fails earlier.
+    """
+
+    start: int
+    size: int
+    inputs: list[Any] | None = None
+    upstream_error: BaseException | None = None
+
+
+class ChunkStream(Protocol):
+    """What a downstream stage pulls from: an upstream runner."""
+
+    def next_chunk(self) -> Chunk | None: ...
+
+    def reset(self, position: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Feed(Protocol):
+    def exhausted(self) -> bool:
+        """True when ``take`` is known to return None (until the next ``reset``)."""
+        ...
+
+    def take(self, limit: int) -> Task | None:
+        """The next task of at most ``limit`` positions, or None at the end. May block."""
+        ...
+
+    def run(self, task: Task) -> Chunk:
+        """Computes ``task``; a failure is returned in the chunk, never raised."""
+        ...
+
+    def reset(self, position: int) -> None:
+        """The next task starts at ``position``."""
+        ...
+
+
+def run_chunk(read: ReadFn, start: int, stop: int) -> Chunk:
+    """Reads ``[start, stop)``; on failure, locates the first failing element.
+
+    Reads are pure (a MapDataset read), so a failing chunk is re-read element by element.
+    Only ``Exception``s are caught: KeyboardInterrupt and friends propagate at once.
+    """
+    try:
+        return Chunk(start, read(start, stop))
+    except Exception as e:
+        if stop - start == 1:
+            return Chunk(start, [], e)
+    values: list[Any] = []
+    for i in range(start, stop):
+        try:
+            values.extend(read(i, i + 1))
+        except Exception as e:
+            return Chunk(start, values, e)
+    return Chunk(start, values)  # the failure did not repeat element-wise
+
+
+def apply(fn: Callable[[Any], Any], task: Task) -> Chunk:
+    """``fn`` over the task's inputs, each called once; stops at the first failure."""
+    values: list[Any] = []
+    try:
+        values.extend(map(fn, task.inputs or ()))  # keeps the values before a failure
+    except Exception as e:
+        return Chunk(task.start, values, e)
+    return Chunk(task.start, values, task.upstream_error)
+
+
+class RangeFeed:
+    """Positions ``[position, stop)`` of an index range, computed by ``read(a, b)``.
+
+    ``read`` must be pure (it is re-read element-wise to locate a failure); ``fn``, if
+    given, is applied to what it returns, each element once.
+    """
+
+    def __init__(
+        self, read: ReadFn, start: int, stop: int, fn: Callable[[Any], Any] | None = None
+    ) -> None:
+        self.read = read
+        self.fn = fn
+        self.position = start
+        self.stop = stop
+
+    def exhausted(self) -> bool:
+        return self.position >= self.stop
+
+    def take(self, limit: int) -> Task | None:
+        start = self.position
+        if start >= self.stop:
+            return None
+        self.position = min(self.stop, start + limit)
+        return Task(start, self.position - start)
+
+    def run(self, task: Task) -> Chunk:
+        chunk = run_chunk(self.read, task.start, task.start + task.size)
+        if self.fn is None:
+            return chunk
+        return apply(self.fn, Task(chunk.start, len(chunk.values), chunk.values, chunk.error))
+
+    def reset(self, position: int) -> None:
+        self.position = position
+
+
+class StreamFeed:
+    """The in-order chunks of ``upstream``, re-cut to the sizes this stage claims.
+
+    After upstream delivers an error, the feed ends (the error travels in the last task)
+    until the next ``reset``, which repositions upstream too.
+    """
+
+    def __init__(self, upstream: ChunkStream, fn: Callable[[Any], Any]) -> None:
+        self.upstream = upstream
+        self.fn = fn
+        self._values: list[Any] = []
+        self._offset = 0  # the next value of `_values` to hand out
+        self._start = 0  # the position of `_values[0]`
+        self._error: BaseException | None = None  # delivered after the last value
+        self._ended = False
+
+    def _pending(self) -> bool:
+        return self._offset < len(self._values) or self._error is not None
+
+    def exhausted(self) -> bool:
+        return self._ended and not self._pending()
+
+    def take(self, limit: int) -> Task | None:
+        while not self._pending():
+            if self._ended:
+                return None
+            try:
+                chunk = self.upstream.next_chunk()
+            except BaseException as e:  # upstream closed under us (shutdown)
+                chunk = Chunk(self._start + len(self._values), [], e)
+            if chunk is None:
+                self._ended = True
+                return None
+            self._values, self._offset, self._start = chunk.values, 0, chunk.start
+            self._error = chunk.error
+            if chunk.error is not None:
+                self._ended = True
+        first = self._offset
+        self._offset = min(len(self._values), first + limit)
+        task = Task(self._start + first, self._offset - first, self._values[first : self._offset])
+        if self._offset == len(self._values) and self._error is not None:
+            task.upstream_error, self._error = self._error, None
+        return task
+
+    def run(self, task: Task) -> Chunk:
+        return apply(self.fn, task)
+
+    def close(self) -> None:
+        """Closes upstream: a claimer blocked on it wakes up (shutdown)."""
+        self.upstream.close()
+
+    def reset(self, position: int) -> None:
+        self.upstream.reset(position)
+        self._values, self._offset, self._start = [], 0, position
+        self._error = None
+        self._ended = False

@@ -125,6 +125,90 @@ def test_multithread_prefetch_output_does_not_depend_on_threads(num_threads, seq
     assert [b.tolist() for b in prefetched] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
 
 
+def crosses(x):
+    return x % 5 != 0
+
+
+def none_on_odd(x):
+    return None if x % 2 else x
+
+
+MT_PIPELINES = {
+    "map-filter-batch": lambda: (
+        M.range(90).seed(3).shuffle().to_iter_dataset().map(slow).filter(crosses).batch(4)
+    ),
+    "map-returning-none": lambda: M.range(40).to_iter_dataset().map(none_on_odd),
+    "holes-and-random-map": lambda: (
+        M.range(60)
+        .filter(crosses)
+        .to_iter_dataset()
+        .map(lambda x: x * 2)
+        .seed(7)
+        .random_map(lambda x, rng: x + int(rng.integers(100)))
+        .map_with_index(lambda i, x: (i, x))
+    ),
+    "batch-before-map": lambda: M.range(30).to_iter_dataset().batch(4).map(lambda b: b.sum()),
+    "allow-nones": lambda: M.range(20).map(none_on_odd).to_iter_dataset(allow_nones=True),
+    "interleave-not-lowered": lambda: gm.experimental.InterleaveIterDataset(
+        [M.range(5), M.range(10, 17)], cycle_length=2
+    ).map(lambda x: -x),
+}
+
+
+def as_lists(values):
+    return [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
+
+
+@pytest.mark.parametrize("name", sorted(MT_PIPELINES))
+@pytest.mark.parametrize("num_threads", [1, 4])
+def test_multithread_prefetch_equals_the_pipeline_and_restores_anywhere(name, num_threads):
+    build = MT_PIPELINES[name]
+    expected = as_lists(build())
+    prefetched = gm.experimental.multithread_prefetch(build(), num_threads, 6)
+    it = iter(prefetched)
+    head = as_lists(next(it) for _ in range(len(expected) // 2))
+    state = it.get_state()
+    plain = iter(build())
+    for _ in range(len(head)):
+        next(plain)
+    assert state == plain.get_state()  # the same state as without prefetching
+    rest = as_lists(it)
+    assert head + rest == expected
+    # Restore the mid-way state under another thread count, and without prefetching.
+    other = iter(gm.experimental.multithread_prefetch(build(), 5 - num_threads, 2))
+    other.set_state(state)
+    assert as_lists(other) == rest
+    plain.set_state(state)
+    assert as_lists(plain) == rest
+
+
+def test_multithread_prefetch_runs_map_on_num_threads():
+    probe = ConcurrencyProbe(0.002)
+    ds = M.range(80).to_iter_dataset().map(probe).batch(8)
+    out = list(gm.experimental.multithread_prefetch(ds, 4, 16))
+    assert [b.tolist() for b in out] == [list(range(i, i + 8)) for i in range(0, 80, 8)]
+    assert probe.most >= 2  # maps overlapped: they ran on the engine's threads
+
+
+class ConcurrencyProbe:
+    """Counts overlapping calls (behaviour, not timing)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.active = 0
+        self.most = 0
+
+    def __call__(self, x):
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.active -= 1
+        return x
+
+
 def test_pick_performance_config_follows_the_ram_budget():
     ds = M.range(100).map(lambda x: np.zeros(1024 * 1024 // 8)).to_iter_dataset()  # 1 MiB each
     config = gm.experimental.pick_performance_config(

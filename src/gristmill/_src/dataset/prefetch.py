@@ -132,15 +132,21 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
 def multithread_prefetch(
     ds: IterDataset[Any], num_threads: int, buffer_size: int, sequential_slice: bool = False
 ) -> IterDataset[Any]:
-    """Runs ``ds`` ahead of the consumer on background threads; output equals ``ds``'s.
+    """Runs ``ds`` ahead of the consumer on ``num_threads`` threads; output equals ``ds``'s.
 
-    Unlike Grain 0.2.18, the output never depends on ``num_threads`` or
-    ``sequential_slice`` (google/grain#953). In this release the pipeline runs on one
-    prefetch thread; MapDataset reads upstream use their own ``ReadOptions`` threads.
+    Unlike Grain 0.2.18, the output and the state never depend on ``num_threads`` or
+    ``sequential_slice`` (google/grain#953), so a checkpoint restores under any value. The
+    chain's read stage (its last ``to_iter_dataset`` and the ``map`` / ``filter`` ops right
+    after it) runs on ``num_threads`` engine threads, in index order; the rest of the
+    pipeline runs ahead on one prefetch thread holding ``buffer_size`` elements.
     """
     validation.check_int_in_range(num_threads, "num_threads", low=0)
     validation.check_int_in_range(buffer_size, "buffer_size", low=0)
     validation.check_bool(sequential_slice, "sequential_slice")
     if num_threads == 0:
         return ds
-    return ThreadPrefetchIterDataset(ds, prefetch_buffer_size=max(buffer_size, 1))
+    from gristmill._src.dataset.lowering import lower  # lowering imports this module's peers
+
+    return ThreadPrefetchIterDataset(
+        lower(ds, num_threads, buffer_size), prefetch_buffer_size=max(buffer_size, 1)
+    )

@@ -8,7 +8,9 @@ MapDataset indices consumed, filtered holes included (as Grain).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,13 +82,45 @@ def _reader(ds: MapDataset[Any]) -> Any:
     return read_range
 
 
+DROPPED = object()
+"""What a fused filter (or a filtered hole) yields: the consumer skips it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedOps:
+    """IterDataset ``map`` / ``filter`` functions run inside the read stage, in order."""
+
+    ops: tuple[tuple[str, Callable[[Any], Any]], ...]  # ("map" | "filter", fn)
+    name: str
+
+    def function(self, allow_nones: bool) -> Callable[[Any], Any]:
+        ops = self.ops
+
+        def apply_ops(x: Any) -> Any:
+            if x is None and not allow_nones:
+                return DROPPED  # a hole the iterator skips, as without fusion
+            for kind, fn in ops:
+                if kind == "map":
+                    x = fn(x)
+                elif not fn(x):
+                    return DROPPED
+            return x
+
+        return apply_ops
+
+
 class PrefetchDatasetIterator(DatasetIterator[Any]):
     """Delivers elements of ``parent`` in index order from the engine's chunks."""
 
     def __init__(
-        self, parent: MapDataset[Any], read_options: ReadOptions, allow_nones: bool
+        self,
+        parent: MapDataset[Any],
+        read_options: ReadOptions,
+        allow_nones: bool,
+        fused: FusedOps | None = None,
     ) -> None:
         super().__init__()
+        self._fused = fused
         self._dataset = parent
         self._length = len(parent)
         self._options = read_options
@@ -95,7 +129,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._chunk: Chunk | None = None
         self._pos = 0
         self._runner: OrderedChunkRunner | None = None
-        self._stage_name = stage_name(parent)
+        self._stage_name = stage_name(parent) + (fused.name if fused is not None else "")
         self._reporter: PeriodicReporter | None = None
 
     def _get_runner(self) -> OrderedChunkRunner:
@@ -107,6 +141,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 workers=self._options.num_threads,
                 buffer_size=self._options.prefetch_buffer_size,
                 name=self._stage_name,
+                fn=None if self._fused is None else self._fused.function(self._allow_nones),
             )
             self._runner = runner
             # Bound to the runner, not to this iterator: no reference cycle, so dropping the
@@ -129,7 +164,10 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             value = chunk.values[self._pos]
             self._pos += 1
             self._next_index += 1
-            if value is not None or self._allow_nones:
+            if self._fused is not None:
+                if value is not DROPPED:
+                    return value
+            elif value is not None or self._allow_nones:
                 return value
 
     def _fetch(self) -> Chunk | None:

@@ -27,6 +27,8 @@ import atexit
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, ReadFn, Task
@@ -411,7 +413,10 @@ class ChunkRunner:
 
 
 class OrderedChunkRunner(ChunkRunner):
-    """In-order evaluation of ``read(a, b)`` over the index range ``[start, stop)``."""
+    """In-order evaluation of ``read(a, b)`` over the index range ``[start, stop)``.
+
+    ``fn``, if given, is applied to every value read, in the same task (fused).
+    """
 
     def __init__(
         self,
@@ -422,7 +427,8 @@ class OrderedChunkRunner(ChunkRunner):
         workers: int,
         buffer_size: int,
         name: str,
+        fn: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__(
-            RangeFeed(read, start, stop), workers=workers, buffer_size=buffer_size, name=name
+            RangeFeed(read, start, stop, fn), workers=workers, buffer_size=buffer_size, name=name
         )

@@ -35,6 +35,7 @@ no torch or spdl; ``--strict`` counts these workloads only when they are selecte
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import zlib
@@ -354,6 +355,60 @@ def _images_limit(*, n: int, batch_size: int) -> Case:
     return _case(start, n)
 
 
+# --- plan_async_wait_2ms ----------------------------------------------------------------
+
+
+async def _async_wait_2ms(i: int) -> int:
+    await asyncio.sleep(_WAIT_S)
+    return i
+
+
+class _Batches:
+    """Groups an iterator's elements into ``np.asarray`` batches (what SPDL's aggregate +
+    np.asarray gives); ``close()`` closes the iterator."""
+
+    def __init__(self, it: Any, batch_size: int) -> None:
+        self.it = it
+        self.batch_size = batch_size
+
+    def __iter__(self) -> _Batches:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        batch = list(itertools.islice(self.it, self.batch_size))
+        if not batch:
+            raise StopIteration
+        return np.asarray(batch)
+
+    def close(self) -> None:
+        _close(self.it)
+
+
+def _async_gristmill(*, n: int, concurrency: int, batch_size: int) -> Case:
+    """The engine's plan (the stage-pipeline API's back end): one asyncio stage."""
+    from gristmill._src.engine.plan import IndexSource, Plan, Stage
+
+    stage = Stage(_async_wait_2ms, executor="asyncio", concurrency=concurrency)
+    plan = Plan(IndexSource.from_sequence(range(n)), [stage])
+    return _case(lambda: _Batches(iter(plan), batch_size), n)
+
+
+def _async_spdl(*, n: int, concurrency: int, batch_size: int) -> Case:
+    def stages(b: Any) -> Any:
+        return b.pipe(_async_wait_2ms, concurrency=concurrency, output_order="input").aggregate(
+            batch_size
+        )
+
+    return _spdl_case(range(n), stages, n, 4, np.asarray)
+
+
+def _async_limit(*, n: int, concurrency: int, batch_size: int) -> Case:
+    """Synthetic: ``n`` waits, ``concurrency`` at a time, nothing else."""
+    return Case(
+        run=lambda: None, elements=n, seconds=n * _WAIT_S / concurrency, first_seconds=_WAIT_S
+    )
+
+
 WORKLOADS = (
     Workload(
         name="iter_cheap_batch",
@@ -410,6 +465,15 @@ WORKLOADS = (
                 "limit": _zlib_limit,
             }
         ),
+    ),
+    Workload(
+        name="plan_async_wait_2ms",
+        summary="async fn awaiting 2 ms, 32 concurrent, input order, batches of 32 "
+        "(engine plan vs SPDL pipe; grain has no async stage)",
+        params={"n": 2_000, "concurrency": 32, "batch_size": 32},
+        quick_params={"n": 320, "concurrency": 32, "batch_size": 32},
+        warmup=False,
+        builders={"gristmill": _async_gristmill, "spdl": _async_spdl, "limit": _async_limit},
     ),
     Workload(
         name="iter_images_batch64",

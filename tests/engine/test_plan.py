@@ -7,6 +7,9 @@ knobs changed while running, statistics, and shutdown with no thread left.
 
 import asyncio
 import gc
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -346,3 +349,54 @@ def test_bad_plan_arguments():
         with pytest.raises(ValueError, match=r"position must be in \[0, 3\], got -1"):
             it.seek(-1)
         assert list(it) == [0, 1, 2]
+
+
+def test_keyboard_interrupt_in_a_stage_stops_every_thread():
+    def interrupt_at_30(x):
+        if x == -60:  # source element 30, doubled and negated
+            raise KeyboardInterrupt
+        return x
+
+    stages = [
+        Stage(async_double, executor="asyncio", concurrency=4),
+        Stage(slow_neg, executor="threads", concurrency=2),
+        Stage(interrupt_at_30),
+    ]
+    it = iter(Plan(IndexSource.from_sequence(range(10_000), concurrency=2), stages))
+    with pytest.raises(KeyboardInterrupt):
+        for _ in it:
+            pass
+    deadline = time.monotonic() + 1.0
+    while gristmill_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gristmill_threads()
+
+
+def test_interpreter_exit_with_running_stages_is_silent_and_prompt():
+    script = textwrap.dedent(
+        """
+        import asyncio, time
+        from gristmill._src.engine.plan import IndexSource, Plan, Stage
+        async def wait(x):
+            await asyncio.sleep(0.01)
+            return x
+        def slow(x):
+            time.sleep(0.01)
+            return x
+        plan = Plan(
+            IndexSource.from_sequence(range(10**6), concurrency=2),
+            [Stage(wait, executor="asyncio", concurrency=8),
+             Stage(slow, executor="threads", concurrency=4)],
+        )
+        it = iter(plan)
+        print(next(it), next(it))
+        """
+    )
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "1"]
+    assert result.stderr == ""
+    assert time.monotonic() - start < 10

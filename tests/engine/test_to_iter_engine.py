@@ -193,6 +193,23 @@ def test_keyboard_interrupt_while_waiting_stops_every_thread():
     assert not gristmill_threads()
 
 
+def test_keyboard_interrupt_raised_on_a_worker_stops_every_thread():
+    def raise_at_20(x):
+        time.sleep(0.001)
+        if x == 20:
+            raise KeyboardInterrupt
+        return x
+
+    it = iter(M.range(10_000).map(raise_at_20).to_iter_dataset(gm.ReadOptions(4, 32)))
+    with pytest.raises(KeyboardInterrupt):
+        for _ in it:
+            pass
+    deadline = time.monotonic() + 1.0
+    while gristmill_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gristmill_threads()
+
+
 def test_interpreter_exit_with_running_threads_is_silent_and_prompt():
     script = textwrap.dedent(
         """

@@ -188,7 +188,9 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         error = chunk.error
         assert error is not None
         self._chunk = None
-        if self._runner is not None:
+        if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: stop everything
+            self.close()
+        elif self._runner is not None:
             self._runner.reset(self._next_index)  # a retry recomputes from the failed element
         raise error  # the runner has noted the stage and the element index on it
 

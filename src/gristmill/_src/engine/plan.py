@@ -249,7 +249,9 @@ class PlanIterator:
         error = chunk.error
         assert error is not None
         self._chunk = None
-        if self._resumable:
+        if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: stop everything
+            self.close()
+        elif self._resumable:
             self._position = chunk.error_index
             self._last.reset(chunk.error_index)  # a retry recomputes the failed element
         else:

@@ -5,10 +5,20 @@ iterator runs out is marked exhausted and the turn moves on; when its turn comes
 takes the next unopened dataset, if any. Each open iterator prefetches up to
 ``iter_buffer_size`` elements on a background thread (a ThreadPrefetchDatasetIterator, so
 its state is exactly the state after the elements delivered from it).
+
+Opening an iterator can be slow (a remote file to open, an index to load), so the datasets
+whose turn comes next are opened ahead, in dataset order, by an OrderedChunkRunner: at most
+``make_iter_buffer_size`` of them, on up to ``num_make_iter_threads`` threads (inline on the
+consumer's thread while opening is cheap). Each one's prefetch is started at once, so a
+switch to it finds its first elements loading. The state never mentions iterators opened
+ahead: a restore repositions the runner, and the ones nobody took are closed. An error
+opening dataset ``k`` is raised when dataset ``k``'s turn comes, not earlier.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +26,10 @@ from gristmill._src.core import validation
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
+from gristmill._src.engine import reaper
+from gristmill._src.engine.feeds import Chunk, ReadFn
+from gristmill._src.engine.ordered import OrderedChunkRunner
+from gristmill._src.engine.stats import PipelineStatistics
 
 _STATE_KEYS = (
     "next_index_in_cycle",
@@ -24,6 +38,7 @@ _STATE_KEYS = (
     "iterators_in_use_states",
     "exhausted",
 )
+_STAGE_NAME = "interleave: open iterators"
 
 
 class InterleaveIterDataset(IterDataset[Any]):
@@ -32,9 +47,14 @@ class InterleaveIterDataset(IterDataset[Any]):
     Args:
       datasets: a sequence (or a MapDataset) of IterDatasets or MapDatasets.
       cycle_length: how many datasets are open and interleaved at once.
-      num_make_iter_threads: accepted for compatibility; iterators are opened on demand.
-      make_iter_buffer_size: accepted for compatibility; iterators are opened on demand.
+      num_make_iter_threads: threads that open the next datasets' iterators ahead of their
+        turn (0: open each one on demand, on the consumer's thread). While opening is cheap
+        it runs inline on the consumer's thread instead.
+      make_iter_buffer_size: most iterators kept opened ahead, ready for their turn (0: open
+        each one on demand).
       iter_buffer_size: elements each open iterator prefetches on its own thread (0: none).
+
+    Output and state do not depend on the last three arguments.
 
     >>> import gristmill as gm
     >>> parts = [gm.MapDataset.range(3), gm.MapDataset.range(10, 14), gm.MapDataset.range(20, 22)]
@@ -58,14 +78,24 @@ class InterleaveIterDataset(IterDataset[Any]):
             )
         self._datasets = datasets
         self._cycle_length = validation.check_int_in_range(cycle_length, "cycle_length", low=1)
-        validation.check_int_in_range(num_make_iter_threads, "num_make_iter_threads", low=0)
-        validation.check_int_in_range(make_iter_buffer_size, "make_iter_buffer_size", low=0)
+        self._num_make_iter_threads = validation.check_int_in_range(
+            num_make_iter_threads, "num_make_iter_threads", low=0
+        )
+        self._make_iter_buffer_size = validation.check_int_in_range(
+            make_iter_buffer_size, "make_iter_buffer_size", low=0
+        )
         self._iter_buffer_size = validation.check_int_in_range(
             iter_buffer_size, "iter_buffer_size", low=0
         )
 
     def __iter__(self) -> InterleaveDatasetIterator:
-        return InterleaveDatasetIterator(self._datasets, self._cycle_length, self._iter_buffer_size)
+        return InterleaveDatasetIterator(
+            self._datasets,
+            self._cycle_length,
+            self._iter_buffer_size,
+            num_make_iter_threads=self._num_make_iter_threads,
+            make_iter_buffer_size=self._make_iter_buffer_size,
+        )
 
     def __str__(self) -> str:
         return (
@@ -74,10 +104,120 @@ class InterleaveIterDataset(IterDataset[Any]):
         )
 
 
+def _open(datasets: Any, index: int, iter_buffer_size: int) -> DatasetIterator[Any]:
+    dataset = datasets[index]
+    if not isinstance(dataset, (IterDataset, MapDataset)):
+        raise TypeError(
+            f"datasets[{index}] must be an IterDataset or MapDataset, got "
+            f"{dataset!r} of type {type(dataset).__name__}"
+        )
+    iterator: DatasetIterator[Any] = iter(dataset)
+    if iter_buffer_size:
+        iterator = ThreadPrefetchDatasetIterator(iterator, iter_buffer_size)
+    return iterator
+
+
+def _close_all(iterators: Sequence[DatasetIterator[Any]]) -> None:
+    """Closes every iterator, even after one of them raised; then raises the first error."""
+    error: Exception | None = None
+    for iterator in iterators:
+        try:
+            iterator.close()
+        except Exception as e:
+            error = error or e
+    if error is not None:
+        raise error
+
+
+class _OpenedAhead:
+    """Iterators the runner opened that the consumer has not taken yet; thread-safe.
+
+    The runner silently drops what it read for a position it was reset away from (or after
+    it was closed), so this registry closes them: all of them on ``discard`` (after a reset)
+    and ``shutdown``; a read that started before the last discard, or after shutdown,
+    closes its own. A read claimed before a reset but started just after it registers
+    iterators the consumer will never take: those are closed once the consumer passes
+    their index.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._iterators: dict[int, tuple[int, DatasetIterator[Any]]] = {}  # id -> (index, it)
+        self._generation = 0
+        self._closed = False
+
+    @property
+    def generation(self) -> int:
+        with self._lock:
+            return self._generation
+
+    def add(self, generation: int, start: int, iterators: list[DatasetIterator[Any]]) -> None:
+        """Registers ``iterators`` (datasets ``start``, ``start + 1``, …) read in ``generation``."""
+        with self._lock:
+            current = generation == self._generation and not self._closed
+            if current:
+                for index, iterator in enumerate(iterators, start):
+                    self._iterators[id(iterator)] = (index, iterator)
+        if not current:
+            _close_all(iterators)
+
+    def take(self, iterator: DatasetIterator[Any], position: int) -> None:
+        """The consumer took ``iterator`` and will next take dataset ``position``."""
+        with self._lock:
+            self._iterators.pop(id(iterator), None)
+            behind = [key for key, (index, _) in self._iterators.items() if index < position]
+            stale = [self._iterators.pop(key)[1] for key in behind]
+        _close_all(stale)
+
+    def discard(self) -> None:
+        """Closes every registered iterator; reads started before now close their own."""
+        with self._lock:
+            self._generation += 1
+            iterators, self._iterators = self._iterators, {}
+        _close_all([iterator for _, iterator in iterators.values()])
+
+    def shutdown(self) -> None:
+        """Closes every registered iterator and any opened from now on; idempotent."""
+        with self._lock:
+            self._closed = True
+        self.discard()
+
+
+def _opener(datasets: Any, iter_buffer_size: int, ahead: _OpenedAhead) -> ReadFn:
+    """``read(a, b)`` for the runner: opens datasets ``a .. b-1`` and starts their prefetch.
+
+    It refers to the datasets and the registry only, never to the interleave iterator, so a
+    worker thread does not keep the iterator alive.
+    """
+
+    def read(start: int, stop: int) -> list[Any]:
+        generation = ahead.generation
+        opened: list[DatasetIterator[Any]] = []
+        try:
+            for index in range(start, stop):
+                opened.append(_open(datasets, index, iter_buffer_size))
+                opened[-1].start_prefetch()
+        except BaseException:
+            _close_all(opened)  # the runner re-reads them one by one to locate the error
+            raise
+        ahead.add(generation, start, opened)
+        return opened
+
+    return read
+
+
 class InterleaveDatasetIterator(DatasetIterator[Any]):
     """Round-robin over open slot iterators; see :class:`InterleaveIterDataset`."""
 
-    def __init__(self, datasets: Any, cycle_length: int, iter_buffer_size: int) -> None:
+    def __init__(
+        self,
+        datasets: Any,
+        cycle_length: int,
+        iter_buffer_size: int,
+        *,
+        num_make_iter_threads: int,
+        make_iter_buffer_size: int,
+    ) -> None:
         super().__init__()
         self._datasets = datasets
         self._count = len(datasets)
@@ -89,27 +229,83 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._exhausted = [0] * slots
         self._next_in_cycle = 0
         self._next_in_datasets = slots
+        # Opening ahead: the runner delivers the iterator of dataset `_position` next.
+        self._make_iter_threads = num_make_iter_threads
+        self._make_iter_buffer_size = make_iter_buffer_size
+        self._open_ahead = num_make_iter_threads > 0 and make_iter_buffer_size > 0
+        self._runner: OrderedChunkRunner | None = None
+        self._ahead = _OpenedAhead()
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._chunk: Chunk | None = None
+        self._position = 0
 
-    def _open(
-        self, dataset_index: int, state: dict[str, Any] | None = None
-    ) -> DatasetIterator[Any]:
-        dataset = self._datasets[dataset_index]
-        if not isinstance(dataset, (IterDataset, MapDataset)):
-            raise TypeError(
-                f"datasets[{dataset_index}] must be an IterDataset or MapDataset, got "
-                f"{dataset!r} of type {type(dataset).__name__}"
+    def _get_runner(self) -> OrderedChunkRunner:
+        if self._runner is None:
+            self._runner = OrderedChunkRunner(
+                _opener(self._datasets, self._iter_buffer_size, self._ahead),
+                self._position,
+                self._count,
+                workers=self._make_iter_threads,
+                buffer_size=self._make_iter_buffer_size,
+                name=_STAGE_NAME,
             )
-        iterator: DatasetIterator[Any] = iter(dataset)
-        if self._iter_buffer_size:
-            iterator = ThreadPrefetchDatasetIterator(iterator, self._iter_buffer_size)
-        if state is not None:
-            iterator.set_state(state)
-        return iterator
+            # Dropping this iterator closes what was opened ahead for it (off the GC's thread).
+            reaper.ensure_started()
+            self._finalizer = weakref.finalize(self, reaper.reap, self._ahead)
+        return self._runner
+
+    def _take_opened(self, index: int) -> DatasetIterator[Any]:
+        """The iterator the runner opened for ``datasets[index]``, ``index`` its position."""
+        while True:
+            chunk = self._chunk
+            if chunk is not None:
+                offset = index - chunk.start
+                if offset < len(chunk.values):
+                    iterator: DatasetIterator[Any] = chunk.values[offset]
+                    self._position = index + 1
+                    self._ahead.take(iterator, self._position)
+                    return iterator
+                error = chunk.error
+                if error is not None:
+                    self._reposition(index)  # a retry opens it again
+                    note = (
+                        f"gristmill: raised opening datasets[{index}] ahead of its turn in "
+                        "InterleaveIterDataset"
+                    )
+                    if isinstance(error, Exception) and note not in getattr(error, "__notes__", ()):
+                        error.add_note(note)  # once, even if the dataset re-raises one object
+                    raise error
+            runner = self._get_runner()
+            try:
+                self._chunk = runner.next_chunk()
+                # Once opening has proven slow, the workers open the next ones right away.
+                runner.start_early()
+            except BaseException:
+                # KeyboardInterrupt while waiting, or the runner failed: stop every thread now.
+                self.close()
+                raise
+            if self._chunk is None:
+                raise RuntimeError(
+                    f"gristmill bug: no iterator for datasets[{index}] of {self._count}"
+                )
+
+    def _reposition(self, position: int) -> None:
+        """Opens ahead from dataset ``position`` on; closes what was opened for nothing."""
+        self._chunk = None
+        self._position = position
+        if self._runner is not None:
+            self._runner.reset(position)
+            self._ahead.discard()  # after the reset: reads claimed from now on are current
 
     def _slot_iterator(self, slot: int) -> DatasetIterator[Any]:
         iterator = self._iterators[slot]
         if iterator is None:
-            iterator = self._iterators[slot] = self._open(self._in_use[slot])
+            index = self._in_use[slot]
+            if self._open_ahead and index == self._position:
+                iterator = self._take_opened(index)
+            else:
+                iterator = _open(self._datasets, index, self._iter_buffer_size)
+            self._iterators[slot] = iterator
         return iterator
 
     def _replace(self, slot: int) -> None:
@@ -171,20 +367,41 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
                 f"{len(self._in_use)} slots (cycle_length={self._cycle_length}, "
                 f"{self._count} datasets); the state belongs to another pipeline"
             )
+        next_in_cycle = validation.check_int_in_range(
+            values["next_index_in_cycle"], "next_index_in_cycle", low=0, high=len(indices) or 1
+        )
+        next_in_datasets = validation.check_int_in_range(
+            values["next_index_in_datasets"], "next_index_in_datasets", low=0, high=self._count + 1
+        )
         for iterator in self._iterators:
             if iterator is not None:
                 iterator.close()
         self._in_use = indices
-        self._iterators = [self._open(i, s) for i, s in zip(indices, states, strict=True)]
+        self._iterators = [None] * len(indices)
+        for slot, (index, slot_state) in enumerate(zip(indices, states, strict=True)):
+            iterator = _open(self._datasets, index, self._iter_buffer_size)
+            self._iterators[slot] = iterator
+            iterator.set_state(slot_state)
         self._exhausted = exhausted
-        self._next_in_cycle = validation.check_int_in_range(
-            values["next_index_in_cycle"], "next_index_in_cycle", low=0, high=len(indices) or 1
-        )
-        self._next_in_datasets = validation.check_int_in_range(
-            values["next_index_in_datasets"], "next_index_in_datasets", low=0, high=self._count + 1
-        )
+        self._next_in_cycle = next_in_cycle
+        self._next_in_datasets = next_in_datasets
+        self._reposition(next_in_datasets)
+
+    def statistics(self) -> PipelineStatistics:
+        """A snapshot of the stage that opens iterators ahead (no stage when on demand)."""
+        if self._runner is None:
+            return PipelineStatistics(stages=())
+        return PipelineStatistics(stages=(self._runner.statistics(),))
 
     def close(self) -> None:
+        if self._closed:
+            return
+        if self._runner is not None:
+            self._runner.close()  # joins the workers: no read is running after this
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._chunk = None
+        self._ahead.shutdown()
         for iterator in self._iterators:
             if iterator is not None:
                 iterator.close()

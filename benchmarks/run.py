@@ -288,7 +288,8 @@ def run_all(
 def _ratio(row: Row, reference: Row | None) -> float | None:
     if reference is None or not (row.ok and reference.ok):
         return None
-    return reference.best_s / row.best_s
+    # Per element: contenders may process different numbers of elements (n_<contender>).
+    return (row.elements / row.best_s) / (reference.elements / reference.best_s)
 
 
 def _format_ratio(ratio: float | None) -> str:
@@ -412,6 +413,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--list", action="store_true", help="list workloads and exit")
     parser.add_argument(
+        "--from-json",
+        type=Path,
+        metavar="PATH",
+        help="measure nothing: print the table of results saved by --json",
+    )
+    parser.add_argument(
         "--strict",
         action="store_true",
         help="exit 1 if a row errored or gristmill's output differs from grain's (rows of a "
@@ -421,6 +428,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--child", nargs=2, metavar=("WORKLOAD", "CONTENDER"), help=argparse.SUPPRESS
     )
     return parser.parse_args(argv)
+
+
+def rerender(path: Path) -> str:
+    """The header and table of a saved run (``--json``), recomputed from its raw timings."""
+    saved = json.loads(path.read_text())
+    rows = [
+        Row(
+            workload=r["workload"],
+            contender=r["contender"],
+            elements=r["elements"],
+            times_s=r["times_s"],
+            first_s=r["first_output_s"],
+            digests=r["digests"],
+            errors=[r["error"]] if r["error"] else [],
+        )
+        for r in saved["results"]
+    ]
+    env = saved["environment"]
+    versions = " · ".join(
+        f"{d} {v}" for d, v in env["versions"].items() if d != "numpy" and v != "not installed"
+    )
+    header = (
+        f"{env['date']} · Python {env['python']} · {env['cpus']} CPUs · {versions} · "
+        f"`{env['command']}` (table re-rendered from {path.name})"
+    )
+    return f"\n{header}\n\n{report(rows)[0]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -437,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         print(_RESULT_MARK + json.dumps(result), flush=True)
         return 1 if "error" in result else 0
 
+    if args.from_json:
+        print(rerender(args.from_json))
+        return 0
     workloads = load_workloads()
     if args.list:
         for workload in workloads.values():

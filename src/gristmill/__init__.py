@@ -8,7 +8,16 @@ Grain-compatible: ``import gristmill as grain`` runs Grain 0.2.18 dataset code.
 [2, 14, 12, 18, 0]
 """
 
-from gristmill import constants, experimental, samplers, sharding, sources, transforms
+from gristmill import (
+    checkpoint,
+    constants,
+    experimental,
+    samplers,
+    sharding,
+    sources,
+    testing,
+    transforms,
+)
 from gristmill._src import dataset as _dataset  # registers the transformations
 from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
@@ -37,11 +46,13 @@ __all__ = [
     "MultiprocessingOptions",
     "Record",
     "RecordMetadata",
+    "checkpoint",
     "constants",
     "experimental",
     "samplers",
     "sharding",
     "sources",
+    "testing",
     "transforms",
 ]
 

@@ -1,5 +1,6 @@
 """Experimental API (Grain-compatible names); grows as features land."""
 
+from gristmill._src.checkpoint.testing import assert_equal_output_after_checkpoint
 from gristmill._src.core.index_shuffle import index_shuffle
 from gristmill._src.core.transforms import FlatMap as FlatMapTransform
 from gristmill._src.core.transforms import MapWithIndex as MapWithIndexTransform
@@ -31,6 +32,7 @@ __all__ = [
     "PerformanceConfig",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
+    "assert_equal_output_after_checkpoint",
     "index_shuffle",
     "log_statistics_every",
     "multithread_prefetch",

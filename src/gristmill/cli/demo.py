@@ -115,9 +115,13 @@ def run_demo(
         out.write(f"  {line}\n")
     out.write(f"bottleneck: {stats.bottleneck()}\n\n")
 
-    out.write(f"checkpoint after batch {checkpoint_at}: {state}\n")
-    restored = iter(build(data, seed=seed, threads=max(1, threads // 2), batch_size=batch_size))
     assert state is not None
+    nodes = len(state.get("__gristmill__", {}).get("pipeline", ()))
+    out.write(
+        f"checkpoint after batch {checkpoint_at}: {gm.checkpoint.to_grain_state(state)} "
+        f"(+ format version and a {nodes}-node pipeline description)\n"
+    )
+    restored = iter(build(data, seed=seed, threads=max(1, threads // 2), batch_size=batch_size))
     restored.set_state(state)
     tail = [digest(batch) for batch in restored]
     restored.close()

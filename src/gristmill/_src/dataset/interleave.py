@@ -24,7 +24,7 @@ from typing import Any
 
 from gristmill._src.core import validation
 from gristmill._src.dataset.base import MapDataset
-from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
@@ -114,6 +114,7 @@ def _open(datasets: Any, index: int, iter_buffer_size: int) -> DatasetIterator[A
     iterator: DatasetIterator[Any] = iter(dataset)
     if iter_buffer_size:
         iterator = ThreadPrefetchDatasetIterator(iterator, iter_buffer_size)
+    mark_nested(iterator)  # its state is part of the interleave's
     return iterator
 
 
@@ -338,19 +339,25 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
             self._next_in_cycle = (slot + 1) % slots
             return element
 
+    def _describe(self) -> str:
+        return f"interleave(cycle_length={self._cycle_length}, datasets={self._count})"
+
     def get_state(self) -> dict[str, Any]:
-        return {
-            "next_index_in_cycle": self._next_in_cycle,
-            "next_index_in_datasets": self._next_in_datasets,
-            "iterators_in_use_indices": list(self._in_use),
-            "iterators_in_use_states": [
-                self._slot_iterator(slot).get_state() for slot in range(len(self._in_use))
-            ],
-            "exhausted": list(self._exhausted),
-            "future_states": {},
-        }
+        return self._export_state(
+            {
+                "next_index_in_cycle": self._next_in_cycle,
+                "next_index_in_datasets": self._next_in_datasets,
+                "iterators_in_use_indices": list(self._in_use),
+                "iterators_in_use_states": [
+                    self._slot_iterator(slot).get_state() for slot in range(len(self._in_use))
+                ],
+                "exhausted": list(self._exhausted),
+                "future_states": {},
+            }
+        )
 
     def set_state(self, state: dict[str, Any]) -> None:
+        state = self._import_state(state)
         try:
             values = {key: state[key] for key in _STATE_KEYS}
         except (KeyError, TypeError):

@@ -8,11 +8,15 @@ with the iterator issue.
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.checkpoint import files
 from gristmill._src.core import seeds
+from gristmill._src.core import state as state_meta
 from gristmill._src.dataset.base import MapDataset, op
 
 T = TypeVar("T")
@@ -97,6 +101,22 @@ class IterDataset(Generic[T], abc.ABC):
         return type(self).__name__
 
 
+async def _await_directory(directory: Any) -> Any:
+    """A path for ``directory``; an Orbax PathAwaitingCreation is awaited first."""
+    await_creation = getattr(directory, "await_creation", None)
+    if await_creation is not None:
+        await await_creation()
+        return getattr(directory, "path", directory)
+    return directory
+
+
+def mark_nested(iterator: Any) -> None:
+    """Marks an iterator whose state is part of another's: it adds no metadata."""
+    # An object that refuses attributes is not one of ours: it adds no metadata anyway.
+    with contextlib.suppress(AttributeError):
+        iterator._is_root = False
+
+
 class DatasetIterator(Generic[T], abc.ABC):
     """An iterator with ``get_state()`` / ``set_state()``; ``close()`` releases resources."""
 
@@ -105,6 +125,8 @@ class DatasetIterator(Generic[T], abc.ABC):
             parents = (parents,)
         self._parents: tuple[DatasetIterator[Any], ...] = tuple(parents)
         self._closed = False
+        for parent in self._parents:
+            mark_nested(parent)
 
     @property
     def _parent(self) -> DatasetIterator[Any]:
@@ -127,6 +149,60 @@ class DatasetIterator(Generic[T], abc.ABC):
 
     def start_prefetch(self) -> None:
         """Starts background work early (no-op for iterators without any)."""
+
+    # -- checkpoint metadata (see core/state.py) ----------------------------------------
+
+    def _describe(self) -> str | None:
+        """This node in the pipeline description; None for a transparent node (prefetch).
+
+        Override to add structural parameters (a batch size, a length), never thread or
+        buffer options: a state must restore under any of those.
+        """
+        return type(self).__name__
+
+    def _pipeline(self) -> list[str]:
+        """The descriptions of this node and its ancestors, depth first."""
+        nodes: list[str] = []
+        describe = getattr(self, "_describe", None)
+        own = describe() if describe is not None else type(self).__name__
+        if own is not None:
+            nodes.append(own)
+        for parent in getattr(self, "_parents", ()):
+            nodes.extend(parent._pipeline() if isinstance(parent, DatasetIterator) else ())
+        return nodes
+
+    def _export_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` as ``get_state()`` returns it: with metadata when this is the root."""
+        if not getattr(self, "_is_root", True):
+            return state
+        pipeline = getattr(self, "_pipeline_cache", None)
+        if pipeline is None:
+            pipeline = self._pipeline_cache = self._pipeline()
+        return state_meta.with_metadata(state, pipeline)
+
+    def _import_state(self, state: Any) -> Any:
+        """``state`` given to ``set_state()``, checked and stripped of metadata at the root."""
+        if not getattr(self, "_is_root", True):
+            return state
+        pipeline = getattr(self, "_pipeline_cache", None)
+        if pipeline is None:
+            pipeline = self._pipeline_cache = self._pipeline()
+        return state_meta.without_metadata(state, pipeline)
+
+    async def save(self, directory: Any) -> None:
+        """Writes ``get_state()`` to ``directory/process_{i}-of-{n}.json`` (a coroutine).
+
+        The state is taken when called; the file is written on a worker thread.
+        ``directory`` is a path, or an Orbax ``PathAwaitingCreation`` (awaited first).
+        """
+        state = self.get_state()
+        path = await _await_directory(directory)
+        await asyncio.to_thread(files.write_state, path, state)
+
+    async def load(self, directory: Any) -> None:
+        """Restores the state saved by :meth:`save` in ``directory`` (a coroutine)."""
+        path = await _await_directory(directory)
+        self.set_state(await asyncio.to_thread(files.read_state, path))
 
     def close(self) -> None:
         """Releases resources held by this iterator and its parents; idempotent."""

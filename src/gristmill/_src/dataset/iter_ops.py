@@ -32,10 +32,10 @@ class _OneParentIterator(DatasetIterator[Any]):
     """An iterator over one parent iterator whose state is the parent's state."""
 
     def get_state(self) -> dict[str, Any]:
-        return self._parent.get_state()
+        return self._export_state(self._parent.get_state())
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state)
+        self._parent.set_state(self._import_state(state))
 
     def start_prefetch(self) -> None:
         self._parent.start_prefetch()
@@ -69,6 +69,9 @@ class _MapIterator(_OneParentIterator):
     def __next__(self) -> Any:
         return self._fn(next(self._parent))
 
+    def _describe(self) -> str:
+        return "map"
+
 
 @register("iter.map")
 class MapIterDataset(IterDataset[Any]):
@@ -90,6 +93,9 @@ class _FilterIterator(_OneParentIterator):
     def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any]) -> None:
         super().__init__(parent)
         self._fn = fn
+
+    def _describe(self) -> str:
+        return "filter"
 
     def __next__(self) -> Any:
         parent, fn = self._parent, self._fn
@@ -133,9 +139,13 @@ class _CountingIterator(DatasetIterator[Any]):
         return self._apply(count, element)
 
     def get_state(self) -> dict[str, Any]:
-        return {"parent": self._parent.get_state(), self._key: self._count}
+        return self._export_state({"parent": self._parent.get_state(), self._key: self._count})
+
+    def _describe(self) -> str:
+        return "random_map" if self._key == "index_for_rng" else "map_with_index"
 
     def set_state(self, state: dict[str, Any]) -> None:
+        state = self._import_state(state)
         owner = type(self).__name__
         parent = _state_key(state, "parent", owner)
         count = validation.check_index(_state_key(state, self._key, owner))
@@ -198,6 +208,9 @@ class _BatchIterator(_OneParentIterator):
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._batch_fn = batch_fn
+
+    def _describe(self) -> str:
+        return f"batch({self._batch_size}, drop_remainder={self._drop_remainder})"
 
     def __next__(self) -> Any:
         parent = self._parent

@@ -102,10 +102,14 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
 
     def get_state(self) -> dict[str, Any]:
         if self._buffer_size == 0 or self._state is None:
-            return self._parent.get_state()
-        return self._state
+            return self._export_state(self._parent.get_state())
+        return self._export_state(self._state)
+
+    def _describe(self) -> None:
+        return None  # transparent: a state restores with or without prefetching
 
     def set_state(self, state: dict[str, Any]) -> None:
+        state = self._import_state(state)
         if self._producer is not None:
             self._producer.close()
             self._producer = None

@@ -54,14 +54,17 @@ class PrefetchIterDataset(IterDataset[Any]):
         )
 
 
-def stage_name(ds: MapDataset[Any]) -> str:
-    """A short name for the fused chain ending at ``ds``: ``Range → Shuffle → Map(f)``."""
+def stage_name(ds: MapDataset[Any], *, functions: bool = True) -> str:
+    """A short name for the fused chain ending at ``ds``: ``Range → Shuffle → Map(f)``.
+
+    ``functions=False`` leaves out the functions' names (a structural description).
+    """
     names = []
     node: MapDataset[Any] | None = ds
     while node is not None:
         name = type(node).__name__.removesuffix("MapDataset").strip("_") or type(node).__name__
         transform = getattr(node, "_transform", None)
-        if transform is not None:
+        if transform is not None and functions:
             name += f"({getattr(transform, '__name__', type(transform).__name__)})"
         if len(node.parents) > 1:
             name += f"[{len(node.parents)}]"
@@ -195,9 +198,20 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         raise error  # the runner has noted the stage and the element index on it
 
     def get_state(self) -> dict[str, Any]:
-        return {"next_index": self._next_index}
+        return self._export_state({"next_index": self._next_index})
+
+    def _describe(self) -> str:
+        structure = stage_name(self._dataset, functions=False)
+        return f"to_iter_dataset({structure}, len={self._length})"
+
+    def _pipeline(self) -> list[str]:
+        # Fused IterDataset ops describe themselves as the nodes they replace, so a state
+        # restores with or without multithread_prefetch.
+        fused = [kind for kind, _ in reversed(self._fused.ops)] if self._fused else []
+        return [*fused, self._describe()]
 
     def set_state(self, state: dict[str, Any]) -> None:
+        state = self._import_state(state)
         try:
             next_index = operator.index(state["next_index"])
         except (KeyError, TypeError):

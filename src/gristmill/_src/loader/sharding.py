@@ -6,6 +6,7 @@ import dataclasses
 import warnings
 
 from gristmill._src.core import validation
+from gristmill._src.core.processes import jax_process_index_and_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,17 +76,8 @@ class ShardByJaxProcess(ShardOptions):
     """
 
     def __init__(self, drop_remainder: bool = False) -> None:
-        index, count = _jax_process_index_and_count()
+        index, count = jax_process_index_and_count()
         super().__init__(shard_index=index, shard_count=count, drop_remainder=drop_remainder)
-
-
-def _jax_process_index_and_count() -> tuple[int, int]:
-    # Imported here: jax is optional and slow to import, and only this class needs it.
-    try:
-        import jax  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return 0, 1
-    return int(jax.process_index()), int(jax.process_count())
 
 
 def even_split(num_examples: int, options: ShardOptions) -> tuple[int, int]:

@@ -1,0 +1,69 @@
+"""State files: one JSON file per process, ``process_{i}-of-{n}.json``, as Grain writes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+from gristmill._src.core.processes import jax_process_index_and_count
+
+
+def state_path(directory: str | os.PathLike[str]) -> pathlib.Path:
+    index, count = jax_process_index_and_count()
+    return pathlib.Path(directory) / f"process_{index}-of-{count}.json"
+
+
+def encode(state: Any) -> str:
+    """JSON text of a state: a dict (a DatasetIterator's) or bytes holding JSON (a DataLoader's)."""
+    if isinstance(state, (bytes, bytearray)):
+        return bytes(state).decode()
+    try:
+        return json.dumps(state, indent=4)
+    except TypeError as e:
+        raise TypeError(
+            f"the iterator's state is not JSON-serializable ({e}); get_state() must return "
+            "plain dicts, lists, strings and numbers"
+        ) from None
+
+
+def write_state(directory: str | os.PathLike[str], state: Any) -> pathlib.Path:
+    """Writes ``state`` atomically (a temporary file renamed into place); returns the path."""
+    path = state_path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = encode(state)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_state_text(directory: str | os.PathLike[str]) -> str:
+    path = state_path(directory)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no checkpoint for this process at {str(path)!r}; save one there first (the file "
+            "name carries the process index and count, which must match the saving run's)"
+        ) from None
+
+
+def read_state(directory: str | os.PathLike[str]) -> Any:
+    """The state saved in ``directory`` for this process, parsed."""
+    path = state_path(directory)
+    text = read_state_text(directory)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"the checkpoint {str(path)!r} is not valid JSON ({e}); it is truncated or was "
+            "not written by get_state()"
+        ) from None

@@ -1,0 +1,64 @@
+"""CheckpointHandler: saves and restores an iterator's state in a checkpoint directory.
+
+The same interface as Grain's (Orbax's ``CheckpointHandler`` methods); it works without
+Orbax. A DataLoader iterator's state (bytes of JSON) is written as that JSON text.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gristmill._src.checkpoint import files
+
+
+def _item(item: Any, args: Any, method: str) -> Any:
+    if item is None:
+        item = getattr(args, "item", None)
+    if item is None or not hasattr(item, "get_state") or not hasattr(item, "set_state"):
+        raise TypeError(
+            f"CheckpointHandler.{method} needs the iterator: {method}(directory, item=it) or "
+            f"args=CheckpointSave(it), got item={item!r}, args={args!r}"
+        )
+    return item
+
+
+class CheckpointHandler:
+    """Writes ``process_{i}-of-{n}.json`` with the iterator's state; restores it.
+
+    >>> import tempfile, gristmill as gm
+    >>> it = iter(gm.MapDataset.range(6).to_iter_dataset())
+    >>> _ = next(it), next(it)
+    >>> directory = tempfile.mkdtemp()
+    >>> gm.checkpoint.CheckpointHandler().save(directory, it)
+    >>> fresh = gm.checkpoint.CheckpointHandler().restore(
+    ...     directory, iter(gm.MapDataset.range(6).to_iter_dataset()))
+    >>> next(fresh)
+    2
+    """
+
+    def save(self, directory: str | os.PathLike[str], item: Any = None, args: Any = None) -> None:
+        """Saves ``item.get_state()`` (or ``args.item``'s) under ``directory``."""
+        files.write_state(directory, _item(item, args, "save").get_state())
+
+    def restore(self, directory: str | os.PathLike[str], item: Any = None, args: Any = None) -> Any:
+        """Restores the iterator from ``directory``, starts its prefetch, returns it."""
+        iterator = _item(item, args, "restore")
+        text = files.read_state_text(directory)
+        state = files.read_state(directory)
+        if isinstance(iterator.get_state(), (bytes, bytearray)):
+            state = text.encode()  # a DataLoader iterator takes its state as JSON bytes
+        iterator.set_state(state)
+        start = getattr(iterator, "start_prefetch", None)
+        if start is not None:
+            start()
+        return iterator
+
+    def metadata(self, directory: str | os.PathLike[str]) -> None:
+        """No metadata beyond the state file (as Grain)."""
+
+    def finalize(self, directory: str | os.PathLike[str]) -> None:
+        """Nothing to finalize: the state file is written atomically."""
+
+    def close(self) -> None:
+        """Nothing to release."""

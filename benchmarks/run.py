@@ -37,7 +37,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 # Modules under benchmarks/ that define WORKLOADS; add new families here.
-WORKLOAD_MODULES = ("workloads_mapdataset", "workloads_engine")
+WORKLOAD_MODULES = ("workloads_mapdataset", "workloads_engine", "workloads_checkpoint")
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")
 BASELINE, SUBJECT, LIMIT = "grain", "gristmill", "limit"
@@ -83,6 +83,7 @@ class Row:
     elements: int = 0
     times_s: list[float] = field(default_factory=list)
     first_s: list[float] = field(default_factory=list)
+    size_bytes: int | None = None
     digests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
@@ -105,6 +106,7 @@ class Row:
             "elements": self.elements,
             "times_s": self.times_s,
             "first_output_s": self.first_s,
+            "size_bytes": self.size_bytes,
             "digests": sorted(set(self.digests)),
             "error": self.errors[0] if self.errors else None,
             "traceback": self.tracebacks[0] if self.tracebacks else None,
@@ -210,6 +212,7 @@ def child(workload_name: str, contender: str, profile: Profile, quick: bool) -> 
             "first_ns": [round(t * case.scale) for t in first_ns],
             "elements": case.elements,
             "digest": digest(outputs),
+            "size_bytes": case.size_bytes,
         }
     except Exception as exc:  # reported as the row's error, not a crash of the harness
         return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
@@ -270,6 +273,7 @@ def run_all(
                     status = f"error: {report['error']}"
                 else:
                     row.elements = report["elements"]
+                    row.size_bytes = report.get("size_bytes")
                     row.times_s += [t / 1e9 for t in report["times_ns"]]
                     row.first_s += [t / 1e9 for t in report.get("first_ns", ())]
                     row.digests.append(report["digest"])
@@ -325,6 +329,9 @@ def report(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
     by_key = {(r.workload, r.contender): r for r in rows}
     with_first = any(r.first_s for r in rows)
     first_head, first_align = (" first output, ms |", "--:|") if with_first else ("", "")
+    with_size = any(r.size_bytes is not None for r in rows)
+    if with_size:
+        first_head, first_align = first_head + " state bytes |", first_align + "--:|"
     lines = [
         "| workload | contender | µs/element (best) | µs/element (median) | elements/s"
         f" | x grain | x limit |{first_head} output |",
@@ -340,6 +347,8 @@ def report(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
         output = _output_check(row, baseline)
         records.append(row.to_json(ratios, output))
         first = [_format_ms(row.first_s)] if with_first else []
+        if with_size:
+            first.append("" if row.size_bytes is None else f"{row.size_bytes:,}")
         if not row.ok:
             errors.append(f"- {row.workload} / {row.contender}: {row.errors[0]}")
             cells = [
@@ -349,6 +358,7 @@ def report(rows: list[Row]) -> tuple[str, list[dict[str, Any]]]:
                 "",
                 "",
                 *([""] if with_first else []),
+                *([""] if with_size else []),
                 f"error [{len(errors)}]",
             ]
         else:
@@ -440,6 +450,7 @@ def rerender(path: Path) -> str:
             elements=r["elements"],
             times_s=r["times_s"],
             first_s=r["first_output_s"],
+            size_bytes=r.get("size_bytes"),
             digests=r["digests"],
             errors=[r["error"]] if r["error"] else [],
         )

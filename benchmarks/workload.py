@@ -40,6 +40,7 @@ class Case:
       seconds, first_seconds: a computed, not measured, duration of one run / of the first
         output (a synthetic limit such as ``n * wait / threads``); ``run`` / ``first`` are
         then never called.
+      size_bytes: a size to report next to the timings (a checkpoint state's JSON bytes).
     """
 
     run: Callable[[], object]
@@ -49,6 +50,7 @@ class Case:
     scale: float = 1.0
     seconds: float | None = None
     first_seconds: float | None = None
+    size_bytes: int | None = None
 
 
 Builder = Callable[..., Case]

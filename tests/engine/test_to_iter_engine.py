@@ -2,6 +2,7 @@
 
 import dataclasses
 import gc
+import itertools
 import logging
 import signal
 import subprocess
@@ -284,3 +285,32 @@ def test_numpy_elements_pass_through_threads_unchanged():
     ds = M.range(200).map(lambda x: slow(np.full((4, 4), x, np.float32)))
     out = read_all(ds, 4, 16)
     assert all(a.dtype == np.float32 and a[0, 0] == i for i, a in enumerate(out))
+
+
+def test_policy_flipping_while_chunks_are_in_flight_keeps_every_chunk():
+    """Regression: re-enabling workers while earlier chunks were still in flight reused their
+    sequence numbers, losing chunks (the consumer then waited forever). The policy's verdict
+    is scripted to flip between inline and threads every few decisions."""
+    from gristmill._src.engine.ordered import OrderedChunkRunner
+
+    def read(start, stop):
+        time.sleep(0.0002)
+        return list(range(start, stop))
+
+    delivered = []
+
+    def consume():
+        runner = OrderedChunkRunner(read, 0, 3000, workers=4, buffer_size=32, name="flip")
+        calls = itertools.count()
+        runner._policy.use_threads = lambda: next(calls) % 7 < 4  # threads, then inline, …
+        try:
+            while (chunk := runner.next_chunk()) is not None:
+                delivered.extend(chunk.values)
+        finally:
+            runner.close()
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the runner hung"
+    assert delivered == list(range(3000))

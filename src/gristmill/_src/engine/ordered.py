@@ -338,8 +338,9 @@ class ChunkRunner:
         """Lets workers claim tasks (starting them if needed). Call with the lock held."""
         core = self._core
         if not core.threaded and self._policy.use_threads():
+            # `next_claim` is left alone: tasks may still be in flight from before work
+            # turned cheap, and new claims must follow them.
             core.threaded = True
-            core.next_claim = self._next_seq
             core.start_workers(self._policy.workers, self._name)
             core.work_ready.notify_all()
 

@@ -32,20 +32,31 @@ def advanced(ds, steps):
     return it
 
 
-def test_root_state_carries_version_and_pipeline_nested_states_do_not():
+def test_root_state_carries_version_and_pipeline_fingerprint_nested_states_do_not():
     state = advanced(pipeline(gm), 3).get_state()
-    assert state[KEY] == {
-        "version": 1,
-        "pipeline": [
-            "batch(2, drop_remainder=False)",
-            "random_map",
-            "filter",
-            "to_iter_dataset(Range → WithSeed → Shuffle, len=30)",
-        ],
-    }
+    version, fingerprint = state[KEY].split(":")
+    assert version == "v1"
+    nodes = fingerprint.split(".")
+    assert len(nodes) == 4  # batch, random_map, filter, to_iter_dataset
+    assert all(len(node) == 6 for node in nodes)
     assert KEY not in state["parent"]
     assert gm.checkpoint.to_grain_state(state) == advanced(pipeline(grain), 3).get_state()
-    json.dumps(state)  # JSON-able
+    overhead = len(json.dumps(state)) - len(json.dumps(gm.checkpoint.to_grain_state(state)))
+    assert overhead == len(', "__gristmill__": "v1:"') + 4 * 7 - 1
+
+
+def test_the_fingerprint_ignores_threads_and_prefetching_but_not_structure():
+    def fingerprint(ds):
+        return advanced(ds, 1).get_state()[KEY]
+
+    base = fingerprint(pipeline(gm))
+    assert fingerprint(pipeline(gm, threads=0)) == base
+    assert (
+        fingerprint(gm.experimental.ThreadPrefetchIterDataset(pipeline(gm), prefetch_buffer_size=2))
+        == base
+    )
+    assert fingerprint(gm.experimental.multithread_prefetch(pipeline(gm), 2, 2)) == base
+    assert fingerprint(pipeline(gm, batch=3)) != base
 
 
 def test_a_grain_state_restores_in_gristmill():
@@ -73,21 +84,24 @@ def test_restoring_into_another_pipeline_names_the_first_differing_node(other):
     assert issubclass(gm.checkpoint.StateMismatchError, ValueError)
 
 
-def test_mismatch_message_names_both_nodes():
+def test_mismatch_message_names_the_node():
     state = advanced(pipeline(gm), 2).get_state()
     with pytest.raises(gm.checkpoint.StateMismatchError) as info:
         iter(pipeline(gm, batch=3)).set_state(state)
     assert str(info.value) == (
-        "the state belongs to another pipeline: node 0 was 'batch(2, drop_remainder=False)' "
-        "when it was saved, and is 'batch(3, drop_remainder=False)' here; restore it into the "
-        "pipeline that saved it"
+        "the state belongs to another pipeline: node 0 ('batch(3, drop_remainder=False)' here) "
+        "is not the node that saved it; restore it into the pipeline that saved it (or pass "
+        "gristmill.checkpoint.to_grain_state(state) to skip this check)"
     )
+    saved = advanced(M.range(4).to_iter_dataset(), 1).get_state()
+    with pytest.raises(gm.checkpoint.StateMismatchError, match=r"node 0 \('map' here\)"):
+        iter(M.range(4).to_iter_dataset().map(abs)).set_state(saved)
 
 
 @pytest.mark.parametrize(
     ("meta", "match"),
     [
-        ({"version": 99, "pipeline": []}, "format version 99, this gristmill reads version 1"),
+        ("v99:abc", "format version 99, this gristmill reads version 1"),
         ("garbage", "entry is corrupted"),
         ({"version": 1}, "entry is corrupted"),
     ],

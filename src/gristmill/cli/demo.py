@@ -116,10 +116,10 @@ def run_demo(
     out.write(f"bottleneck: {stats.bottleneck()}\n\n")
 
     assert state is not None
-    nodes = len(state.get("__gristmill__", {}).get("pipeline", ()))
+    meta = state.get("__gristmill__", "")
     out.write(
         f"checkpoint after batch {checkpoint_at}: {gm.checkpoint.to_grain_state(state)} "
-        f"(+ format version and a {nodes}-node pipeline description)\n"
+        f"(+ format version and pipeline fingerprint {meta!r})\n"
     )
     restored = iter(build(data, seed=seed, threads=max(1, threads // 2), batch_size=batch_size))
     restored.set_state(state)

@@ -2,14 +2,16 @@
 
 An iterator's state is Grain's shape (a nested dict of logical positions). The iterator the
 user holds — the root of the iterator tree — adds one key, ``STATE_KEY``, holding the state
-format version and the pipeline's node descriptions (types and structural parameters; never
-thread or buffer options, so a state restores under any of them). Restoring checks them and
-names the first node that differs. A state without the key (written by Grain 0.2.18, or by
-a nested iterator) is accepted as is: its shape is checked by each node.
+format version and a fingerprint of the pipeline: a short hash of each node's description
+(type and structural parameters; never thread or buffer options, so a state restores under
+any of them). Restoring checks them and names the first node that differs. A state without
+the key (written by Grain 0.2.18, or by a nested iterator) is accepted as is: its shape is
+checked by each node.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,12 +23,30 @@ class StateMismatchError(ValueError):
     """A state does not belong to this pipeline (or to this version of gristmill)."""
 
 
-def with_metadata(state: dict[str, Any], pipeline: Sequence[str]) -> dict[str, Any]:
-    """``state`` plus the version and pipeline description (a new dict)."""
-    return {**state, STATE_KEY: {"version": STATE_VERSION, "pipeline": list(pipeline)}}
+class Pipeline:
+    """A pipeline's node descriptions and their compact fingerprint (computed once).
+
+    The fingerprint is one 6-hex-digit hash per node, joined by dots: small in every state,
+    and enough to say which node differs.
+    """
+
+    __slots__ = ("fingerprint", "nodes")
+
+    def __init__(self, nodes: Sequence[str]) -> None:
+        self.nodes = list(nodes)
+        self.fingerprint = ".".join(_node_hash(node) for node in self.nodes)
 
 
-def without_metadata(state: Any, pipeline: Sequence[str]) -> Any:
+def _node_hash(node: str) -> str:
+    return hashlib.blake2s(node.encode(), digest_size=3).hexdigest()
+
+
+def with_metadata(state: dict[str, Any], pipeline: Pipeline) -> dict[str, Any]:
+    """``state`` plus ``"v<version>:<fingerprint>"`` under ``STATE_KEY`` (a new dict)."""
+    return {**state, STATE_KEY: f"v{STATE_VERSION}:{pipeline.fingerprint}"}
+
+
+def without_metadata(state: Any, pipeline: Pipeline) -> Any:
     """Checks ``state``'s metadata against ``pipeline``; returns the state without it.
 
     Raises:
@@ -35,20 +55,19 @@ def without_metadata(state: Any, pipeline: Sequence[str]) -> Any:
     if not isinstance(state, dict) or STATE_KEY not in state:
         return state  # a Grain state, or not a dict: the nodes check the shape
     meta = state[STATE_KEY]
-    if not isinstance(meta, dict) or not isinstance(meta.get("pipeline"), list):
+    version, _, fingerprint = meta.partition(":") if isinstance(meta, str) else ("", "", "")
+    if not version.startswith("v") or not version[1:].isdigit():
         raise StateMismatchError(
-            f"the state's {STATE_KEY!r} entry is corrupted: expected a dict with 'version' and "
-            f"'pipeline', got {meta!r}; pass a dict returned by get_state()"
+            f"the state's {STATE_KEY!r} entry is corrupted: expected 'v<version>:<fingerprint>', "
+            f"got {meta!r}; pass a dict returned by get_state()"
         )
-    version = meta.get("version")
-    if version != STATE_VERSION:
+    if int(version[1:]) != STATE_VERSION:
         raise StateMismatchError(
-            f"the state has format version {version!r}, this gristmill reads version "
+            f"the state has format version {version[1:]}, this gristmill reads version "
             f"{STATE_VERSION}; restore it with the gristmill version that saved it"
         )
-    saved = meta["pipeline"]
-    if saved != list(pipeline):
-        raise StateMismatchError(_first_difference(saved, list(pipeline)))
+    if fingerprint != pipeline.fingerprint:
+        raise StateMismatchError(_first_difference(fingerprint.split("."), pipeline))
     return {key: value for key, value in state.items() if key != STATE_KEY}
 
 
@@ -69,19 +88,23 @@ def to_grain_state(state: Any) -> Any:
     return state
 
 
-def _first_difference(saved: list[Any], current: list[str]) -> str:
+def _first_difference(saved: list[str], pipeline: Pipeline) -> str:
+    current = pipeline.fingerprint.split(".")
     for position, (old, new) in enumerate(zip(saved, current, strict=False)):
         if old != new:
+            node = pipeline.nodes[position]
             return (
-                f"the state belongs to another pipeline: node {position} was {old!r} when it "
-                f"was saved, and is {new!r} here; restore it into the pipeline that saved it"
+                f"the state belongs to another pipeline: node {position} ({node!r} here) is not "
+                "the node that saved it; restore it into the pipeline that saved it (or pass "
+                "gristmill.checkpoint.to_grain_state(state) to skip this check)"
             )
     if len(saved) > len(current):
         return (
-            f"the state belongs to another pipeline: it has {len(saved)} nodes, this one "
-            f"{len(current)} (the first missing here: {saved[len(current)]!r})"
+            f"the state belongs to another pipeline: it was saved from {len(saved)} nodes, this "
+            f"pipeline has {len(current)}; restore it into the pipeline that saved it"
         )
     return (
-        f"the state belongs to another pipeline: it has {len(saved)} nodes, this one "
-        f"{len(current)} (the first extra here: {current[len(saved)]!r})"
+        f"the state belongs to another pipeline: it was saved from {len(saved)} nodes, this "
+        f"pipeline has {len(current)} (the first extra one: {pipeline.nodes[len(saved)]!r}); "
+        "restore it into the pipeline that saved it"
     )

@@ -110,6 +110,18 @@ async def _await_directory(directory: Any) -> Any:
     return directory
 
 
+class _SingleParent:
+    """``DatasetIterator._parent`` when ``__init__`` did not set it: explains the problem.
+
+    A non-data descriptor, so the instance attribute set by ``__init__`` takes precedence.
+    """
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        return _single_parent(obj, getattr(obj, "_parents", ()))
+
+
 def mark_nested(iterator: Any) -> None:
     """Marks an iterator whose state is part of another's: it adds no metadata."""
     # An object that refuses attributes is not one of ours: it adds no metadata anyway.
@@ -127,10 +139,12 @@ class DatasetIterator(Generic[T], abc.ABC):
         self._closed = False
         for parent in self._parents:
             mark_nested(parent)
+        if len(self._parents) == 1:
+            self._parent = self._parents[0]  # a plain attribute: read on every next()
 
-    @property
-    def _parent(self) -> DatasetIterator[Any]:
-        return _single_parent(self, self._parents)  # type: ignore[no-any-return]
+    _parent: DatasetIterator[Any] = _SingleParent()  # type: ignore[assignment]
+    _is_root = True  # False once another iterator's state includes this one's
+    _pipeline_cache: state_meta.Pipeline | None = None
 
     def __iter__(self) -> DatasetIterator[T]:
         return self
@@ -173,20 +187,20 @@ class DatasetIterator(Generic[T], abc.ABC):
 
     def _export_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """``state`` as ``get_state()`` returns it: with metadata when this is the root."""
-        if not getattr(self, "_is_root", True):
+        if not self._is_root:
             return state
-        pipeline = getattr(self, "_pipeline_cache", None)
+        pipeline = self._pipeline_cache
         if pipeline is None:
-            pipeline = self._pipeline_cache = self._pipeline()
+            pipeline = self._pipeline_cache = state_meta.Pipeline(self._pipeline())
         return state_meta.with_metadata(state, pipeline)
 
     def _import_state(self, state: Any) -> Any:
         """``state`` given to ``set_state()``, checked and stripped of metadata at the root."""
-        if not getattr(self, "_is_root", True):
+        if not self._is_root:
             return state
-        pipeline = getattr(self, "_pipeline_cache", None)
+        pipeline = self._pipeline_cache
         if pipeline is None:
-            pipeline = self._pipeline_cache = self._pipeline()
+            pipeline = self._pipeline_cache = state_meta.Pipeline(self._pipeline())
         return state_meta.without_metadata(state, pipeline)
 
     async def save(self, directory: Any) -> None:

@@ -96,3 +96,14 @@ def stack(elements: Sequence[Any]) -> Any:
     if not elements:
         raise ValueError("cannot batch an empty list of elements")
     return _map(_stack_leaves, elements, "")
+
+
+def leaves(tree: Any) -> list[Any]:
+    """The leaves of ``tree`` in flattening order (mappings in insertion order)."""
+    if isinstance(tree, _PLAIN_LEAVES):
+        return [tree]
+    if isinstance(tree, Mapping):
+        return [leaf for value in tree.values() for leaf in leaves(value)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for item in tree for leaf in leaves(item)]
+    return [tree]

@@ -1,6 +1,7 @@
 """The lazy dataset graph. Importing this package registers every transformation."""
 
 from gristmill._src.dataset import (  # noqa: F401  (imported for registration)
+    apply,
     batching,
     combine,
     flatmap,

@@ -1,4 +1,10 @@
-"""``FlatMapMapDataset``: a 1:N transformation kept random-access with fixed fan-out slots."""
+"""1:N transformations: FlatMapMapDataset (random access, fixed fan-out slots) and
+FlatMapIterDataset (the flattened stream).
+
+FlatMapIterDataset's state is Grain 0.2.18's ``{'parent': …, 'next_index_in_buffer': k}``:
+the parent's state before the element being expanded, and how many of its outputs were
+delivered. Restoring re-reads that element and expands it again (nothing is buffered).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,22 @@ import numpy as np
 
 from gristmill._src.core import transforms, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, register
+from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.iter_support import (
+    ForwardingIterator,
+    check_parent,
+    state_count,
+    state_fields,
+)
+
+
+def _check_transform(transform: Any) -> transforms.FlatMap:
+    if not isinstance(transform, transforms.FlatMap):
+        raise TypeError(
+            "transform must be a gristmill.transforms.FlatMap (with max_fan_out and "
+            f"flat_map(x)), got {transform!r} of type {type(transform).__name__}"
+        )
+    return transform
 
 
 @register("flat_map")
@@ -21,11 +43,7 @@ class FlatMapMapDataset(MapDataset[Any]):
 
     def __init__(self, parent: MapDataset[Any], transform: transforms.FlatMap) -> None:
         super().__init__(parent)
-        if not isinstance(transform, transforms.FlatMap):
-            raise TypeError(
-                "transform must be a gristmill.transforms.FlatMap (with max_fan_out and "
-                f"flat_map(x)), got {transform!r} of type {type(transform).__name__}"
-            )
+        _check_transform(transform)
         self._fan_out = validation.check_positive_int(
             getattr(transform, "max_fan_out", None), "transform.max_fan_out"
         )
@@ -58,32 +76,70 @@ class FlatMapMapDataset(MapDataset[Any]):
         return f"FlatMapMapDataset(transform={transforms.describe(self._transform)})"
 
 
-class UnsupportedTransformError(TypeError, NotImplementedError):
-    """``apply`` got an object it cannot dispatch (Grain raised NotImplementedError)."""
+class FlatMapIterDataset(IterDataset[Any]):
+    """Every output of ``transform.flat_map(x)``, for each parent element ``x`` in turn.
+
+    ``flat_map`` may return any iterable; ``max_fan_out`` is not needed here.
+
+    >>> import gristmill as gm
+    >>> class Repeat(gm.transforms.FlatMap):
+    ...     def flat_map(self, x):
+    ...         return [x] * x
+    >>> ds = gm.MapDataset.range(4).to_iter_dataset()
+    >>> list(gm.experimental.FlatMapIterDataset(ds, Repeat()))
+    [1, 2, 2, 3, 3, 3]
+    """
+
+    def __init__(self, parent: IterDataset[Any], transform: transforms.FlatMap) -> None:
+        super().__init__(check_parent(parent, "FlatMapIterDataset"))
+        self._transform = _check_transform(transform)
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        return _FlatMapIterator(iter(self._parent), self._transform.flat_map)
+
+    def __str__(self) -> str:
+        return f"FlatMapIterDataset(transform={transforms.describe(self._transform)})"
 
 
-@register("apply")
-def apply_transformations(ds: MapDataset[Any], transformations: Any) -> MapDataset[Any]:
-    """Applies a transformation object, or a sequence of them, in order."""
-    if not isinstance(transformations, (list, tuple)):
-        transformations = [transformations]
-    for t in transformations:
-        if isinstance(t, transforms.Batch):
-            ds = ds.batch(t.batch_size, drop_remainder=t.drop_remainder, batch_fn=t.batch_fn)
-        elif isinstance(t, transforms.Map):
-            ds = ds.map(t)
-        elif isinstance(t, (transforms.RandomMap, transforms.TfRandomMap)):
-            ds = ds.random_map(t)
-        elif isinstance(t, transforms.MapWithIndex):
-            ds = ds.map_with_index(t)
-        elif isinstance(t, transforms.FlatMap):
-            ds = FlatMapMapDataset(ds, t)
-        elif isinstance(t, transforms.Filter):
-            ds = ds.filter(t)
-        else:
-            raise UnsupportedTransformError(
-                f"transformations must be gristmill.transforms objects (Map, RandomMap, "
-                f"TfRandomMap, MapWithIndex, FlatMap, Filter, Batch), got {t!r} of type "
-                f"{type(t).__name__}; for a plain function use ds.map(fn) instead of apply"
-            )
-    return ds
+class _FlatMapIterator(ForwardingIterator):
+    def __init__(self, parent: DatasetIterator[Any], flat_map: Any) -> None:
+        super().__init__(parent)
+        self._flat_map = flat_map
+        self._state_before = parent.get_state()  # the parent's state before `_outputs`' input
+        self._outputs: list[Any] = []
+        self._delivered = 0
+
+    def __next__(self) -> Any:
+        self._check_open()
+        while self._delivered >= len(self._outputs):
+            self._state_before = self._parent.get_state()
+            element = next(self._parent)
+            self._outputs = list(self._flat_map(element))
+            self._delivered = 0
+        output = self._outputs[self._delivered]
+        self._delivered += 1
+        return output
+
+    def _describe(self) -> str:
+        return "flat_map"
+
+    def get_state(self) -> dict[str, Any]:
+        return self._export_state(
+            {"parent": self._state_before, "next_index_in_buffer": self._delivered}
+        )
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = self._import_state(state)
+        owner = "FlatMapIterDataset"
+        parent, delivered = state_fields(state, owner, ("parent", "next_index_in_buffer"))
+        delivered = state_count(delivered, owner, "next_index_in_buffer")
+        self._parent.set_state(parent)
+        self._state_before = self._parent.get_state()
+        try:
+            element = next(self._parent)
+        except StopIteration:
+            # Restored at the very end: nothing left to expand (and no stale outputs).
+            self._outputs, self._delivered = [], 0
+            return
+        self._outputs = list(self._flat_map(element))
+        self._delivered = delivered

@@ -93,6 +93,10 @@ class IterDataset(Generic[T], abc.ABC):
         """Groups ``batch_size`` consecutive elements; leaves are stacked by default."""
         return op("iter.batch")(self, batch_size, drop_remainder, batch_fn)  # type: ignore[no-any-return]
 
+    def apply(self, transformations: Any) -> IterDataset[Any]:
+        """Applies a transformation object or a sequence of them, in order."""
+        return op("apply")(self, transformations)  # type: ignore[no-any-return]
+
     @abc.abstractmethod
     def __iter__(self) -> DatasetIterator[T]:
         """A new iterator positioned at the start."""

@@ -1,15 +1,19 @@
 """Experimental API (Grain-compatible names); grows as features land."""
 
 from gristmill._src.checkpoint.testing import assert_equal_output_after_checkpoint
+from gristmill._src.core.dataset_options import DatasetOptions, ExecutionTrackingMode
 from gristmill._src.core.index_shuffle import index_shuffle
+from gristmill._src.core.specs import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
 from gristmill._src.core.transforms import FlatMap as FlatMapTransform
 from gristmill._src.core.transforms import MapWithIndex as MapWithIndexTransform
+from gristmill._src.core.tree import batch_and_pad
 from gristmill._src.dataset.apply import apply_transformations
 from gristmill._src.dataset.cache import CacheIterDataset
 from gristmill._src.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from gristmill._src.dataset.interleave import InterleaveIterDataset
 from gristmill._src.dataset.iter_slicing import LimitIterDataset, RepeatIterDataset
 from gristmill._src.dataset.perf_config import PerformanceConfig, pick_performance_config
+from gristmill._src.dataset.positions import get_next_index, set_next_index
 from gristmill._src.dataset.prefetch import (
     ThreadPrefetchDatasetIterator,
     ThreadPrefetchIterDataset,
@@ -20,13 +24,18 @@ from gristmill._src.dataset.window_shuffle import (
     WindowShuffleIterDataset,
     WindowShuffleMapDataset,
 )
+from gristmill._src.dataset.with_options import WithOptionsIterDataset
 from gristmill._src.dataset.zipping import ZipIterDataset, ZipMapDataset
 from gristmill._src.engine.reporting import log_statistics_every
+from gristmill._src.loader.elastic import ElasticIterator
 from gristmill._src.public import export as _export
 
 _export(
     "gristmill.experimental",
     CacheIterDataset,
+    DatasetOptions,
+    ElasticIterator,
+    ExecutionTrackingMode,
     FlatMapIterDataset,
     FlatMapMapDataset,
     InterleaveIterDataset,
@@ -34,35 +43,48 @@ _export(
     PerformanceConfig,
     RebatchIterDataset,
     RepeatIterDataset,
+    ShapeDtypeStruct,
+    ShapeDtypeStructProtocol,
     ThreadPrefetchDatasetIterator,
     ThreadPrefetchIterDataset,
     WindowShuffleIterDataset,
     WindowShuffleMapDataset,
+    WithOptionsIterDataset,
     ZipIterDataset,
     ZipMapDataset,
 )
 
 __all__ = [
     "CacheIterDataset",
+    "DatasetOptions",
+    "ElasticIterator",
+    "ExecutionTrackingMode",
     "FlatMapIterDataset",
     "FlatMapMapDataset",
     "FlatMapTransform",
-    "MapWithIndexTransform",
     "InterleaveIterDataset",
     "LimitIterDataset",
+    "MapWithIndexTransform",
     "PerformanceConfig",
     "RebatchIterDataset",
     "RepeatIterDataset",
+    "ShapeDtypeStruct",
+    "ShapeDtypeStructProtocol",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
     "WindowShuffleIterDataset",
     "WindowShuffleMapDataset",
+    "WithOptionsIterDataset",
     "ZipIterDataset",
     "ZipMapDataset",
     "apply_transformations",
     "assert_equal_output_after_checkpoint",
+    "batch_and_pad",
+    "get_element_spec",
+    "get_next_index",
     "index_shuffle",
     "log_statistics_every",
     "multithread_prefetch",
     "pick_performance_config",
+    "set_next_index",
 ]

@@ -256,17 +256,15 @@ def test_root_states_carry_the_pipeline_and_reject_another_one():
     iterator = iter(ds)
     next(iterator)
     state = iterator.get_state()
-    assert state["__gristmill__"]["pipeline"] == [
-        "limit(3)",
-        "repeat(num_epochs=None)",
-        "to_iter_dataset(Range, len=4)",
-    ]
+    version, fingerprint = state["__gristmill__"].split(":")
+    assert version == "v1"
+    assert len(fingerprint.split(".")) == 3  # limit, repeat, to_iter_dataset
     assert gm.checkpoint.to_grain_state(state) == {
         "parent": {"parent": {"next_index": 1}, "epoch": 0},
         "count_elements_read": 1,
     }
     other = iter(X.LimitIterDataset(X.RepeatIterDataset(it_range(4)), 5))
-    with raises(gm.checkpoint.StateMismatchError, "limit(3)", "limit(5)"):
+    with raises(gm.checkpoint.StateMismatchError, "node 0", "limit(5)"):
         other.set_state(state)
 
 

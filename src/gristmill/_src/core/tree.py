@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.core import validation
+
 # Common leaf types, checked first: isinstance against the Mapping ABC is slow per element.
 _PLAIN_LEAVES = (int, float, complex, str, bytes, np.ndarray, np.generic, type(None))
 
@@ -107,3 +109,40 @@ def leaves(tree: Any) -> list[Any]:
     if isinstance(tree, (list, tuple)):
         return [leaf for item in tree for leaf in leaves(item)]
     return [tree]
+
+
+def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0) -> Any:
+    """Stacks ``values`` leaf-wise into a batch of ``batch_size``, padding with ``pad_value``.
+
+    Pass it as ``batch_fn`` (with ``functools.partial``) to keep the last, short batch at
+    full size instead of dropping it. Each padded leaf is ``pad_value`` cast to the dtype
+    of that leaf in ``values[0]``.
+
+    Raises:
+      ValueError: ``values`` is empty or longer than ``batch_size``, or the elements'
+        structures differ.
+
+    >>> batch_and_pad([1, 2], batch_size=3).tolist()
+    [1, 2, 0]
+    >>> batch_and_pad([{"a": 1.5}], batch_size=2, pad_value=-1)
+    {'a': array([ 1.5, -1. ])}
+    """
+    validation.check_positive_int(batch_size, "batch_size")
+    if not len(values):
+        raise ValueError("Cannot batch 0 values: values must hold at least one element")
+    if len(values) > batch_size:
+        raise ValueError(
+            f"Cannot batch {len(values)} values to {batch_size}: values must have at most "
+            f"batch_size elements; use batch_fn=functools.partial(batch_and_pad, "
+            f"batch_size={len(values)}) or a larger batch size"
+        )
+    stacked = stack(values)
+    padding = batch_size - len(values)
+    if not padding:
+        return stacked
+
+    def pad(batch: np.ndarray, first: Any) -> np.ndarray:
+        fill = np.full((padding, *batch.shape[1:]), pad_value, dtype=np.asarray(first).dtype)
+        return np.concatenate([batch, fill])
+
+    return _map(pad, [stacked, values[0]], "")

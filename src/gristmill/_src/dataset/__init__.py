@@ -5,6 +5,7 @@ from gristmill._src.dataset import (  # noqa: F401  (imported for registration)
     batching,
     combine,
     flatmap,
+    iter_mix,
     iter_ops,
     mapping,
     perf_config,

@@ -191,6 +191,14 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
     def __iter__(self) -> DatasetIterator[T]:
         return iter(self.to_iter_dataset())
 
+    @property
+    def _element_spec(self) -> Any:
+        """The structure, shapes and dtypes of the elements, found without reading data."""
+        raise NotImplementedError(
+            f"element spec inference is not implemented for {type(self).__name__}; "
+            "get_element_spec needs every node of the pipeline to support it"
+        )
+
     def __str__(self) -> str:
         return type(self).__name__
 

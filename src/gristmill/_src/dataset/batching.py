@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from gristmill._src.core import tree, validation
+from gristmill._src.core import specs, tree, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, register
 
 _INT64_MAX = 2**63 - 1
@@ -94,6 +94,12 @@ class BatchMapDataset(MapDataset[Any]):
             out.append(self._batch_fn(elements[start:stop]))
             start = stop
         return out
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.batched(
+            self._parent, self._batch_size, self._drop_remainder, self._batch_fn, tree.stack
+        )
 
     def __str__(self) -> str:
         return (

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 # Vectorised mix arithmetic multiplies an index by a proportion; beyond this, exact Python ints.
@@ -136,6 +136,10 @@ class MixedMapDataset(MapDataset[Any]):
         which, local = mix_positions(indices, self._proportions)
         return _read_grouped(self._parents, which, local)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parents[0])
+
     def __str__(self) -> str:
         return f"MixedMapDataset[{len(self._parents)} parents]"
 
@@ -180,6 +184,10 @@ class ConcatenateMapDataset(MapDataset[Any]):
         local = (j - starts[which] + epochs * lengths[which]).astype(np.int64)
         return _read_grouped(self._parents, which, local)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parents[0])
+
     def __str__(self) -> str:
         return f"ConcatenateMapDataset[{len(self._parents)} parents]"
 
@@ -219,6 +227,10 @@ class SelectionMapDataset(MapDataset[Any]):
         which = np.fromiter((d for d, _ in pairs), dtype=np.int64, count=len(pairs))
         local = np.fromiter((j for _, j in pairs), dtype=np.int64, count=len(pairs))
         return _read_grouped(self._parents, which, local)
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parents[0])
 
     def __str__(self) -> str:
         return f"SelectionMapDataset[{len(self._parents)} parents]"

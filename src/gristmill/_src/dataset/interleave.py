@@ -22,7 +22,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
+from gristmill._src.core.dataset_options import IteratorContext
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
@@ -97,6 +98,10 @@ class InterleaveIterDataset(IterDataset[Any]):
             make_iter_buffer_size=self._make_iter_buffer_size,
         )
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._datasets[0])
+
     def __str__(self) -> str:
         return (
             f"InterleaveIterDataset([{len(self._datasets)} datasets], "
@@ -104,7 +109,9 @@ class InterleaveIterDataset(IterDataset[Any]):
         )
 
 
-def _open(datasets: Any, index: int, iter_buffer_size: int) -> DatasetIterator[Any]:
+def _open(
+    datasets: Any, index: int, iter_buffer_size: int, ctx: IteratorContext
+) -> DatasetIterator[Any]:
     dataset = datasets[index]
     if not isinstance(dataset, (IterDataset, MapDataset)):
         raise TypeError(
@@ -115,6 +122,9 @@ def _open(datasets: Any, index: int, iter_buffer_size: int) -> DatasetIterator[A
     if iter_buffer_size:
         iterator = ThreadPrefetchDatasetIterator(iterator, iter_buffer_size)
     mark_nested(iterator)  # its state is part of the interleave's
+    own = getattr(iterator, "_ctx", None)
+    if own is not None:  # the interleave's options (explicit fields) reach the datasets
+        own.options = ctx.options.merge(own.options)
     return iterator
 
 
@@ -184,7 +194,9 @@ class _OpenedAhead:
         self.discard()
 
 
-def _opener(datasets: Any, iter_buffer_size: int, ahead: _OpenedAhead) -> ReadFn:
+def _opener(
+    datasets: Any, iter_buffer_size: int, ahead: _OpenedAhead, ctx: IteratorContext
+) -> ReadFn:
     """``read(a, b)`` for the runner: opens datasets ``a .. b-1`` and starts their prefetch.
 
     It refers to the datasets and the registry only, never to the interleave iterator, so a
@@ -196,7 +208,7 @@ def _opener(datasets: Any, iter_buffer_size: int, ahead: _OpenedAhead) -> ReadFn
         opened: list[DatasetIterator[Any]] = []
         try:
             for index in range(start, stop):
-                opened.append(_open(datasets, index, iter_buffer_size))
+                opened.append(_open(datasets, index, iter_buffer_size, ctx))
                 opened[-1].start_prefetch()
         except BaseException:
             _close_all(opened)  # the runner re-reads them one by one to locate the error
@@ -243,7 +255,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
             self._runner = OrderedChunkRunner(
-                _opener(self._datasets, self._iter_buffer_size, self._ahead),
+                _opener(self._datasets, self._iter_buffer_size, self._ahead, self._ctx),
                 self._position,
                 self._count,
                 workers=self._make_iter_threads,
@@ -305,7 +317,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
             if self._open_ahead and index == self._position:
                 iterator = self._take_opened(index)
             else:
-                iterator = _open(self._datasets, index, self._iter_buffer_size)
+                iterator = _open(self._datasets, index, self._iter_buffer_size, self._ctx)
             self._iterators[slot] = iterator
         return iterator
 
@@ -386,13 +398,25 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._in_use = indices
         self._iterators = [None] * len(indices)
         for slot, (index, slot_state) in enumerate(zip(indices, states, strict=True)):
-            iterator = _open(self._datasets, index, self._iter_buffer_size)
+            iterator = _open(self._datasets, index, self._iter_buffer_size, self._ctx)
             self._iterators[slot] = iterator
             iterator.set_state(slot_state)
         self._exhausted = exhausted
         self._next_in_cycle = next_in_cycle
         self._next_in_datasets = next_in_datasets
         self._reposition(next_in_datasets)
+
+    def _get_next_index(self) -> int:
+        if self._count != 1:
+            return super()._get_next_index()  # raises: the position of several is no count
+        return self._slot_iterator(0)._get_next_index()
+
+    def _set_next_index(self, index: int) -> None:
+        if self._count != 1:
+            super()._set_next_index(index)  # raises
+        self._slot_iterator(0)._set_next_index(index)
+        self._exhausted[0] = 0  # it may have more elements from there
+        self._next_in_cycle = 0
 
     def statistics(self) -> PipelineStatistics:
         """A snapshot of the stage that opens iterators ahead (no stage when on demand)."""

@@ -11,12 +11,13 @@ import abc
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.checkpoint import files
 from gristmill._src.core import seeds
 from gristmill._src.core import state as state_meta
+from gristmill._src.core.dataset_options import IteratorContext
 from gristmill._src.dataset.base import MapDataset, op
 
 T = TypeVar("T")
@@ -32,7 +33,23 @@ def _single_parent(owner: object, parents: tuple[Any, ...]) -> Any:
     return parents[0]
 
 
-class IterDataset(Generic[T], abc.ABC):
+class _IterDatasetMeta(abc.ABCMeta):
+    """Holds the factories, so they exist on the class but not on instances (as upstream)."""
+
+    def mix(
+        cls,
+        datasets: Sequence[IterDataset[Any]] | Mapping[str, IterDataset[Any]],
+        weights: Sequence[float] | Mapping[str, float] | None = None,
+    ) -> IterDataset[Any]:
+        """Interleaves ``datasets`` in proportion to ``weights``; ends when one runs out.
+
+        ``datasets`` is a sequence or a mapping of names to datasets; with a mapping,
+        ``weights`` (a mapping too) is paired with it by name.
+        """
+        return op("iter.mix")(datasets, weights)  # type: ignore[no-any-return]
+
+
+class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
     """A lazy, sequential dataset: ``iter(ds)`` returns a checkpointable DatasetIterator."""
 
     def __init__(self, parents: Any = ()) -> None:
@@ -101,6 +118,14 @@ class IterDataset(Generic[T], abc.ABC):
     def __iter__(self) -> DatasetIterator[T]:
         """A new iterator positioned at the start."""
 
+    @property
+    def _element_spec(self) -> Any:
+        """The structure, shapes and dtypes of the elements, found without reading data."""
+        raise NotImplementedError(
+            f"element spec inference is not implemented for {type(self).__name__}; "
+            "get_element_spec needs every node of the pipeline to support it"
+        )
+
     def __str__(self) -> str:
         return type(self).__name__
 
@@ -133,6 +158,33 @@ def mark_nested(iterator: Any) -> None:
         iterator._is_root = False
 
 
+def share_context(iterator: Any, ctx: IteratorContext) -> None:
+    """Makes ``iterator`` and its ancestors use ``ctx``."""
+    pending = [iterator]
+    while pending:
+        node = pending.pop()
+        if getattr(node, "_ctx", None) is ctx:
+            continue
+        with contextlib.suppress(AttributeError):
+            node._ctx = ctx
+        pending.extend(getattr(node, "_parents", ()))
+
+
+def _joint_context(parents: Sequence[Any]) -> IteratorContext:
+    """One context for an iterator and all its parents' trees (the first parent's wins)."""
+    first: IteratorContext | None = getattr(parents[0], "_ctx", None) if parents else None
+    ctx = IteratorContext() if first is None else first
+    if first is None and parents:
+        share_context(parents[0], ctx)
+    for parent in parents[1:]:
+        other = getattr(parent, "_ctx", None)
+        if other is not ctx:
+            if other is not None:
+                ctx.merge(other)
+            share_context(parent, ctx)
+    return ctx
+
+
 class DatasetIterator(Generic[T], abc.ABC):
     """An iterator with ``get_state()`` / ``set_state()``; ``close()`` releases resources."""
 
@@ -145,6 +197,8 @@ class DatasetIterator(Generic[T], abc.ABC):
             mark_nested(parent)
         if len(self._parents) == 1:
             self._parent = self._parents[0]  # a plain attribute: read on every next()
+        # The pipeline's options, shared by every iterator of the tree (WithOptionsIterDataset).
+        self._ctx = _joint_context(self._parents)
 
     _parent: DatasetIterator[Any] = _SingleParent()  # type: ignore[assignment]
     _is_root = True  # False once another iterator's state includes this one's
@@ -167,6 +221,28 @@ class DatasetIterator(Generic[T], abc.ABC):
 
     def start_prefetch(self) -> None:
         """Starts background work early (no-op for iterators without any)."""
+
+    # -- positions by output count (experimental.get_next_index / set_next_index) -------
+
+    def _get_next_index(self) -> int:
+        """How many elements this iterator has produced (the index of the next one).
+
+        Override where the position is known without reading data; the default raises.
+        """
+        raise NotImplementedError(
+            f"get_next_index is not supported by {type(self).__name__.lstrip('_')}: its "
+            "position is not a count of outputs (filter, packing, mix, interleave of several "
+            "datasets); use get_state() / set_state() instead"
+        )
+
+    def _set_next_index(self, index: int) -> None:
+        """Moves to output ``index`` without computing any element; the default raises."""
+        raise NotImplementedError(
+            f"set_next_index is not supported by {type(self).__name__.lstrip('_')}: reaching "
+            "an output position would need computing the elements before it (filter, "
+            "packing, mix, interleave of several datasets); use get_state() / set_state() "
+            "instead"
+        )
 
     # -- checkpoint metadata (see core/state.py) ----------------------------------------
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gristmill._src.core import transforms, tree, validation
+from gristmill._src.core import specs, transforms, tree, validation
+from gristmill._src.core.dataset_options import FilterRatioCheck
 from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
@@ -56,6 +57,10 @@ class WithSeedIterDataset(IterDataset[Any]):
     def _own_seed(self) -> int:
         return self._seed_value
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
+
     def __iter__(self) -> DatasetIterator[Any]:
         iterator: DatasetIterator[Any] = iter(self._parent)
         return iterator
@@ -72,6 +77,12 @@ class _MapIterator(_OneParentIterator):
     def _describe(self) -> str:
         return "map"
 
+    def _get_next_index(self) -> int:
+        return self._parent._get_next_index()
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index)
+
 
 @register("iter.map")
 class MapIterDataset(IterDataset[Any]):
@@ -85,24 +96,48 @@ class MapIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _MapIterator(iter(self._parent), self._fn)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.from_transform(self._transform, self._parent)
+
     def __str__(self) -> str:
         return f"MapIterDataset(transform={transforms.describe(self._transform)})"
 
 
+_UNCHECKED: Any = object()  # a filter's ratio check before its first element
+
+
 class _FilterIterator(_OneParentIterator):
-    def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any]) -> None:
+    def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any], name: str) -> None:
         super().__init__(parent)
         self._fn = fn
+        self._name = name
+        # Made at the first element: the pipeline's options are final only then.
+        self._check: FilterRatioCheck | None = _UNCHECKED
 
     def _describe(self) -> str:
         return "filter"
 
     def __next__(self) -> Any:
-        parent, fn = self._parent, self._fn
+        parent, fn, check = self._parent, self._fn, self._check
+        if check is _UNCHECKED:
+            check = self._check = FilterRatioCheck.for_options(self._name, self._ctx.options)
+        if check is None:
+            while True:
+                element = next(parent)
+                if fn(element):
+                    return element
         while True:
             element = next(parent)
             if fn(element):
+                check.left -= 1
+                if not check.left:
+                    check.close_window()
                 return element
+            check.skipped += 1
+            check.left -= 1
+            if not check.left:
+                check.close_window()
 
 
 @register("iter.filter")
@@ -115,7 +150,12 @@ class FilterIterDataset(IterDataset[Any]):
         self._fn = transforms.filter_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
-        return _FilterIterator(iter(self._parent), self._fn)
+        name = f"filter({transforms.describe(self._transform)})"
+        return _FilterIterator(iter(self._parent), self._fn, name)
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
 
     def __str__(self) -> str:
         return f"FilterIterDataset(transform={transforms.describe(self._transform)})"
@@ -155,6 +195,13 @@ class _CountingIterator(DatasetIterator[Any]):
     def start_prefetch(self) -> None:
         self._parent.start_prefetch()
 
+    def _get_next_index(self) -> int:
+        return self._count
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index)
+        self._count = index
+
 
 @register("iter.random_map")
 class RandomMapIterDataset(IterDataset[Any]):
@@ -176,6 +223,10 @@ class RandomMapIterDataset(IterDataset[Any]):
 
         return _CountingIterator(iter(self._parent), apply, "index_for_rng")
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.from_transform(self._transform, self._parent)
+
     def __str__(self) -> str:
         return f"RandomMapIterDataset(transform={transforms.describe(self._transform)})"
 
@@ -191,6 +242,10 @@ class MapWithIndexIterDataset(IterDataset[Any]):
 
     def __iter__(self) -> DatasetIterator[Any]:
         return _CountingIterator(iter(self._parent), self._fn, "counter")
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.from_transform(self._transform, self._parent)
 
     def __str__(self) -> str:
         return f"MapWithIndexIterDataset(transform={transforms.describe(self._transform)})"
@@ -224,6 +279,12 @@ class _BatchIterator(_OneParentIterator):
             raise StopIteration
         return self._batch_fn(elements)
 
+    def _get_next_index(self) -> int:
+        return -(-self._parent._get_next_index() // self._batch_size)
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index * self._batch_size)
+
 
 @register("iter.batch")
 class BatchIterDataset(IterDataset[Any]):
@@ -246,6 +307,12 @@ class BatchIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _BatchIterator(
             iter(self._parent), self._batch_size, self._drop_remainder, self._batch_fn
+        )
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.batched(
+            self._parent, self._batch_size, self._drop_remainder, self._batch_fn, tree.stack
         )
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.core import specs, transforms
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.iter_ops import FilterIterDataset, MapIterDataset
@@ -30,11 +31,22 @@ def _name_of(fn: Callable[..., Any]) -> str:
 class FusedPrefetchIterDataset(IterDataset[Any]):
     """A ``to_iter_dataset`` node with element-wise IterDataset ops run in its stage."""
 
-    def __init__(self, source: PrefetchIterDataset, ops: FusedOps, options: ReadOptions) -> None:
+    def __init__(
+        self,
+        source: PrefetchIterDataset,
+        ops: FusedOps,
+        options: ReadOptions,
+        replaces: IterDataset[Any],
+    ) -> None:
         super().__init__(source._parent)
         self._source = source
         self._ops = ops
         self._options = options
+        self._replaces = replaces  # the top node of the fused chain: same elements
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._replaces)
 
     def __iter__(self) -> PrefetchDatasetIterator:
         return PrefetchDatasetIterator(
@@ -69,14 +81,19 @@ def lower(ds: IterDataset[Any], num_threads: int, buffer_size: int) -> IterDatas
         fused += 1
     ops = tuple((_FUSABLE[type(n)], n._fn) for n in above[:fused])  # type: ignore[attr-defined]
     name = "".join(f" → {kind}({_name_of(fn)})" for kind, fn in ops)
+    labels = tuple(
+        f"{kind}({transforms.describe(n._transform)})"  # type: ignore[attr-defined]
+        for (kind, _), n in zip(ops, above[:fused], strict=True)
+    )
     options = source._read_options
     lowered: IterDataset[Any] = FusedPrefetchIterDataset(
         source,
-        FusedOps(ops, name),
+        FusedOps(ops, name, labels),
         ReadOptions(
             num_threads=max(num_threads, options.num_threads),
             prefetch_buffer_size=max(buffer_size, options.prefetch_buffer_size, num_threads),
         ),
+        above[fused - 1] if fused else source,
     )
     for node in above[fused:]:
         node._default_seed  # noqa: B018 (derived from the original graph; the copy keeps it)

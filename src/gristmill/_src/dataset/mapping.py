@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gristmill._src.core import transforms, validation
+from gristmill._src.core import specs, transforms, validation
 from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset.base import IndexArray, MapDataset, register
 from gristmill._src.dataset.shuffle import resolve_seed
@@ -34,6 +34,10 @@ class MapMapDataset(MapDataset[Any]):
     def _read(self, indices: IndexArray) -> list[Any]:
         fn = self._fn
         return [None if x is None else fn(x) for x in self._parent._read(indices)]
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.from_transform(self._transform, self._parent)
 
     def __str__(self) -> str:
         return f"MapMapDataset(transform={transforms.describe(self._transform)})"
@@ -67,6 +71,10 @@ class RandomMapMapDataset(MapDataset[Any]):
             for i, x in zip(indices.tolist(), self._parent._read(indices), strict=True)
         ]
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.from_transform(self._transform, self._parent)
+
     def __str__(self) -> str:
         return f"RandomMapMapDataset(transform={transforms.describe(self._transform)})"
 
@@ -94,6 +102,10 @@ class MapWithIndexMapDataset(MapDataset[Any]):
             for i, x in zip(indices.tolist(), self._parent._read(indices), strict=True)
         ]
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.from_transform(self._transform, self._parent)
+
     def __str__(self) -> str:
         return f"MapWithIndexMapDataset(transform={transforms.describe(self._transform)})"
 
@@ -119,6 +131,10 @@ class FilterMapDataset(MapDataset[Any]):
     def _read(self, indices: IndexArray) -> list[Any]:
         fn = self._fn
         return [x if x is not None and fn(x) else None for x in self._parent._read(indices)]
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
 
     def __str__(self) -> str:
         return f"FilterMapDataset(transform={transforms.describe(self._transform)})"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
@@ -40,6 +40,10 @@ class ThreadPrefetchIterDataset(IterDataset[Any]):
 
     def __iter__(self) -> ThreadPrefetchDatasetIterator:
         return ThreadPrefetchDatasetIterator(iter(self._parent), self._buffer_size)
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
 
     def __str__(self) -> str:
         return f"ThreadPrefetchIterDataset(prefetch_buffer_size={self._buffer_size})"
@@ -120,6 +124,17 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
         self._check_open()
         if self._buffer_size:
             self._start()
+
+    def _get_next_index(self) -> int:
+        self._stop()  # the parent goes back to the position after the last delivered element
+        return self._parent._get_next_index()
+
+    def _set_next_index(self, index: int) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+        self._parent._set_next_index(index)
+        self._state = None
 
     def statistics(self) -> PipelineStatistics:
         upstream = getattr(self._parent, "statistics", None)

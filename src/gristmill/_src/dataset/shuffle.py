@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.core import index_shuffle as perm
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 _U32 = 2**32
@@ -124,6 +124,10 @@ class ShuffleMapDataset(MapDataset[Any]):
             return empty_read(self, indices)
         epochs, positions = np.divmod(indices, n)
         return self._parent._read(self._perm.many(epochs, positions) + epochs * n)
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
 
     def __str__(self) -> str:
         return "ShuffleMapDataset"

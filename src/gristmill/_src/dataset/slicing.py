@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 
@@ -50,6 +50,10 @@ class SliceMapDataset(MapDataset[Any]):
         return self._parent._read(
             self._start + (indices % m) * self._step + (indices // m) * self._parent_length
         )
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
 
     def __str__(self) -> str:
         return f"SliceMapDataset[{self._start}:{self._stop}:{self._step}]"
@@ -101,6 +105,10 @@ class RepeatMapDataset(MapDataset[Any]):
             indices = indices % self._parent_length
         return self._parent._read(indices)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
+
     def __str__(self) -> str:
         return f"RepeatMapDataset(num_epochs={self._num_epochs})"
 
@@ -125,6 +133,10 @@ class _WithSeedMapDataset(MapDataset[Any]):
 
     def _read(self, indices: IndexArray) -> list[Any]:
         return self._parent._read(indices)
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
 
     def __str__(self) -> str:
         return f"WithSeedMapDataset(seed={self._seed_value})"

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 
@@ -100,6 +100,10 @@ class RangeMapDataset(MapDataset[int]):
         if abs(r.start) + abs(r.step) * self._length < 2**62:
             return (r.start + (indices % self._length) * r.step).tolist()  # type: ignore[no-any-return]
         return [r[i % self._length] for i in indices.tolist()]
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.ShapeDtypeStruct(shape=(), dtype=np.int64)
 
     def __str__(self) -> str:
         r = self._range

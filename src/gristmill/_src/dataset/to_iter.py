@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.core import specs
+from gristmill._src.core.dataset_options import WINDOW, FilterRatioCheck
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.base import MapDataset, register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
@@ -46,6 +48,10 @@ class PrefetchIterDataset(IterDataset[Any]):
 
     def __iter__(self) -> PrefetchDatasetIterator:
         return PrefetchDatasetIterator(self._parent, self._read_options, self._allow_nones)
+
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
 
     def __str__(self) -> str:
         return (
@@ -85,8 +91,17 @@ def _reader(ds: MapDataset[Any]) -> Any:
     return read_range
 
 
-DROPPED = object()
-"""What a fused filter (or a filtered hole) yields: the consumer skips it."""
+class Dropped:
+    """What the fused stage yields for an element it drops: the consumer skips it.
+
+    ``stage`` says where: 0 for a filtered-out hole of the MapDataset, ``k`` for the fused
+    op ``ops[k - 1]`` (so each filter's ratio check counts exactly what it would unfused).
+    """
+
+    __slots__ = ("stage",)
+
+    def __init__(self, stage: int) -> None:
+        self.stage = stage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,18 +110,20 @@ class FusedOps:
 
     ops: tuple[tuple[str, Callable[[Any], Any]], ...]  # ("map" | "filter", fn)
     name: str
+    labels: tuple[str, ...] = ()  # each op's name in messages, e.g. "filter(is_even)"
 
     def function(self, allow_nones: bool) -> Callable[[Any], Any]:
-        ops = self.ops
+        ops = [(kind, fn, Dropped(stage)) for stage, (kind, fn) in enumerate(self.ops, 1)]
+        hole = Dropped(0)
 
         def apply_ops(x: Any) -> Any:
             if x is None and not allow_nones:
-                return DROPPED  # a hole the iterator skips, as without fusion
-            for kind, fn in ops:
+                return hole  # a hole the iterator skips, as without fusion
+            for kind, fn, dropped in ops:
                 if kind == "map":
                     x = fn(x)
                 elif not fn(x):
-                    return DROPPED
+                    return dropped
             return x
 
         return apply_ops
@@ -134,6 +151,15 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._runner: OrderedChunkRunner | None = None
         self._stage_name = stage_name(parent) + (fused.name if fused is not None else "")
         self._reporter: PeriodicReporter | None = None
+        # Filtered-ratio checks, made at the first fetch (the pipeline's options are final
+        # then): one for the holes skipped here, one per fused filter. The holes' window
+        # closes when `_next_index` reaches `_window_end` (-1: no check).
+        self._checks_ready = False
+        self._holes_check: FilterRatioCheck | None = None
+        self._window_end = -1
+        self._op_checks: list[tuple[int, FilterRatioCheck]] = []
+        self._kept_stage = len(fused.ops) + 1 if fused is not None else 0  # past every op
+        self._fused_filters = fused is not None and any(kind == "filter" for kind, _ in fused.ops)
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
@@ -168,12 +194,58 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             self._pos += 1
             self._next_index += 1
             if self._fused is not None:
-                if value is not DROPPED:
+                if self._kept_after_fused_ops(value):
                     return value
             elif value is not None or self._allow_nones:
+                if self._next_index == self._window_end:
+                    self._close_holes_window()
                 return value
+            else:
+                if self._holes_check is not None:
+                    self._holes_check.skipped += 1
+                if self._next_index == self._window_end:
+                    self._close_holes_window()
+
+    def _close_holes_window(self) -> None:
+        assert self._holes_check is not None
+        self._window_end += WINDOW
+        self._holes_check.close_window()
+
+    def _kept_after_fused_ops(self, value: Any) -> bool:
+        """Whether ``value`` survived the fused ops; counts it in every check it reached."""
+        stage = value.stage if type(value) is Dropped else self._kept_stage
+        if stage == 0 and self._holes_check is not None:
+            self._holes_check.skipped += 1
+        if self._next_index == self._window_end:
+            self._close_holes_window()
+        if stage:
+            for op_stage, check in self._op_checks:
+                if op_stage > stage:
+                    break
+                check.count(op_stage != stage)
+        return type(value) is not Dropped
+
+    def _make_checks(self) -> None:
+        self._checks_ready = True
+        options = self._ctx.options
+        if not self._allow_nones:
+            self._holes_check = FilterRatioCheck.for_options(
+                f"to_iter_dataset ({self._stage_name}), skipping filtered-out elements,", options
+            )
+            if self._holes_check is not None:
+                self._window_end = self._next_index + self._holes_check.left
+        fused = self._fused
+        if fused is not None:
+            for stage, ((kind, _), label) in enumerate(
+                zip(fused.ops, fused.labels, strict=True), 1
+            ):
+                check = FilterRatioCheck.for_options(label, options) if kind == "filter" else None
+                if check is not None:
+                    self._op_checks.append((stage, check))
 
     def _fetch(self) -> Chunk | None:
+        if not self._checks_ready:
+            self._make_checks()
         runner = self._get_runner()
         try:
             chunk = runner.next_chunk()
@@ -224,10 +296,22 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 f"Checkpoint `next_index` {next_index} is out of range for dataset of "
                 f"length {self._length}; the state belongs to another dataset"
             )
+        if self._holes_check is not None:  # the check's window goes on (as upstream)
+            self._window_end += next_index - self._next_index
         self._next_index = next_index
         self._chunk = None
         if self._runner is not None:
             self._runner.reset(next_index)
+
+    def _get_next_index(self) -> int:
+        if self._fused_filters:
+            return super()._get_next_index()  # raises, as the unfused filter would
+        return self._next_index
+
+    def _set_next_index(self, index: int) -> None:
+        if self._fused_filters:
+            super()._set_next_index(index)  # raises, as the unfused filter would
+        self.set_state({"next_index": index})
 
     def start_prefetch(self) -> None:
         self._check_open()

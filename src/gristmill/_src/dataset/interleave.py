@@ -26,6 +26,7 @@ from gristmill._src.core import specs, validation
 from gristmill._src.core.dataset_options import IteratorContext
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
+from gristmill._src.dataset.iter_support import state_count, state_fields
 from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
@@ -370,27 +371,35 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
-        try:
-            values = {key: state[key] for key in _STATE_KEYS}
-        except (KeyError, TypeError):
-            raise ValueError(
-                f"InterleaveDatasetIterator state must be a dict with keys {list(_STATE_KEYS)}, "
-                f"got {state!r}; pass a dict returned by get_state() of the same pipeline"
-            ) from None
-        indices = list(values["iterators_in_use_indices"])
+        owner = "InterleaveDatasetIterator"
+        values = dict(zip(_STATE_KEYS, state_fields(state, owner, _STATE_KEYS), strict=True))
+        for key in ("iterators_in_use_indices", "iterators_in_use_states", "exhausted"):
+            if not isinstance(values[key], (list, tuple)):
+                raise ValueError(
+                    f"{owner} state[{key!r}] must be a list, got {values[key]!r}; pass a dict "
+                    "returned by get_state() of the same pipeline"
+                )
+        last = max(self._count - 1, 0)
+        indices = [
+            state_count(i, owner, "iterators_in_use_indices", high=last)
+            for i in values["iterators_in_use_indices"]
+        ]
         states = list(values["iterators_in_use_states"])
-        exhausted = [int(bool(x)) for x in values["exhausted"]]
+        exhausted = [state_count(x, owner, "exhausted", high=1) for x in values["exhausted"]]
         if not len(indices) == len(states) == len(exhausted) == len(self._in_use):
             raise ValueError(
                 f"the state has {len(indices)} open iterators but this interleave has "
                 f"{len(self._in_use)} slots (cycle_length={self._cycle_length}, "
                 f"{self._count} datasets); the state belongs to another pipeline"
             )
-        next_in_cycle = validation.check_int_in_range(
-            values["next_index_in_cycle"], "next_index_in_cycle", low=0, high=len(indices) or 1
+        next_in_cycle = state_count(
+            values["next_index_in_cycle"],
+            owner,
+            "next_index_in_cycle",
+            high=max(len(indices) - 1, 0),
         )
-        next_in_datasets = validation.check_int_in_range(
-            values["next_index_in_datasets"], "next_index_in_datasets", low=0, high=self._count + 1
+        next_in_datasets = state_count(
+            values["next_index_in_datasets"], owner, "next_index_in_datasets", high=self._count
         )
         for iterator in self._iterators:
             if iterator is not None:

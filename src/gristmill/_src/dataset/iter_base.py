@@ -11,7 +11,8 @@ import abc
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.checkpoint import files
@@ -149,6 +150,39 @@ class _SingleParent:
         if obj is None:
             return self
         return _single_parent(obj, getattr(obj, "_parents", ()))
+
+
+class ConsumerGuard:
+    """Turns ``set_state()`` from another thread, while ``next()`` waits on background work,
+    into a clear error instead of a race.
+
+    ``next()`` holds the guard around its blocking wait (once per chunk, not per element);
+    ``set_state`` takes it without blocking and raises if the iterating thread has it.
+    """
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> threading.Lock:
+        """Hold while ``next()`` waits for background work."""
+        return self._lock
+
+    @contextlib.contextmanager
+    def repositioning(self, iterator: object) -> Iterator[None]:
+        """Hold while ``set_state`` repositions; raises if ``next()`` is waiting."""
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                f"set_state() on {iterator} while another thread is inside next(): "
+                "iterators are not thread-safe; call set_state() on the iterating thread, "
+                "between next() calls"
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
 
 
 def mark_nested(iterator: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gristmill._src.core import specs, validation
-from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 
@@ -68,6 +68,7 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
         self._producer: BackgroundProducer | None = None
         self._state: dict[str, Any] | None = None  # parent state after the last delivered
         self._counters = StageCounters("thread prefetch", 1, prefetch_buffer_size)
+        self._guard = ConsumerGuard()  # set_state from another thread: a clear error
 
     def _start(self) -> BackgroundProducer:
         if self._producer is None:
@@ -84,7 +85,11 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
             return next(self._parent)
         producer = self._start()
         try:
-            element, state = producer.take()
+            if producer.has_pending:
+                element, state = producer.take()
+            else:
+                with self._guard.waiting:
+                    element, state = producer.take()
         except StopIteration:
             raise
         except Exception as e:
@@ -114,11 +119,12 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
-        self._parent.set_state(state)
-        self._state = None
+        with self._guard.repositioning(self):
+            if self._producer is not None:
+                self._producer.close()
+                self._producer = None
+            self._parent.set_state(state)
+            self._state = None
 
     def start_prefetch(self) -> None:
         self._check_open()

@@ -19,7 +19,7 @@ from gristmill._src.core import specs
 from gristmill._src.core.dataset_options import WINDOW, FilterRatioCheck
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.base import MapDataset, register
-from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
 from gristmill._src.engine.reporting import PeriodicReporter
 from gristmill._src.engine.stats import PipelineStatistics
@@ -146,6 +146,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._options = read_options
         self._allow_nones = allow_nones
         self._next_index = 0  # the first index not yet delivered (or skipped)
+        self._guard = ConsumerGuard()  # set_state from another thread: a clear error
         self._chunk: Chunk | None = None
         self._pos = 0
         self._runner: OrderedChunkRunner | None = None
@@ -248,7 +249,8 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             self._make_checks()
         runner = self._get_runner()
         try:
-            chunk = runner.next_chunk()
+            with self._guard.waiting:
+                chunk = runner.next_chunk()
         except BaseException:
             # KeyboardInterrupt while waiting, or the runner failed: stop every thread now.
             self.close()
@@ -283,7 +285,10 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         return [*fused, self._describe()]
 
     def set_state(self, state: dict[str, Any]) -> None:
-        state = self._import_state(state)
+        with self._guard.repositioning(self):
+            self._set_state(self._import_state(state))
+
+    def _set_state(self, state: dict[str, Any]) -> None:
         try:
             next_index = operator.index(state["next_index"])
         except (KeyError, TypeError):

@@ -238,7 +238,7 @@ class _WindowShuffleIterator(ForwardingIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
         start, window_index, delivered = state_fields(state, _OWNER, _KEYS)
-        window_index = state_count(window_index, _OWNER, "window_index")
+        window_index = state_count(window_index, _OWNER, "window_index", high=2**62)
         delivered = state_count(delivered, _OWNER, "pos_in_window", high=self._window_size)
         self._parent.set_state(start)
         self._window_start = copy.deepcopy(start)

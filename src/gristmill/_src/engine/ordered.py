@@ -84,6 +84,7 @@ class Core:
             self.ready = self.next_claim = self.in_flight = self.tasks_out = 0
             self.threaded = False
             self.feed.reset(position)
+            self.result_ready.notify_all()  # a consumer waiting elsewhere must not wait on
 
     def _can_claim(self) -> bool:
         return (
@@ -358,10 +359,18 @@ class ChunkRunner:
             if seq is None:
                 began = time.perf_counter()
                 core.waiting_for = self._next_seq if self._in_order else _ANY
+                generation = core.generation
                 try:
                     while (seq := self._ready_seq()) is None:
                         if core.closed:
                             raise RunnerClosedError(f"stage {self._name!r} is closed")
+                        if core.generation != generation:
+                            raise RuntimeError(
+                                f"stage {self._name!r} was repositioned while next() waited "
+                                "for it: set_state() was called from another thread; "
+                                "iterators are not thread-safe, reposition them between "
+                                "next() calls on the iterating thread"
+                            )
                         if core.tasks_out == 0 and core.feed.exhausted():
                             return None
                         core.result_ready.wait()

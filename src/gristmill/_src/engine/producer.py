@@ -133,6 +133,11 @@ class BackgroundProducer:
         counters.executor = "threads"
         thread.start()
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether ``take()`` can return without waiting for the producer thread."""
+        return bool(self._pending)
+
     def take(self) -> Any:
         """The next item; raises StopIteration at the end, or the producer's error."""
         if not self._pending:

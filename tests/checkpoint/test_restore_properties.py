@@ -51,12 +51,37 @@ MAP_OPS = {
     "slice": lambda ds, seed: ds[1::2],
     "repeat": lambda ds, seed: ds.repeat(2),
 }
+class Twice(gm.transforms.FlatMap):
+    max_fan_out = 2
+
+    def flat_map(self, x):
+        return [x, x]
+
+
+def other_stream():
+    return gm.MapDataset.range(100, 160).to_iter_dataset()
+
+
+X = gm.experimental
 ITER_OPS = {
     "map": lambda ds, seed: ds.map(times3),
     "filter": lambda ds, seed: ds.filter(not_div5),
     "random_map": lambda ds, seed: ds.random_map(plus_rng, seed=seed),
     "map_with_index": lambda ds, seed: ds.map_with_index(with_index),
+    "limit": lambda ds, seed: X.LimitIterDataset(ds, 17),
+    "repeat": lambda ds, seed: X.RepeatIterDataset(ds, 2),
+    "window_shuffle": lambda ds, seed: X.WindowShuffleIterDataset(ds, window_size=5, seed=seed),
+    "flat_map": lambda ds, seed: X.FlatMapIterDataset(ds, Twice()),
+    "cache": lambda ds, seed: X.CacheIterDataset(ds),
+    "zip": lambda ds, seed: X.ZipIterDataset([ds, other_stream()], strict=False),
+    # Mixed streams share one structure (an int) so that a batch after the mix stacks.
+    "mix": lambda ds, seed: gm.IterDataset.mix([ds.map(leaf_sum), other_stream()], [2, 1]),
+}
+# Batching ops come last (at most one): batching batches of uneven shapes is not the point.
+FINAL_OPS = {
+    "none": lambda ds, seed: ds,
     "batch": lambda ds, seed: ds.batch(3, drop_remainder=True),
+    "batch_rebatch": lambda ds, seed: X.RebatchIterDataset(ds.batch(3), 2),
 }
 WRAPPERS = ("none", "thread_prefetch", "multithread_prefetch")
 
@@ -68,6 +93,7 @@ def pipelines(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     map_ops = draw(st.lists(st.sampled_from(sorted(MAP_OPS)), max_size=4))
     iter_ops = draw(st.lists(st.sampled_from(sorted(ITER_OPS)), max_size=4))
+    final_op = draw(st.sampled_from(sorted(FINAL_OPS)))
 
     def build(num_threads, buffer, wrapper):
         if 0 < buffer < num_threads:
@@ -80,6 +106,7 @@ def pipelines(draw):
         )
         for name in iter_ops:
             ds = ITER_OPS[name](ds, seed)
+        ds = FINAL_OPS[final_op](ds, seed)
         if wrapper == "thread_prefetch":
             return gm.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=buffer)
         if wrapper == "multithread_prefetch":
@@ -107,7 +134,7 @@ def canonical(elements):
 SETTINGS = st.tuples(st.integers(0, 4), st.integers(0, 8), st.sampled_from(WRAPPERS))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(build=pipelines(), save=SETTINGS, restore=SETTINGS, cut=st.floats(0, 1))
 def test_restore_under_other_settings_continues_exactly(build, save, restore, cut):
     expected = canonical(build(0, 0, "none"))

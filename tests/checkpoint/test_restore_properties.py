@@ -51,6 +51,8 @@ MAP_OPS = {
     "slice": lambda ds, seed: ds[1::2],
     "repeat": lambda ds, seed: ds.repeat(2),
 }
+
+
 class Twice(gm.transforms.FlatMap):
     max_fan_out = 2
 

@@ -232,9 +232,14 @@ def test_counters_past_their_bound_are_rejected():
     repeat = iter(X.RepeatIterDataset(it_range(3), 2))
     with raises(ValueError, "RepeatIterDataset", "'epoch'", "<= 2", "3"):
         repeat.set_state({"parent": {"next_index": 0}, "epoch": 3})
+
+
+def test_a_limit_count_past_its_bound_is_an_ended_limit():
+    """set_next_index can move a limit past its count (as upstream), so a state with
+    count_elements_read > count is valid: the limit has ended."""
     limit = iter(X.LimitIterDataset(it_range(3), 2))
-    with raises(ValueError, "LimitIterDataset", "count_elements_read", "<= 2", "5"):
-        limit.set_state({"parent": {"next_index": 0}, "count_elements_read": 5})
+    limit.set_state({"parent": {"next_index": 0}, "count_elements_read": 5})
+    assert list(limit) == []
 
 
 def test_cache_filled_must_be_a_bool():

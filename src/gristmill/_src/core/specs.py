@@ -107,3 +107,18 @@ def batched(
         lambda leaf: ShapeDtypeStruct(shape=(size, *leaf.shape), dtype=leaf.dtype),
         get_element_spec(parent),
     )
+
+
+def rebatched(parent: Any, batch_size: int) -> Any:
+    """The spec of ``parent``'s batches re-cut to ``batch_size`` rows.
+
+    Every leaf's leading dimension becomes ``batch_size`` (whatever ``drop_remainder``, as
+    upstream), in a leaf of the same type; leaves without a shape and a dtype are kept.
+    """
+
+    def recut(leaf: Any) -> Any:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            return leaf
+        return type(leaf)(shape=(batch_size, *tuple(leaf.shape)[1:]), dtype=leaf.dtype)
+
+    return tree.map_structure(recut, get_element_spec(parent))

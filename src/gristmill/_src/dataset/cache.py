@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gristmill._src.core import specs
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import (
     ForwardingIterator,
@@ -42,11 +43,20 @@ class CacheIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _CacheIterator(iter(self._parent))
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
+
     def __str__(self) -> str:
         return f"CacheIterDataset(parent={self._parent})"
 
 
 class _CacheIterator(ForwardingIterator):
+    _next_index_unsupported = (
+        "its position counts only the current pass, and reaching a position needs the "
+        "elements before it read into the cache"
+    )
+
     def __init__(self, parent: DatasetIterator[Any]) -> None:
         super().__init__(parent)
         self._start = parent.get_state()

@@ -4,6 +4,9 @@ FlatMapIterDataset (the flattened stream).
 FlatMapIterDataset's state is Grain 0.2.18's ``{'parent': …, 'next_index_in_buffer': k}``:
 the parent's state before the element being expanded, and how many of its outputs were
 delivered. Restoring re-reads that element and expands it again (nothing is buffered).
+
+Neither infers an element spec nor (the iterator) has an output position, as upstream: how
+many outputs an input expands to, and their spec, are known only by calling ``flat_map``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
+
+
+def _no_element_spec(owner: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"element spec inference is not implemented for {owner} (as in Grain 0.2.18): "
+        "flat_map's outputs are known only by calling it; get_element_spec needs every node "
+        "of the pipeline to support it"
+    )
 
 
 def _check_transform(transform: Any) -> transforms.FlatMap:
@@ -72,6 +83,10 @@ class FlatMapMapDataset(MapDataset[Any]):
         elements = self._parent._read(parent_indices)
         return [self._expand(x, s) for x, s in zip(elements, slots.tolist(), strict=True)]
 
+    @property
+    def _element_spec(self) -> Any:
+        raise _no_element_spec("FlatMapMapDataset")
+
     def __str__(self) -> str:
         return f"FlatMapMapDataset(transform={transforms.describe(self._transform)})"
 
@@ -97,11 +112,19 @@ class FlatMapIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _FlatMapIterator(iter(self._parent), self._transform.flat_map)
 
+    @property
+    def _element_spec(self) -> Any:
+        raise _no_element_spec("FlatMapIterDataset")
+
     def __str__(self) -> str:
         return f"FlatMapIterDataset(transform={transforms.describe(self._transform)})"
 
 
 class _FlatMapIterator(ForwardingIterator):
+    _next_index_unsupported = (
+        "how many outputs each input expands to is known only by calling flat_map on it"
+    )
+
     def __init__(self, parent: DatasetIterator[Any], flat_map: Any) -> None:
         super().__init__(parent)
         self._flat_map = flat_map

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from gristmill._src.checkpoint import files
 from gristmill._src.core import seeds
@@ -258,24 +258,27 @@ class DatasetIterator(Generic[T], abc.ABC):
 
     # -- positions by output count (experimental.get_next_index / set_next_index) -------
 
+    # Why `_get_next_index` / `_set_next_index` raise here: shown in the NotImplementedError.
+    _next_index_unsupported: ClassVar[str] = (
+        "its position is not a count of outputs that can be reached without computing the "
+        "elements before it (filter, packing, mix, interleave of several datasets)"
+    )
+
     def _get_next_index(self) -> int:
         """How many elements this iterator has produced (the index of the next one).
 
         Override where the position is known without reading data; the default raises.
         """
         raise NotImplementedError(
-            f"get_next_index is not supported by {type(self).__name__.lstrip('_')}: its "
-            "position is not a count of outputs (filter, packing, mix, interleave of several "
-            "datasets); use get_state() / set_state() instead"
+            f"get_next_index is not supported by {type(self).__name__.lstrip('_')}: "
+            f"{self._next_index_unsupported}; use get_state() / set_state() instead"
         )
 
     def _set_next_index(self, index: int) -> None:
         """Moves to output ``index`` without computing any element; the default raises."""
         raise NotImplementedError(
-            f"set_next_index is not supported by {type(self).__name__.lstrip('_')}: reaching "
-            "an output position would need computing the elements before it (filter, "
-            "packing, mix, interleave of several datasets); use get_state() / set_state() "
-            "instead"
+            f"set_next_index is not supported by {type(self).__name__.lstrip('_')}: "
+            f"{self._next_index_unsupported}; use get_state() / set_state() instead"
         )
 
     # -- checkpoint metadata (see core/state.py) ----------------------------------------

@@ -1,14 +1,15 @@
 """How much of an IterDataset to read: RepeatIterDataset (epochs) and LimitIterDataset.
 
 States follow Grain 0.2.18: ``{'parent': …, 'epoch': k}`` and
-``{'parent': …, 'count_elements_read': k}``.
+``{'parent': …, 'count_elements_read': k}``. Both pass the parent's element spec; only the
+limit has an output position (``get_next_index`` / ``set_next_index``), as upstream.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import (
     ForwardingIterator,
@@ -42,11 +43,20 @@ class RepeatIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _RepeatIterator(iter(self._parent), self._num_epochs)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
+
     def __str__(self) -> str:
         return f"RepeatIterDataset(num_epochs={self._num_epochs})"
 
 
 class _RepeatIterator(ForwardingIterator):
+    _next_index_unsupported = (
+        "output positions of later epochs depend on the epoch length, known only by reading "
+        "an epoch"
+    )
+
     def __init__(self, parent: DatasetIterator[Any], num_epochs: int | None) -> None:
         super().__init__(parent)
         self._num_epochs = num_epochs
@@ -104,6 +114,10 @@ class LimitIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _LimitIterator(iter(self._parent), self._count)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
+
     def __str__(self) -> str:
         return f"LimitIterDataset(count={self._count})"
 
@@ -133,5 +147,14 @@ class _LimitIterator(ForwardingIterator):
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
         parent, read = state_fields(state, "LimitIterDataset", ("parent", "count_elements_read"))
-        self._read = state_count(read, "LimitIterDataset", "count_elements_read", high=self._count)
+        # A count past `count` is an ended limit: set_next_index puts it there, as upstream.
+        self._read = state_count(read, "LimitIterDataset", "count_elements_read")
         self._parent.set_state(parent)
+
+    def _get_next_index(self) -> int:
+        return self._read
+
+    def _set_next_index(self, index: int) -> None:
+        # Past `count` too (as upstream): the parent moves there and the limit has ended.
+        self._parent._set_next_index(index)
+        self._read = index

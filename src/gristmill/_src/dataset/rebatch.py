@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gristmill._src.core import tree, validation
+from gristmill._src.core import specs, tree, validation
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import (
     ForwardingIterator,
@@ -44,6 +44,11 @@ class RebatchIterDataset(IterDataset[Any]):
 
     def __iter__(self) -> DatasetIterator[Any]:
         return _RebatchIterator(iter(self._parent), self._batch_size, self._drop_remainder)
+
+    @property
+    def _element_spec(self) -> Any:
+        # Leading dimensions become batch_size even without drop_remainder, as upstream.
+        return specs.rebatched(self._parent, self._batch_size)
 
     def __str__(self) -> str:
         return (
@@ -84,6 +89,10 @@ def _concatenate(*leaves: Any) -> Any:
 
 
 class _RebatchIterator(ForwardingIterator):
+    _next_index_unsupported = (
+        "its outputs are cut from parent batches whose sizes are known only by reading them"
+    )
+
     def __init__(self, parent: DatasetIterator[Any], batch_size: int, drop_remainder: bool) -> None:
         super().__init__(parent)
         self._batch_size = batch_size

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.core import index_shuffle as perm
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import (
@@ -145,6 +145,10 @@ class WindowShuffleMapDataset(MapDataset[Any]):
                 shuffled[where] = perms.many(windows[where], positions[where])
         return self._parent._read(epochs * n + starts + shuffled)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
+
     def __str__(self) -> str:
         return "WindowShuffleMapDataset"
 
@@ -172,6 +176,10 @@ class WindowShuffleIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _WindowShuffleIterator(iter(self._parent), self._window_size, self._permutations)
 
+    @property
+    def _element_spec(self) -> Any:
+        return specs.get_element_spec(self._parent)
+
     def __str__(self) -> str:
         return "WindowShuffleIterDataset"
 
@@ -181,6 +189,10 @@ _KEYS = ("parent_window_start_state", "window_index", "pos_in_window")
 
 
 class _WindowShuffleIterator(ForwardingIterator):
+    _next_index_unsupported = (
+        "an output is a shuffled element of its window, known only by reading the window"
+    )
+
     def __init__(self, parent: DatasetIterator[Any], window_size: int, permutations: Any) -> None:
         super().__init__(parent)
         self._window_size = window_size

@@ -1,11 +1,14 @@
-"""Zip: element ``i`` is the tuple of every parent's element ``i`` (Map and Iter variants)."""
+"""Zip: element ``i`` is the tuple of every parent's element ``i`` (Map and Iter variants).
+
+The element spec is the tuple of the parents' specs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import (
@@ -52,6 +55,10 @@ class ZipMapDataset(MapDataset[Any]):
         columns = [parent._read(indices) for parent in self._parents]
         return list(zip(*columns, strict=True))
 
+    @property
+    def _element_spec(self) -> Any:
+        return tuple(specs.get_element_spec(parent) for parent in self._parents)
+
     def __str__(self) -> str:
         return f"ZipMapDataset[{len(self._parents)} parents]"
 
@@ -83,6 +90,10 @@ class ZipIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _ZipIterator([iter(ds) for ds in self._parents], self._strict)
 
+    @property
+    def _element_spec(self) -> Any:
+        return tuple(specs.get_element_spec(parent) for parent in self._parents)
+
     def __str__(self) -> str:
         return f"ZipIterDataset[{len(self._parents)} parents](strict={self._strict})"
 
@@ -98,6 +109,10 @@ def _mismatch(argument: int, longer: bool) -> ValueError:
 
 
 class _ZipIterator(ForwardingIterator):
+    _next_index_unsupported = (
+        "zipped parents are positioned through their states only, as in Grain 0.2.18"
+    )
+
     def __init__(self, parents: list[DatasetIterator[Any]], strict: bool) -> None:
         super().__init__(parents)
         self._strict = strict

@@ -1,5 +1,12 @@
-"""Checkpoints: iterator states, their validation, and saving them to directories."""
+"""Checkpoints: iterator states, their validation, and saving them to directories.
 
+``CheckpointSave`` / ``CheckpointRestore`` (Orbax args) exist when ``orbax-checkpoint`` is
+installed (``pip install 'gristmill[orbax]'``); they are created on first access.
+"""
+
+from typing import Any
+
+from gristmill._src.checkpoint import orbax as _orbax
 from gristmill._src.checkpoint.handler import CheckpointHandler
 from gristmill._src.core.state import StateMismatchError, to_grain_state
 from gristmill._src.public import export as _export
@@ -7,3 +14,9 @@ from gristmill._src.public import export as _export
 _export("gristmill.checkpoint", CheckpointHandler, StateMismatchError)
 
 __all__ = ["CheckpointHandler", "StateMismatchError", "to_grain_state"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _orbax.ARG_NAMES:
+        return _orbax.orbax_args()[name]
+    raise AttributeError(f"module 'gristmill.checkpoint' has no attribute {name!r}")

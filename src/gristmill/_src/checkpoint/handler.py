@@ -54,6 +54,14 @@ class CheckpointHandler:
             start()
         return iterator
 
+    def structure(self, directory: str | os.PathLike[str]) -> None:
+        """No tree structure: the state is one JSON document (Orbax's interface)."""
+
+    @classmethod
+    def typestr(cls) -> str:
+        """The name Orbax records for this handler."""
+        return f"{cls.__module__}.{cls.__qualname__}"
+
     def metadata(self, directory: str | os.PathLike[str]) -> None:
         """No metadata beyond the state file (as Grain)."""
 

@@ -6,6 +6,7 @@ import functools
 import itertools
 import re
 
+import grain
 import numpy as np
 import pytest
 
@@ -96,8 +97,28 @@ def test_mix_mapping_weights_are_paired_by_name_b5_fix():
     by_name = list(gm.IterDataset.mix({"x": x, "y": y}, weights={"y": 3, "x": 1}))
     assert by_name[:8] == [0, 100, 101, 102, 1, 103, 104, 105]
     assert by_name == list(gm.IterDataset.mix([x, y], [1, 3]))
-    # The datasets' order is the mixing order whatever the weights' order.
-    assert by_name == list(gm.IterDataset.mix({"x": x, "y": y}, weights={"x": 1, "y": 3}))
+    # The mixing order is the sorted names' order, whatever the mappings' orders.
+    assert by_name == list(gm.IterDataset.mix({"y": y, "x": x}, weights={"x": 1, "y": 3}))
+
+
+def test_mix_mapping_mixes_in_sorted_name_order_as_grain_does_with_jax():
+    """The reference's B5 fix: pair by key in sorted-key order (what Grain 0.2.18 does when
+    jax is installed); without jax Grain mixes in insertion order."""
+    named = {"c": it_range(0, 10), "a": it_range(100, 110), "b": it_range(200, 210)}
+    ours = list(gm.IterDataset.mix(named, {"c": 2, "a": 1, "b": 1}))
+    theirs = list(
+        grain.IterDataset.mix(
+            [
+                grain.MapDataset.range(100, 110).to_iter_dataset(),
+                grain.MapDataset.range(200, 210).to_iter_dataset(),
+                grain.MapDataset.range(0, 10).to_iter_dataset(),
+            ],
+            [1, 1, 2],
+        )
+    )
+    assert ours == theirs
+    with raises(TypeError, "keys must be sortable names"):
+        gm.IterDataset.mix({1: it_range(0, 3), "a": it_range(0, 3)})
 
 
 def test_mix_stops_at_the_first_exhausted_dataset_and_stays_stopped():

@@ -2,8 +2,9 @@
 against grain 0.2.18: outputs, states at every step, restore at every step (from our state and
 from grain's), in a fresh iterator of a freshly built pipeline.
 
-Mapping inputs to ``mix`` list datasets and weights in the same key order here: that is where
-upstream pairs them correctly (B5; the fix is tested in tests/dataset/test_iter_mix_options.py).
+Mapping inputs to ``mix`` list datasets and weights in sorted key order here: that is where
+upstream (without jax) pairs and orders them as the fixed behaviour does (B5; the fix is
+tested in tests/dataset/test_iter_mix_options.py).
 """
 
 import itertools
@@ -78,9 +79,9 @@ PIPELINES: dict[str, Builder] = {
     "mix-mapping-weights": lambda g, o: g.IterDataset.mix(
         {"x": _it(g, 0, 10, o), "y": _it(g, 100, 130, o)}, {"x": 1, "y": 3}
     ),
-    "mix-mapping-unsorted-names": lambda g, o: g.IterDataset.mix(
-        {"c": _it(g, 0, 10, o), "a": _it(g, 100, 110, o), "b": _it(g, 200, 210, o)},
-        {"c": 2, "a": 1, "b": 1},
+    "mix-mapping-three-names": lambda g, o: g.IterDataset.mix(
+        {"a": _it(g, 0, 10, o), "b": _it(g, 100, 110, o), "c": _it(g, 200, 210, o)},
+        {"a": 2, "b": 1, "c": 1},
     ),
     "mix-mapping-sequence-weights": lambda g, o: g.IterDataset.mix(
         {"x": _it(g, 0, 12, o), "y": _it(g, 100, 112, o)}, [3, 1]

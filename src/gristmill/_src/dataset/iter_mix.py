@@ -40,7 +40,13 @@ def _check_dataset(ds: Any, where: str) -> Any:
 def _paired(datasets: Any, weights: Any) -> tuple[tuple[str, ...] | None, list[Any], list[int]]:
     """(names or None, datasets, integer proportions), weights paired by name for mappings."""
     if isinstance(datasets, Mapping):
-        names = tuple(datasets)
+        try:  # the reference's B5 fix: sorted-key order (Grain's order when jax is installed)
+            names = tuple(sorted(datasets))
+        except TypeError:
+            raise TypeError(
+                f"datasets mapping keys must be sortable names (e.g. strings), got "
+                f"{list(datasets)}; mix orders a mapping's datasets by name"
+            ) from None
         parents = [_check_dataset(datasets[name], f"datasets[{name!r}]") for name in names]
         if isinstance(weights, Mapping):
             if set(weights) != set(names):

@@ -176,22 +176,36 @@ def test_context_manager_closes():
 
 
 def test_keyboard_interrupt_while_waiting_stops_every_thread():
+    """A real SIGINT to the main thread while it waits for workers. Workers send it again on
+    every element until the test has caught the KeyboardInterrupt: CPython drops an exception
+    raised while the main thread happens to run a finaliser, so one signal could be lost."""
     main = threading.main_thread().ident
+    caught = threading.Event()
 
-    def interrupt_at_20(x):
-        if x == 20:
+    def on_sigint(signum, frame):
+        if not caught.is_set():
+            raise KeyboardInterrupt
+
+    def interrupt_from_20(x):
+        if x >= 20 and not caught.is_set():
             signal.pthread_kill(main, signal.SIGINT)
         time.sleep(0.002)
         return x
 
-    it = iter(M.range(10_000).map(interrupt_at_20).to_iter_dataset(gm.ReadOptions(4, 32)))
-    with pytest.raises(KeyboardInterrupt):
-        for _ in it:
-            pass
-    deadline = time.monotonic() + 1.0
-    while gristmill_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not gristmill_threads()
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        it = iter(M.range(10_000).map(interrupt_from_20).to_iter_dataset(gm.ReadOptions(4, 32)))
+        with pytest.raises(KeyboardInterrupt):
+            for _ in it:
+                pass
+        caught.set()
+        deadline = time.monotonic() + 1.0
+        while gristmill_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not gristmill_threads()
+    finally:
+        caught.set()
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_keyboard_interrupt_raised_on_a_worker_stops_every_thread():

@@ -254,10 +254,12 @@ class ChunkRunner:
         name: str,
         executor: str = "threads",
         output_order: str = "input",
+        annotate_errors: bool = True,
     ) -> None:
         if output_order not in OUTPUT_ORDERS:
             raise ValueError(f"output_order must be one of {OUTPUT_ORDERS}, got {output_order!r}")
         self._name = name
+        self._annotate_errors = annotate_errors
         self._in_order = output_order == "input"
         self._policy = ChunkPolicy(workers, buffer_size, always_offload=executor == "asyncio")
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
@@ -313,6 +315,8 @@ class ChunkRunner:
         error = chunk.error
         if isinstance(error, Exception) and not hasattr(error, "_gristmill_stage"):
             error._gristmill_stage = self._name  # type: ignore[attr-defined]
+            if not self._annotate_errors:
+                return  # the front end names the stage its own way
             error.add_note(
                 f"gristmill: raised in stage {self._name!r} at element index {chunk.error_index}"
             )

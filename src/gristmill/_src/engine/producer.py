@@ -1,10 +1,11 @@
 """BackgroundProducer: runs ``produce()`` repeatedly on one thread into a bounded buffer.
 
-Items travel to the consumer in chunks: the producer closes a chunk when it holds
-``chunk_cap`` items or has worked ``CHUNK_TARGET_S`` on it, so cheap items share one
-hand-off and slow ones are handed over at once. At most ``buffer_size`` items wait in the
-buffer. ``produce`` raising StopIteration ends the stream; any other exception is delivered
-in order, after the items produced before it.
+The producer publishes each item as soon as it exists (one short lock per item); the
+consumer takes *everything* waiting at once, so while it is busy items pile up and travel
+in one hand-off, and when it waits it is woken by the very next item — a slow next item
+never holds back the ones before it. At most ``buffer_size`` items wait in the buffer.
+``produce`` raising StopIteration ends the stream; any other exception is delivered in
+order, after the items produced before it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from gristmill._src.engine import reaper
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.stats import StageCounters
 
-CHUNK_TARGET_S = 200e-6
 _JOIN_TIMEOUT_S = 1.0
 
 
@@ -36,78 +36,86 @@ class _End:
 class _Core:
     def __init__(self, produce: Callable[[], Any], buffer_size: int, counters: StageCounters):
         self.produce = produce
-        self.buffer_size = buffer_size
-        self.chunk_cap = max(1, buffer_size // 2)
+        self.buffer_size = max(1, buffer_size)
         self.counters = counters
         self.lock = threading.Lock()
         self.not_empty = threading.Condition(self.lock)
         self.not_full = threading.Condition(self.lock)
-        self.chunks: collections.deque[list[Any] | _End] = collections.deque()
-        self.buffered = 0
+        self.items: collections.deque[Any] = collections.deque()
+        self.end: _End | None = None
         self.closed = False
+        self.consumer_waiting = False  # guarded by `lock`
         self.thread: threading.Thread | None = None
 
     def run(self) -> None:
         produce = self.produce
         while True:
-            chunk: list[Any] = []
-            end: _End | None = None
             began = time.perf_counter()
-            while not self.closed:
-                try:
-                    chunk.append(produce())
-                except StopIteration:
-                    end = _End(None)
-                    break
-                except BaseException as e:
-                    end = _End(e)
-                    break
-                if len(chunk) >= self.chunk_cap or time.perf_counter() - began >= CHUNK_TARGET_S:
-                    break
+            end: _End | None = None
+            item: Any = None
+            try:
+                item = produce()
+            except StopIteration:
+                end = _End(None)
+            except BaseException as e:
+                end = _End(e)
             elapsed = time.perf_counter() - began
             with self.lock:
-                self.counters.task_done(len(chunk), elapsed)
-                waited = time.perf_counter()
-                while (
-                    self.buffered and self.buffered + len(chunk) > self.buffer_size
-                ) and not self.closed:
-                    self.counters.set_blocked(True, waited)
-                    self.not_full.wait()
-                self.counters.set_blocked(False, time.perf_counter())
-                if self.closed:
-                    return
-                if chunk:
-                    self.chunks.append(chunk)
-                    self.buffered += len(chunk)
-                if end is not None:
-                    self.chunks.append(end)
-                self.not_empty.notify()
-            del chunk, end  # no reference from a live thread to a delivered error
-            if self.chunks and isinstance(self.chunks[-1], _End):
+                if end is None:
+                    self.counters.task_done(1, elapsed)
+                    if len(self.items) >= self.buffer_size and not self.closed:
+                        self.counters.set_blocked(True, time.perf_counter())
+                        while len(self.items) >= self.buffer_size and not self.closed:
+                            self.not_full.wait()
+                        self.counters.set_blocked(False, time.perf_counter())
+                    if self.closed:
+                        return
+                    self.items.append(item)
+                else:
+                    if not self.closed:
+                        self.end = end
+                if self.consumer_waiting:
+                    self.not_empty.notify()
+            del item  # no reference from a live thread to a delivered element
+            if end is not None:
                 return
 
-    def take(self) -> list[Any] | _End:
+    def take(self, timeout: float | None = None) -> list[Any] | _End:
+        """Everything waiting (a list), or the end marker once nothing is left."""
         with self.lock:
-            if not self.chunks:
+            if not self.items and self.end is None:
                 began = time.perf_counter()
+                deadline = None if timeout is None else began + timeout
+                self.consumer_waiting = True
                 try:
-                    while not self.chunks:
+                    while not self.items and self.end is None:
                         if self.closed:
                             raise RunnerClosedError("the background producer is closed")
-                        self.not_empty.wait()
+                        if deadline is None:
+                            self.not_empty.wait()
+                        else:
+                            remaining = deadline - time.perf_counter()
+                            if remaining <= 0:
+                                raise TimeoutError(
+                                    f"The next item is not available after {timeout} sec."
+                                )
+                            self.not_empty.wait(remaining)
                 finally:
+                    self.consumer_waiting = False
                     self.counters.starved_s += time.perf_counter() - began
-            item = self.chunks.popleft()
-            if isinstance(item, list):
-                self.counters.delivered(len(item), self.buffered)
-                self.buffered -= len(item)
+            if self.items:
+                taken = list(self.items)
+                self.counters.delivered(len(taken), len(taken))
+                self.items.clear()
                 self.not_full.notify()
-            return item
+                return taken
+            assert self.end is not None
+            return self.end
 
     def shutdown(self) -> None:
         with self.lock:
             self.closed = True
-            self.chunks.clear()
+            self.items.clear()
             self.not_empty.notify_all()
             self.not_full.notify_all()
         thread = self.thread
@@ -138,11 +146,14 @@ class BackgroundProducer:
         """Whether ``take()`` can return without waiting for the producer thread."""
         return bool(self._pending)
 
-    def take(self) -> Any:
-        """The next item; raises StopIteration at the end, or the producer's error."""
+    def take(self, timeout: float | None = None) -> Any:
+        """The next item; raises StopIteration at the end, or the producer's error.
+
+        Raises TimeoutError when ``timeout`` seconds pass with nothing to take.
+        """
         if not self._pending:
             if self._end is None:
-                item = self._core.take()
+                item = self._core.take(timeout)
                 if isinstance(item, _End):
                     self._end = item
                 else:

@@ -1,0 +1,208 @@
+"""Chunk streams that are not an index range: a Python iterator, and an aggregation.
+
+Both give a downstream :class:`~gristmill._src.engine.feeds.StreamFeed` what an upstream
+runner would (``next_chunk`` / ``reset`` / ``close``), so they chain with runners:
+
+- :class:`IteratorStream`: any iterable, run ahead on one background thread (a
+  ``BackgroundProducer``, chunked hand-off); positions number its items from 0.
+- :class:`AggregateStream`: a stateful ``accumulate`` / ``flush`` aggregation of an upstream
+  stream (batching), run inline by whoever pulls; it flattens :class:`Expand` values and
+  skips ``SKIP`` ones.
+
+Element markers used by stages that do not map one input to one output:
+``SKIP`` (the input produced nothing: filtered, or a failure dropped) and
+:class:`Expand` (one input produced several outputs, e.g. a generator).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from gristmill._src.engine.feeds import Chunk, ChunkStream
+from gristmill._src.engine.producer import BackgroundProducer
+from gristmill._src.engine.stats import StageCounters
+
+
+class _Skip:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SKIP"
+
+
+SKIP: Any = _Skip()
+"""An element that produced nothing downstream (a ``None`` result, a dropped failure)."""
+
+
+class Expand:
+    """Several outputs of one input (a generator's), flattened by the next consumer."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+
+def flatten(values: Iterable[Any]) -> Iterator[Any]:
+    """``values`` with :class:`Expand` flattened and ``SKIP`` left out."""
+    for value in values:
+        if value is SKIP:
+            continue
+        if type(value) is Expand:
+            for item in value.items:
+                if item is not SKIP:
+                    yield item
+        else:
+            yield value
+
+
+class IteratorStream:
+    """The items of ``iterable``, produced ahead on a background thread."""
+
+    def __init__(self, iterable: Iterable[Any], *, buffer_size: int, name: str) -> None:
+        self._iterable = iterable
+        self._iterator: Iterator[Any] | None = None
+        self._counters = StageCounters(name, 1, buffer_size)
+        self._buffer_size = buffer_size
+        self._producer: BackgroundProducer | None = None
+        self._position = 0
+        self._start_lock = threading.Lock()  # `start()` and a first pull may race
+
+    def _start(self) -> BackgroundProducer:
+        producer = self._producer
+        if producer is None:
+            with self._start_lock:
+                producer = self._producer
+                if producer is None:
+                    iterator = self._iterator = iter(self._iterable)
+                    producer = self._producer = BackgroundProducer(
+                        iterator.__next__, buffer_size=self._buffer_size, counters=self._counters
+                    )
+        return producer
+
+    def start(self) -> None:
+        self._start()
+
+    def next_chunk(self) -> Chunk | None:
+        producer = self._start()
+        start = self._position
+        values: list[Any] = []
+        try:
+            values.append(producer.take())
+            while producer.has_pending:
+                values.append(producer.take())
+        except StopIteration:
+            if not values:
+                return None
+        except Exception as e:
+            self._position += len(values)
+            if not hasattr(e, "_gristmill_stage"):
+                e._gristmill_stage = self._counters.name  # type: ignore[attr-defined]
+            return Chunk(start, values, e)
+        self._position += len(values)
+        return Chunk(start, values)
+
+    def reset(self, position: int) -> None:
+        raise ValueError(
+            "an iterable source cannot be repositioned; use an index-driven source "
+            "(a range, a sampler, a MapDataset) for a resumable pipeline"
+        )
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+        close = getattr(self._iterator, "close", None)
+        if close is not None:
+            # A generator source: run its cleanup (as upstream does). ValueError/RuntimeError:
+            # it is still running on a producer thread that did not stop in time.
+            with contextlib.suppress(ValueError, RuntimeError):
+                close()
+
+    def statistics(self) -> Any:
+        return self._counters.snapshot()
+
+
+class Aggregator(Protocol):
+    def accumulate(self, item: Any) -> Any: ...
+
+    def flush(self) -> Any: ...
+
+
+class AggregateStream:
+    """``aggregator`` over ``upstream``'s items; a flush at the end (unless ``drop_last``).
+
+    An error from upstream ends the stream: the partial aggregate is flushed first (as
+    upstream's EOF after a failure does), then the error follows.
+    """
+
+    def __init__(
+        self, upstream: ChunkStream, aggregator: Aggregator, *, drop_last: bool, name: str
+    ) -> None:
+        self._upstream = upstream
+        self._aggregator = aggregator
+        self._drop_last = drop_last
+        self._done = False
+        self._position = 0
+        self._counters = StageCounters(name, 1, 1)
+
+    def next_chunk(self) -> Chunk | None:
+        if self._done:
+            return None
+        accumulate = self._aggregator.accumulate
+        while True:
+            chunk = self._upstream.next_chunk()
+            outputs: list[Any] = []
+            error = None
+            if chunk is not None:
+                for item in flatten(chunk.values):
+                    out = accumulate(item)
+                    if out is not None:
+                        outputs.append(out)
+                error = chunk.error
+            if chunk is None or error is not None:
+                self._done = True
+                if not self._drop_last:
+                    last = self._aggregator.flush()
+                    if last is not None:
+                        outputs.append(last)
+            if outputs or error is not None:
+                start, self._position = self._position, self._position + len(outputs)
+                self._counters.delivered(len(outputs), 0)
+                return Chunk(start, outputs, error)
+            if self._done:
+                return None
+
+    def reset(self, position: int) -> None:
+        raise ValueError("an aggregation cannot be repositioned")
+
+    def close(self) -> None:
+        self._upstream.close()
+
+    def statistics(self) -> Any:
+        return self._counters.snapshot()
+
+
+def iterate(stream: ChunkStream) -> Callable[[], Any]:
+    """``produce()`` for a BackgroundProducer: the next flattened item of ``stream``."""
+    pending: Iterator[Any] = iter(())
+    state: dict[str, BaseException | None] = {"error": None}
+
+    def produce() -> Any:
+        nonlocal pending
+        while True:
+            for item in pending:
+                return item
+            error = state["error"]
+            if error is not None:
+                state["error"] = None
+                raise error
+            chunk = stream.next_chunk()
+            if chunk is None:
+                raise StopIteration
+            pending = flatten(chunk.values)
+            state["error"] = chunk.error
+
+    return produce

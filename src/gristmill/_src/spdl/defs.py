@@ -1,0 +1,195 @@
+"""The SPDL-style pipeline configuration: aggregators, stage configs and their factories.
+
+Config objects are frozen dataclasses; ``PipelineBuilder`` builds them and
+``build_pipeline`` turns a :class:`PipelineConfig` into a running ``Pipeline`` on the engine.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import fractions
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+OUTPUT_ORDERS = ("completion", "input")
+
+
+class Aggregator(abc.ABC):
+    """Combines items: ``accumulate(item)`` returns an output or None; ``flush()`` the rest."""
+
+    @abc.abstractmethod
+    def accumulate(self, item: Any) -> Any:
+        """Adds ``item``; returns an aggregate to emit now, or None."""
+
+    @abc.abstractmethod
+    def flush(self) -> Any:
+        """Returns what is accumulated (None if nothing) and resets."""
+
+
+class Collate(Aggregator):
+    """Lists of ``n`` consecutive items; ``flush`` returns the shorter rest (or None).
+
+    >>> batcher = Collate(2)
+    >>> [batcher.accumulate(x) for x in range(3)], batcher.flush()
+    ([None, [0, 1], None], [2])
+    """
+
+    def __init__(self, n: int) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        self.n = n
+        self._items: list[Any] = []
+
+    def accumulate(self, item: Any) -> Any:
+        self._items.append(item)
+        if len(self._items) < self.n:
+            return None
+        batch, self._items = self._items, []
+        return batch
+
+    def flush(self) -> Any:
+        batch, self._items = self._items, []
+        return batch or None
+
+    def __repr__(self) -> str:
+        return f"Collate(n={self.n})"
+
+
+def op_name(op: Any) -> str:
+    """A stage's default name: the function's name, the wrapped one's for a partial."""
+    while isinstance(op, functools.partial):
+        op = op.func
+    return getattr(op, "__name__", None) or type(op).__name__
+
+
+def _location(op: Any) -> str:
+    try:
+        target = op.func if isinstance(op, functools.partial) else op
+        file = inspect.getsourcefile(target) or "?"
+        return f"{file}:{inspect.getsourcelines(target)[1]}"
+    except (TypeError, OSError):
+        return "?"
+
+
+def check_max_failures(value: Any, name: str) -> int | fractions.Fraction | None:
+    """``None``, an int (negative: unlimited) or a Fraction in (0, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, fractions.Fraction):
+        if not 0 < value <= 1:
+            raise ValueError(f"{name}: Fraction must be in range (0, 1], got {value}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name} must be an int (negative: unlimited) or a fractions.Fraction, got {value!r}"
+        )
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig:
+    source: Any
+    continuous: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PipeConfig:
+    op: Callable[..., Any]
+    concurrency: int = 1
+    name: str = ""
+    output_order: str = "completion"
+    max_failures: int | fractions.Fraction | None = None
+    executor: Any = None
+
+    def __repr__(self) -> str:
+        return (
+            f"PipeConfig(name={self.name!r}, op={_location(self.op)}, "
+            f"concurrency={self.concurrency}, output_order={self.output_order!r})"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregateConfig:
+    op: Aggregator
+    drop_last: bool = False
+    name: str = "aggregate"
+
+
+@dataclasses.dataclass(frozen=True)
+class DisaggregateConfig:
+    name: str = "disaggregate"
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkConfig:
+    buffer_size: int = 3
+
+
+StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    src: SourceConfig
+    pipes: Sequence[StageConfig]
+    sink: SinkConfig
+
+
+def Pipe(  # noqa: N802 (upstream's factory names)
+    op: Any,
+    /,
+    *,
+    concurrency: int = 1,
+    executor: Any = None,
+    name: str | None = None,
+    output_order: str = "completion",
+    max_failures: int | fractions.Fraction | None = None,
+) -> PipeConfig:
+    """A stage applying ``op`` to every item (see ``PipelineBuilder.pipe``)."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"`concurrency` value must be >= 1. Found: {concurrency!r}")
+    if output_order not in OUTPUT_ORDERS:
+        raise ValueError(f'`output_order` must be "completion" or "input". Found: {output_order!r}')
+    if hasattr(op, "__getitem__") and not callable(op):
+        op = op.__getitem__  # a container (dict, list, tuple): indexing is the op
+    if not callable(op):
+        raise TypeError(f"op must be callable or a container with __getitem__, got {op!r}")
+    is_async = inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(
+        getattr(op, "__call__", None)  # noqa: B004 (an object with an async __call__)
+    )
+    if executor is not None and (is_async or inspect.isasyncgenfunction(op)):
+        raise ValueError("`executor` cannot be used with an async op; it runs on the loop")
+    if output_order == "input" and inspect.isasyncgenfunction(op):
+        raise ValueError('output_order="input" is not supported for async generators')
+    return PipeConfig(
+        op=op,
+        concurrency=concurrency,
+        name=name or op_name(op),
+        output_order=output_order,
+        max_failures=check_max_failures(max_failures, "max_failures"),
+        executor=executor,
+    )
+
+
+def Aggregate(  # noqa: N802
+    input: int | Aggregator,
+    /,
+    *,
+    drop_last: bool = False,
+) -> AggregateConfig:
+    """Groups items: ``n`` -> lists of ``n`` (``Collate(n)``), or a custom Aggregator."""
+    if isinstance(input, int) and not isinstance(input, bool):
+        return AggregateConfig(
+            Collate(input), drop_last=bool(drop_last), name=f"aggregate({input})"
+        )
+    if not isinstance(input, Aggregator):
+        raise TypeError(f"aggregate takes an int or an Aggregator, got {input!r}")
+    return AggregateConfig(input, drop_last=bool(drop_last), name=type(input).__name__)
+
+
+def Disaggregate() -> DisaggregateConfig:  # noqa: N802
+    """Yields each element of every input list."""
+    return DisaggregateConfig()

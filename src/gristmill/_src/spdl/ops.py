@@ -1,0 +1,151 @@
+"""A pipe stage's element function with SPDL's semantics, for the engine.
+
+``stage_function(config, info, budget)`` wraps the user's op so that:
+
+- a ``None`` result becomes ``SKIP`` (dropped downstream), a generator's (or async
+  generator's) outputs become one ``Expand``;
+- an exception is logged with its traceback, counted, and the item dropped (``SKIP``) —
+  until the stage's failure budget is exceeded, then the stage fails: a ``RuntimeError``
+  naming the stage and the counts, chained to the failure that crossed the limit;
+- ``SKIP`` / ``Expand`` inputs from upstream are passed through / mapped item by item.
+"""
+
+from __future__ import annotations
+
+import fractions
+import inspect
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gristmill._src.engine.streams import SKIP, Expand
+
+logger = logging.getLogger("gristmill.pipeline")
+
+_PROBATION = 100  # a rate budget is judged only after this many invocations (as upstream)
+
+
+class FailureBudget:
+    """Counts one stage's invocations and failures; says when the budget is exceeded.
+
+    Thread-safe (several workers of the stage count into it).
+    """
+
+    def __init__(self, stage: str, limit: int | fractions.Fraction | None) -> None:
+        self.stage = stage
+        self.limit = limit
+        self.invocations = 0
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def invoked(self) -> None:
+        with self._lock:
+            self.invocations += 1
+
+    def failed(self, error: Exception) -> None:
+        """Counts a failure; raises RuntimeError (from ``error``) if over the budget."""
+        with self._lock:
+            self.failures += 1
+            failures, invocations = self.failures, self.invocations
+        limit = self.limit
+        if limit is None or (isinstance(limit, int) and limit < 0):
+            return
+        if isinstance(limit, fractions.Fraction):
+            if invocations < _PROBATION or failures * limit.denominator <= (
+                limit.numerator * invocations
+            ):
+                return
+            raise RuntimeError(
+                f"The pipeline stage ({self.stage}) failed {failures} times out of "
+                f"{invocations} invocations ({failures / invocations:.1%}), which exceeds the "
+                f"threshold ({float(limit):.1%})."
+            ) from error
+        if failures > limit:
+            raise RuntimeError(
+                f"The pipeline stage ({self.stage}) failed {failures} times, which exceeds "
+                f"the threshold ({limit})."
+            ) from error
+
+
+def kind_of(op: Callable[..., Any]) -> str:
+    """``"async"``, ``"async_gen"``, ``"gen"`` or ``"sync"``."""
+    if inspect.isasyncgenfunction(op):
+        return "async_gen"
+    if inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(
+        getattr(op, "__call__", None)  # noqa: B004 (an object with an async __call__)
+    ):
+        return "async"
+    if inspect.isgeneratorfunction(op):
+        return "gen"
+    return "sync"
+
+
+def stage_function(op: Callable[..., Any], task_name: str, budget: FailureBudget) -> Any:
+    """The element function the engine runs for a pipe stage (sync or async, per ``op``)."""
+    kind = kind_of(op)
+    counter = iter(range(1, 2**63))
+
+    def failed(error: Exception) -> Any:
+        logger.error("Task [%s:%d] failed.", task_name, next(counter), exc_info=error)
+        budget.failed(error)  # raises when the budget is exceeded
+        return SKIP
+
+    if kind in ("async", "async_gen"):
+
+        async def one_async(item: Any) -> Any:
+            budget.invoked()
+            try:
+                if kind == "async_gen":
+                    result: Any = Expand([y async for y in op(item)])
+                else:
+                    result = await op(item)
+            except Exception as e:
+                return failed(e)
+            return SKIP if result is None else result
+
+        async def run_async(item: Any) -> Any:
+            if item is SKIP:
+                return SKIP
+            if type(item) is Expand:
+                return _joined([await one_async(x) for x in item.items if x is not SKIP])
+            return await one_async(item)
+
+        return run_async
+
+    def one(item: Any) -> Any:
+        budget.invoked()
+        try:
+            result = Expand(list(op(item))) if kind == "gen" else op(item)
+        except Exception as e:
+            return failed(e)
+        return SKIP if result is None else result
+
+    def run(item: Any) -> Any:
+        if item is SKIP:
+            return SKIP
+        if type(item) is Expand:
+            return _joined([one(x) for x in item.items if x is not SKIP])
+        return one(item)
+
+    return run
+
+
+def _joined(results: list[Any]) -> Expand:
+    """One Expand of several inputs' results (each a value, SKIP or an Expand)."""
+    items: list[Any] = []
+    for result in results:
+        if type(result) is Expand:
+            items.extend(result.items)
+        elif result is not SKIP:
+            items.append(result)
+    return Expand(items)
+
+
+def disaggregate(item: Any) -> Any:
+    """Each element of an input list, as separate items."""
+    if item is SKIP:
+        return SKIP
+    if type(item) is Expand:
+        return Expand([x for batch in item.items if batch is not SKIP for x in batch])
+    return Expand(list(item))

@@ -1,0 +1,186 @@
+"""``Pipeline``: a built SPDL-style pipeline running on the engine, read by the caller.
+
+A background *sink* thread (a ``BackgroundProducer``) pulls the last stage's items ahead into
+a queue of ``add_sink(buffer_size)`` items, so ``get_item(timeout=…)`` can wait with a
+timeout. A stage failure (or a source error) arrives after the items produced before it and
+becomes a sticky :class:`PipelineFailure`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import warnings
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from gristmill._src.engine import reaper
+from gristmill._src.engine.feeds import ChunkStream
+from gristmill._src.engine.ordered import RunnerClosedError
+from gristmill._src.engine.producer import BackgroundProducer
+from gristmill._src.engine.stats import PipelineStatistics, StageCounters
+from gristmill._src.engine.streams import iterate
+
+PIPELINE_IDS = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class StageInfo:
+    """A stage's identity: ``str()`` is ``"pipeline_id:stage_id:name[concurrency]"``."""
+
+    pipeline_id: int
+    stage_id: str
+    stage_name: str
+    concurrency: int | None = None
+
+    def __str__(self) -> str:
+        suffix = f"[{self.concurrency}]" if self.concurrency and self.concurrency > 1 else ""
+        return f"{self.pipeline_id}:{self.stage_id}:{self.stage_name}{suffix}"
+
+
+class PipelineFailure(ExceptionGroup):
+    """The pipeline ended because stages failed; each sub-exception names its stage."""
+
+
+class _Closer:
+    """Stops a pipeline's threads: the stages first (waking the sink), then the sink."""
+
+    def __init__(self, last: ChunkStream, streams: list[Any]) -> None:
+        self.last = last
+        self.streams = streams
+        self.sink: BackgroundProducer | None = None
+
+    def shutdown(self) -> None:
+        for stream in reversed(self.streams):
+            stream.close()
+        if self.sink is not None:
+            self.sink.close()
+
+
+class Pipeline:
+    """A running (or ready) pipeline; iterate it, or ``get_item()``.
+
+    Not resumable once exhausted (unless the source is ``continuous``): build it again.
+    """
+
+    def __init__(
+        self, config: Any, last: ChunkStream, streams: list[Any], sink_buffer: int, name: str
+    ) -> None:
+        self._config = config
+        self._sink_buffer = sink_buffer
+        self._counters = StageCounters(f"{name}:sink", 1, sink_buffer)
+        self._closer = _Closer(last, streams)
+        self._streams = streams
+        self._started = False
+        self._stopped = False
+        self._ended = False
+        self._failure: PipelineFailure | None = None
+        self._failure_seen = False
+        self._warned_rerun = False
+        reaper.ensure_started()
+        self._finalizer = weakref.finalize(self, reaper.reap, self._closer)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self, *, timeout: float | None = None) -> None:
+        """Starts the stages' threads. A second call raises RuntimeError."""
+        if self._started:
+            raise RuntimeError("The pipeline was already started.")
+        self._started = True
+        self._closer.sink = BackgroundProducer(
+            iterate(self._closer.last), buffer_size=self._sink_buffer, counters=self._counters
+        )
+        for stream in self._streams:
+            start = getattr(stream, "start_early", None) or getattr(stream, "start", None)
+            if start is not None:
+                start()
+
+    def stop(self, *, timeout: float | None = None) -> None:
+        """Stops every thread (joined within ~1 s each); idempotent.
+
+        Re-raises a stage failure that nobody observed, once.
+        """
+        self._stopped = True
+        if self._finalizer.detach() is not None:
+            self._closer.shutdown()
+        if self._failure is not None and not self._failure_seen:
+            self._failure_seen = True
+            raise self._failure
+
+    @contextlib.contextmanager
+    def auto_stop(self, *, timeout: float | None = None) -> Iterator[None]:
+        """Starts the pipeline, and stops it on exit."""
+        self.start(timeout=timeout)
+        try:
+            yield
+        finally:
+            self.stop(timeout=timeout)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get_item(self, *, timeout: float | None = None) -> Any:
+        """The next item; EOFError at the end; TimeoutError; the sticky PipelineFailure."""
+        if self._failure is not None:
+            self._failure_seen = True
+            raise self._failure
+        if self._ended:
+            raise EOFError("Reached the end of the pipeline.")
+        if self._stopped:
+            raise RuntimeError("The pipeline was stopped; build a new one to read again.")
+        if not self._started:
+            self.start()
+        sink = self._closer.sink
+        assert sink is not None
+        try:
+            return sink.take(timeout)
+        except StopIteration:
+            self._ended = True
+            if self._finalizer.detach() is not None:
+                self._closer.shutdown()  # everything ran: stop the threads now
+            raise EOFError("Reached the end of the pipeline.") from None
+        except (TimeoutError, RunnerClosedError):
+            raise
+        except Exception as error:
+            self._failure = _failure(error)
+            self._failure_seen = True
+            raise self._failure from None
+
+    def get_iterator(self, *, timeout: float | None = None) -> Iterator[Any]:
+        """An iterator over the rest of the stream (single use; one epoch)."""
+        if self._ended and self._failure is None and not self._warned_rerun:
+            self._warned_rerun = True
+            warnings.warn(
+                "the pipeline is exhausted, so this iterator is empty; a pipeline runs once: "
+                "build it again, or use add_source(..., continuous=True)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return self._iterate(timeout)
+
+    def _iterate(self, timeout: float | None) -> Iterator[Any]:
+        while True:
+            try:
+                item = self.get_item(timeout=timeout)
+            except EOFError:
+                return
+            yield item
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.get_iterator()
+
+    def statistics(self) -> PipelineStatistics:
+        """Snapshots of every stage's counters (gristmill's; not part of SPDL's API)."""
+        stages = [s.statistics() for s in self._streams if hasattr(s, "statistics")]
+        return PipelineStatistics(stages=(*stages, self._counters.snapshot()))
+
+    def __str__(self) -> str:
+        return f"Pipeline({self._config!r})"
+
+
+def _failure(error: Exception) -> PipelineFailure:
+    stage = getattr(error, "_gristmill_stage", None) or getattr(error, "_pipeline_stage", None)
+    if stage is not None:
+        error.add_note(f"Pipeline stage: {stage}")
+    return PipelineFailure("pipeline stages failed", [error])

@@ -1,0 +1,10 @@
+"""SPDL-compatible stage pipelines on gristmill's engine (``from gristmill.pipeline import
+PipelineBuilder`` runs code written for ``spdl.pipeline``)."""
+
+from gristmill._src.public import export as _export
+from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
+from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
+
+_export("gristmill.pipeline", Pipeline, PipelineBuilder, PipelineFailure, StageInfo)
+
+__all__ = ["Pipeline", "PipelineBuilder", "PipelineFailure", "StageInfo", "build_pipeline"]

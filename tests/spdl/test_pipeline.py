@@ -1,0 +1,188 @@
+"""gristmill.pipeline behaviour beyond parity: the S1 and S6 fixes, timeouts, bad input,
+clean shutdown, statistics."""
+
+import gc
+import logging
+import re
+import threading
+import time
+
+import pytest
+
+from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
+
+
+def gristmill_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
+
+
+def wait_for_no_threads():
+    deadline = time.monotonic() + 2
+    while gristmill_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not gristmill_threads()
+
+
+def failing_on(bad):
+    def op(x):
+        if x in bad:
+            raise ValueError(f"bad {x}")
+        return x
+
+    op.__name__ = f"fail{sorted(bad)}"
+    return op
+
+
+def test_build_level_budget_applies_to_each_stage_s1_fix(caplog):
+    """SPDL 0.8.0 shares one counter over all stages, so two stages failing twice each fail
+    `build(max_failures=3)`; its docs promise a budget per stage, which gristmill applies."""
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .pipe(failing_on({1, 2}), output_order="input")
+        .pipe(failing_on({5, 6}), output_order="input")
+        .add_sink(3)
+        .build(num_threads=2, max_failures=3)
+    )
+    with caplog.at_level(logging.ERROR, logger="gristmill.pipeline"):
+        assert list(pipeline) == [0, 3, 4, *range(7, 20)]
+    failures = [r for r in caplog.records if r.name == "gristmill.pipeline"]
+    assert len(failures) == 4
+    assert all(r.getMessage().startswith("Task [") and r.exc_info for r in failures)
+
+
+def test_each_stage_reports_its_own_count_s1_fix():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .pipe(failing_on({1, 2}), output_order="input")
+        .pipe(failing_on({5, 6}), output_order="input")
+        .add_sink(3)
+        .build(num_threads=2, max_failures=1)
+    )
+    logging.disable(logging.ERROR)
+    try:
+        with pytest.raises(PipelineFailure) as info:
+            list(pipeline)
+    finally:
+        logging.disable(logging.NOTSET)
+    (error,) = info.value.exceptions
+    assert "failed 2 times, which exceeds the threshold (1)." in str(error)
+    assert "fail[1, 2]" in str(error)
+    pipeline.stop()
+
+
+def test_iterating_an_exhausted_pipeline_warns_once_s6_fix():
+    pipeline = PipelineBuilder().add_source(range(3)).add_sink(3).build(num_threads=1)
+    assert list(pipeline) == [0, 1, 2]
+    with pytest.warns(RuntimeWarning, match="a pipeline runs once"):
+        assert list(pipeline) == []
+    assert list(pipeline) == []  # once
+
+
+def test_get_item_timeout():
+    def slow():
+        yield 1
+        time.sleep(0.5)
+        yield 2
+
+    pipeline = PipelineBuilder().add_source(slow()).add_sink(3).build(num_threads=1)
+    try:
+        assert pipeline.get_item(timeout=5) == 1
+        with pytest.raises(
+            TimeoutError, match=re.escape("The next item is not available after 0.05 sec.")
+        ):
+            pipeline.get_item(timeout=0.05)
+        assert pipeline.get_item(timeout=5) == 2
+    finally:
+        pipeline.stop()
+
+
+@pytest.mark.parametrize("how", ["stop", "break-then-gc"])
+def test_stopping_or_dropping_a_running_pipeline_stops_every_thread(how):
+    def slow(x):
+        time.sleep(0.001)
+        return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100_000))
+        .pipe(slow, concurrency=4)
+        .aggregate(5)
+        .add_sink(3)
+        .build(num_threads=4)
+    )
+    for i, _ in enumerate(pipeline):
+        if i == 10:
+            break
+    assert gristmill_threads()
+    if how == "stop":
+        pipeline.stop()
+        pipeline.stop()  # idempotent
+    else:
+        del pipeline
+        gc.collect()
+    assert wait_for_no_threads()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda b: b.add_source(range(3)), ValueError, "Source already set."),
+        (lambda b: b.add_sink(0), ValueError, "`buffer_size` must be greater than 0. Found: 0"),
+        (lambda b: b.add_sink("3"), ValueError, "`buffer_size` must be an integer"),
+        (lambda b: b.pipe(abs, concurrency=0), ValueError, "`concurrency` value must be >= 1"),
+        (lambda b: b.pipe(abs, output_order="random"), ValueError, "`output_order` must be"),
+        (lambda b: b.pipe(abs, max_failures=1.5), TypeError, "max_failures must be an int"),
+        (
+            lambda b: b.pipe(abs, max_failures=__import__("fractions").Fraction(3, 2)),
+            ValueError,
+            r"Fraction must be in range \(0, 1\]",
+        ),
+        (lambda b: b.aggregate("3"), TypeError, "aggregate takes an int or an Aggregator"),
+        (lambda b: b.pipe(3), TypeError, "op must be callable"),
+    ],
+)
+def test_bad_builder_calls(call, error, match):
+    builder = PipelineBuilder().add_source(range(3))
+    with pytest.raises(error, match=match):
+        call(builder)
+
+
+def test_config_and_build_errors():
+    with pytest.raises(RuntimeError, match=re.escape("Source is not set.")):
+        PipelineBuilder().add_sink(3).get_config()
+    with pytest.raises(RuntimeError, match=re.escape("Sink is not set.")):
+        PipelineBuilder().add_source(range(3)).get_config()
+    with pytest.raises(ValueError, match="`num_threads` must be an integer >= 1"):
+        PipelineBuilder().add_source(range(3)).add_sink(3).build(num_threads=0)
+    with pytest.raises(TypeError, match="source must be an iterable"):
+        PipelineBuilder().add_source(5)
+    with pytest.raises(NotImplementedError, match="continuous=True"):
+        PipelineBuilder().add_source(range(3), continuous=True)
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        defs.Collate(0)
+
+
+def test_statistics_name_every_stage():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(50))
+        .pipe(abs, concurrency=2, name="absolute")
+        .aggregate(5)
+        .add_sink(3)
+        .build(num_threads=2)
+    )
+    assert len(list(pipeline)) == 10
+    names = [s.name for s in pipeline.statistics().stages]
+    assert names[0].endswith(":0:src")
+    assert names[1].endswith(":1:absolute[2]")
+    assert names[2].endswith(":2:aggregate(5)")
+
+
+def test_config_objects_are_readable():
+    config = (
+        PipelineBuilder().add_source(range(3)).pipe(abs, concurrency=2).add_sink(4).get_config()
+    )
+    assert config.sink == defs.SinkConfig(4)
+    assert "PipeConfig(name='abs'" in repr(config.pipes[0])

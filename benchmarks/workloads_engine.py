@@ -363,34 +363,21 @@ async def _async_wait_2ms(i: int) -> int:
     return i
 
 
-class _Batches:
-    """Groups an iterator's elements into ``np.asarray`` batches (what SPDL's aggregate +
-    np.asarray gives); ``close()`` closes the iterator."""
-
-    def __init__(self, it: Any, batch_size: int) -> None:
-        self.it = it
-        self.batch_size = batch_size
-
-    def __iter__(self) -> _Batches:
-        return self
-
-    def __next__(self) -> np.ndarray:
-        batch = list(itertools.islice(self.it, self.batch_size))
-        if not batch:
-            raise StopIteration
-        return np.asarray(batch)
-
-    def close(self) -> None:
-        _close(self.it)
-
-
 def _async_gristmill(*, n: int, concurrency: int, batch_size: int) -> Case:
-    """The engine's plan (the stage-pipeline API's back end): one asyncio stage."""
-    from gristmill._src.engine.plan import IndexSource, Plan, Stage
+    """The same code as the spdl contender, with ``gristmill.pipeline.PipelineBuilder``."""
+    from gristmill.pipeline import PipelineBuilder
 
-    stage = Stage(_async_wait_2ms, executor="asyncio", concurrency=concurrency)
-    plan = Plan(IndexSource.from_sequence(range(n)), [stage])
-    return _case(lambda: _Batches(iter(plan), batch_size), n)
+    def start() -> _SpdlIterator:
+        builder = (
+            PipelineBuilder()
+            .add_source(range(n))
+            .pipe(_async_wait_2ms, concurrency=concurrency, output_order="input")
+            .aggregate(batch_size)
+            .add_sink()
+        )
+        return _SpdlIterator(builder, 4, np.asarray)
+
+    return _case(start, n)
 
 
 def _async_spdl(*, n: int, concurrency: int, batch_size: int) -> Case:

@@ -1,0 +1,206 @@
+"""Task hooks (SPDL's ``TaskHook`` / ``TaskStatsHook``), run around a pipe stage's calls.
+
+A hook's ``task_hook(input_item)`` is an async context manager around every invocation (an
+exception of the op passes through it; an exception of the hook drops the item), its
+``stage_hook()`` one around the stage's life. Hooks run only when ``build`` is given a
+``task_hook_factory``: by default a stage pays nothing for them (``Pipeline.statistics()``
+has the engine's per-stage counters). For a sync op the context managers are driven on a
+per-thread event loop of the worker thread; for an async op, on the stage's loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("gristmill.pipeline")
+
+
+class TaskHook(abc.ABC):
+    """Instrumentation around a stage (``stage_hook``) and each of its calls (``task_hook``)."""
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self) -> AsyncIterator[None]:
+        """Entered once before the stage's first call, exited when the pipeline ends."""
+        yield
+
+    @abc.abstractmethod
+    def task_hook(self, input_item: Any = None) -> contextlib.AbstractAsyncContextManager[None]:
+        """An async context manager around one call with ``input_item``."""
+
+
+@dataclasses.dataclass
+class TaskPerfStats:
+    """Counts and times of a stage's calls (times of successful calls, in seconds)."""
+
+    num_tasks: int = 0
+    num_failures: int = 0
+    ave_time: float = 0.0
+    p90_time: float = 0.0
+    p99_time: float = 0.0
+
+
+class TaskStatsHook(TaskHook):
+    """Counts calls and failures and times successful calls; logs a line when the stage ends.
+
+    With ``interval > 0``, ``interval_stats_callback`` receives the stats of each interval.
+    """
+
+    def __init__(self, info: Any, interval: float = -1) -> None:
+        self.info = info
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._num_tasks = 0
+        self._num_failures = 0
+        self._total_time = 0.0
+        self._times: collections.deque[float] = collections.deque(maxlen=4096)
+        self._lap = (0, 0, 0.0, time.monotonic())  # tasks, failures, time, started
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            stats = self._stats(self._num_tasks, self._num_failures, self._total_time)
+            logger.info(
+                "[%s] Completed %d tasks (%d failed). Ave task time: %.1f ms. P90: %.1f ms. "
+                "P99: %.1f ms.",
+                self.info,
+                stats.num_tasks,
+                stats.num_failures,
+                stats.ave_time * 1e3,
+                stats.p90_time * 1e3,
+                stats.p99_time * 1e3,
+            )
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self, input_item: Any = None) -> AsyncIterator[None]:
+        began = time.perf_counter()
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            elapsed = time.perf_counter() - began
+            with self._lock:
+                self._num_tasks += 1
+                if failed:
+                    self._num_failures += 1
+                else:
+                    self._total_time += elapsed
+                    self._times.append(elapsed)
+                lap = self._lap_due()
+            if lap is not None:
+                self.interval_stats_callback(lap)
+
+    def _stats(self, tasks: int, failures: int, total: float) -> TaskPerfStats:
+        successes = tasks - failures
+        times = np.fromiter(self._times, dtype=np.float64)
+        p90, p99 = np.percentile(times, [90, 99]).tolist() if times.size else (0.0, 0.0)
+        return TaskPerfStats(
+            num_tasks=tasks,
+            num_failures=failures,
+            ave_time=total / successes if successes else 0.0,
+            p90_time=p90,
+            p99_time=p99,
+        )
+
+    def _lap_due(self) -> TaskPerfStats | None:
+        """The stats since the last interval, if one has passed (lock held)."""
+        if self.interval <= 0:
+            return None
+        tasks, failures, total, started = self._lap
+        if time.monotonic() - started < self.interval:
+            return None
+        self._lap = (self._num_tasks, self._num_failures, self._total_time, time.monotonic())
+        return self._stats(
+            self._num_tasks - tasks, self._num_failures - failures, self._total_time - total
+        )
+
+    def interval_stats_callback(self, stats: TaskPerfStats) -> None:
+        """Called with each interval's stats (``interval > 0``); logs them by default."""
+        logger.info("[%s] Interval: %s", self.info, stats)
+
+
+_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    loop = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+    return loop
+
+
+class StageHooks:
+    """A stage's hooks: entered once (first call), exited once (pipeline end)."""
+
+    def __init__(self, hooks: Sequence[TaskHook]) -> None:
+        self.hooks = list(hooks)
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._lock = threading.Lock()
+        self._entered = False
+        self._exited = False
+
+    async def _enter(self) -> None:
+        stack = contextlib.AsyncExitStack()
+        for hook in self.hooks:
+            await stack.enter_async_context(hook.stage_hook())
+        self._stack = stack
+
+    def ensure_entered_sync(self) -> None:
+        if self._entered:
+            return
+        with self._lock:
+            if not self._entered:
+                _thread_loop().run_until_complete(self._enter())
+                self._entered = True
+
+    async def ensure_entered_async(self) -> None:
+        if not self._entered:
+            self._entered = True
+            await self._enter()
+
+    def close(self) -> None:
+        """Exits the stage hooks (once) on a private loop."""
+        with self._lock:
+            if self._exited or self._stack is None:
+                self._exited = True
+                return
+            self._exited = True
+            stack = self._stack
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(stack.aclose())
+        finally:
+            loop.close()
+
+    def call_sync(self, op: Callable[[Any], Any], item: Any) -> Any:
+        """``op(item)`` inside every hook's ``task_hook`` (on this thread's loop)."""
+        self.ensure_entered_sync()
+
+        async def invoke() -> Any:
+            async with contextlib.AsyncExitStack() as stack:
+                for hook in self.hooks:
+                    await stack.enter_async_context(hook.task_hook(item))
+                return op(item)
+
+        return _thread_loop().run_until_complete(invoke())
+
+    async def call_async(self, op: Callable[[Any], Any], item: Any) -> Any:
+        """``await op(item)`` inside every hook's ``task_hook``."""
+        await self.ensure_entered_async()
+        async with contextlib.AsyncExitStack() as stack:
+            for hook in self.hooks:
+                await stack.enter_async_context(hook.task_hook(item))
+            return await op(item)

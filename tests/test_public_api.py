@@ -51,6 +51,15 @@ EXPECTED = {
         "DATASET_INDEX",
         "META_FEATURES",
     ],
+    "gristmill.source": [
+        "IterableWithShuffle",
+        "SizedIterable",
+        "SizedIterableWithShuffle",
+        "DistributedRandomSampler",
+        "DistributedDeterministicSampler",
+    ],
+    "gristmill.source.utils": ["MergeIterator", "repeat_source", "embed_shuffle"],
+    "gristmill.pipeline": ["cache_iterator"],
     "gristmill.experimental": [
         "CacheIterDataset",
         "FlatMapIterDataset",

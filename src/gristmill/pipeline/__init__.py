@@ -3,8 +3,29 @@ PipelineBuilder`` runs code written for ``spdl.pipeline``)."""
 
 from gristmill._src.public import export as _export
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
+from gristmill._src.spdl.cache import cache_iterator
+from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook
 from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
 
-_export("gristmill.pipeline", Pipeline, PipelineBuilder, PipelineFailure, StageInfo)
+_export(
+    "gristmill.pipeline",
+    Pipeline,
+    PipelineBuilder,
+    PipelineFailure,
+    StageInfo,
+    TaskHook,
+    TaskPerfStats,
+    TaskStatsHook,
+)
 
-__all__ = ["Pipeline", "PipelineBuilder", "PipelineFailure", "StageInfo", "build_pipeline"]
+__all__ = [
+    "Pipeline",
+    "PipelineBuilder",
+    "PipelineFailure",
+    "StageInfo",
+    "TaskHook",
+    "TaskPerfStats",
+    "TaskStatsHook",
+    "build_pipeline",
+    "cache_iterator",
+]

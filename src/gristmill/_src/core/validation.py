@@ -73,6 +73,18 @@ def check_callable(fn: Any, name: str, *, hint: str) -> None:
         raise TypeError(f"{name} must be callable ({hint}), got {fn!r} of type {type(fn).__name__}")
 
 
+def check_int(value: Any, name: str, *, fix: str = "") -> int:
+    """Any integer (``int`` or numpy integer, not ``bool``), as ``int``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got the bool {value!r}{fix}")
+    try:
+        return int(operator.index(value))
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an integer, got {value!r} of type {type(value).__name__}{fix}"
+        ) from None
+
+
 def check_int_in_range(
     value: Any, name: str, *, low: int, high: int | None = None, fix: str = ""
 ) -> int:
@@ -108,3 +120,10 @@ def check_default_seed(seed: Any) -> int:
     if seed is None:
         raise ValueError("seed must be an integer, got None; call ds.seed(42)")
     return check_rng_seed(seed)
+
+
+def check_iterable(value: Any, name: str, *, fix: str = "") -> None:
+    """Something ``iter()`` accepts (``__iter__``, or the old ``__getitem__`` protocol)."""
+    cls = type(value)
+    if getattr(cls, "__iter__", None) is None and not hasattr(cls, "__getitem__"):
+        raise TypeError(f"{name} must be iterable, got {value!r} of type {cls.__name__}{fix}")

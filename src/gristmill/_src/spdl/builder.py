@@ -19,6 +19,7 @@ from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import AggregateStream, IteratorStream
 from gristmill._src.spdl import defs, ops
+from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 
 
@@ -67,9 +68,10 @@ def build_pipeline(
     ``max_failures`` is each pipe stage's failure budget unless the stage sets its own: a
     negative int is unlimited, ``N`` allows N failures, a ``Fraction`` a failure rate (judged
     after 100 invocations). Unlike SPDL 0.8.0 the budget is per stage (S1), as its docs say.
-    ``report_stats_interval``, ``queue_class``, ``task_hook_factory`` and
-    ``use_thread_output_queue`` are accepted for compatibility; statistics come from
-    ``Pipeline.statistics()``.
+    ``task_hook_factory(StageInfo) -> list[TaskHook]`` adds hooks around each pipe stage's
+    calls (none by default: ``Pipeline.statistics()`` has the engine's per-stage counters).
+    ``report_stats_interval``, ``queue_class`` and ``use_thread_output_queue`` are accepted
+    for compatibility and have no effect.
     """
     num_threads = _check_positive(num_threads, "num_threads")
     build_limit = defs.check_max_failures(max_failures, "max_failures")
@@ -81,13 +83,18 @@ def build_pipeline(
     # The source runs ahead on its own thread by up to 16 items, handed over in chunks.
     upstream: ChunkStream = IteratorStream(source, buffer_size=16, name=str(src_info))
     streams: list[Any] = [upstream]
+    stage_hooks: list[StageHooks] = []
     for offset, stage in enumerate(cfg.pipes, start=1):
         sid = str(stage_id + offset)
         if isinstance(stage, defs.PipeConfig):
             info = StageInfo(pipeline_id, sid, stage.name, stage.concurrency)
             limit = stage.max_failures if stage.max_failures is not None else build_limit
             budget = ops.FailureBudget(str(info), limit)
-            fn = ops.stage_function(stage.op, str(info), budget)
+            hooks = None
+            if task_hook_factory is not None:
+                hooks = StageHooks(task_hook_factory(info))
+                stage_hooks.append(hooks)
+            fn = ops.stage_function(stage.op, str(info), budget, hooks)
             is_async = ops.kind_of(stage.op) in ("async", "async_gen")
             concurrency = stage.concurrency if is_async else min(stage.concurrency, num_threads)
             upstream = ChunkRunner(
@@ -117,7 +124,9 @@ def build_pipeline(
             raise TypeError(f"unsupported stage config {stage!r}")
         streams.append(upstream)
     sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
-    return Pipeline(cfg, upstream, streams, sink_buffer, name=f"{pipeline_id}")
+    return Pipeline(
+        cfg, upstream, streams, sink_buffer, name=f"{pipeline_id}", stage_hooks=stage_hooks
+    )
 
 
 class PipelineBuilder:

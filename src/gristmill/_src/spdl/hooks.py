@@ -132,16 +132,6 @@ class TaskStatsHook(TaskHook):
         logger.info("[%s] Interval: %s", self.info, stats)
 
 
-_loops = threading.local()
-
-
-def _thread_loop() -> asyncio.AbstractEventLoop:
-    loop = getattr(_loops, "loop", None)
-    if loop is None or loop.is_closed():
-        loop = _loops.loop = asyncio.new_event_loop()
-    return loop
-
-
 class StageHooks:
     """A stage's hooks: entered once (first call), exited once (pipeline end)."""
 
@@ -151,6 +141,16 @@ class StageHooks:
         self._lock = threading.Lock()
         self._entered = False
         self._exited = False
+        self._loops: dict[int, asyncio.AbstractEventLoop] = {}  # per worker thread; closed here
+
+    def _thread_loop(self) -> asyncio.AbstractEventLoop:
+        """This worker thread's loop for driving the hooks (created once, closed by close)."""
+        ident = threading.get_ident()
+        loop = self._loops.get(ident)
+        if loop is None:
+            with self._lock:
+                loop = self._loops[ident] = asyncio.new_event_loop()
+        return loop
 
     async def _enter(self) -> None:
         stack = contextlib.AsyncExitStack()
@@ -163,7 +163,10 @@ class StageHooks:
             return
         with self._lock:
             if not self._entered:
-                _thread_loop().run_until_complete(self._enter())
+                loop = self._loops.get(threading.get_ident())
+                if loop is None:
+                    loop = self._loops[threading.get_ident()] = asyncio.new_event_loop()
+                loop.run_until_complete(self._enter())
                 self._entered = True
 
     async def ensure_entered_async(self) -> None:
@@ -172,18 +175,24 @@ class StageHooks:
             await self._enter()
 
     def close(self) -> None:
-        """Exits the stage hooks (once) on a private loop."""
+        """Exits the stage hooks (once) on a private loop; closes the workers' loops."""
         with self._lock:
-            if self._exited or self._stack is None:
-                self._exited = True
+            if self._exited:
                 return
             self._exited = True
-            stack = self._stack
-        loop = asyncio.new_event_loop()
+            stack, self._stack = self._stack, None
+            loops, self._loops = list(self._loops.values()), {}
         try:
-            loop.run_until_complete(stack.aclose())
+            if stack is not None:
+                loop = asyncio.new_event_loop()
+                try:
+                    loop.run_until_complete(stack.aclose())
+                finally:
+                    loop.close()
         finally:
-            loop.close()
+            for worker_loop in loops:
+                if not worker_loop.is_running():
+                    worker_loop.close()
 
     def call_sync(self, op: Callable[[Any], Any], item: Any) -> Any:
         """``op(item)`` inside every hook's ``task_hook`` (on this thread's loop)."""
@@ -195,7 +204,7 @@ class StageHooks:
                     await stack.enter_async_context(hook.task_hook(item))
                 return op(item)
 
-        return _thread_loop().run_until_complete(invoke())
+        return self._thread_loop().run_until_complete(invoke())
 
     async def call_async(self, op: Callable[[Any], Any], item: Any) -> Any:
         """``await op(item)`` inside every hook's ``task_hook``."""

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gristmill._src.engine.streams import SKIP, Expand
+from gristmill._src.spdl.hooks import StageHooks
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -81,8 +82,13 @@ def kind_of(op: Callable[..., Any]) -> str:
     return "sync"
 
 
-def stage_function(op: Callable[..., Any], task_name: str, budget: FailureBudget) -> Any:
-    """The element function the engine runs for a pipe stage (sync or async, per ``op``)."""
+def stage_function(
+    op: Callable[..., Any], task_name: str, budget: FailureBudget, hooks: StageHooks | None = None
+) -> Any:
+    """The element function the engine runs for a pipe stage (sync or async, per ``op``).
+
+    With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
+    """
     kind = kind_of(op)
     counter = iter(range(1, 2**63))
 
@@ -97,9 +103,15 @@ def stage_function(op: Callable[..., Any], task_name: str, budget: FailureBudget
             budget.invoked()
             try:
                 if kind == "async_gen":
-                    result: Any = Expand([y async for y in op(item)])
+
+                    async def call(x: Any) -> Any:
+                        return Expand([y async for y in op(x)])
+
                 else:
-                    result = await op(item)
+                    call = op
+                result: Any = await (
+                    hooks.call_async(call, item) if hooks is not None else call(item)
+                )
             except Exception as e:
                 return failed(e)
             return SKIP if result is None else result
@@ -113,10 +125,13 @@ def stage_function(op: Callable[..., Any], task_name: str, budget: FailureBudget
 
         return run_async
 
+    def call(x: Any) -> Any:
+        return Expand(list(op(x))) if kind == "gen" else op(x)
+
     def one(item: Any) -> Any:
         budget.invoked()
         try:
-            result = Expand(list(op(item))) if kind == "gen" else op(item)
+            result = hooks.call_sync(call, item) if hooks is not None else call(item)
         except Exception as e:
             return failed(e)
         return SKIP if result is None else result

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate
 
 PIPELINE_IDS = itertools.count()
+logger = logging.getLogger("gristmill.pipeline")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +47,13 @@ class PipelineFailure(ExceptionGroup):
 
 
 class _Closer:
-    """Stops a pipeline's threads: the stages first (waking the sink), then the sink."""
+    """Stops a pipeline's threads: the stages first (waking the sink), then the sink; then
+    exits the stages' hooks."""
 
-    def __init__(self, last: ChunkStream, streams: list[Any]) -> None:
+    def __init__(self, last: ChunkStream, streams: list[Any], stage_hooks: list[Any]) -> None:
         self.last = last
         self.streams = streams
+        self.stage_hooks = stage_hooks
         self.sink: BackgroundProducer | None = None
 
     def shutdown(self) -> None:
@@ -57,6 +61,11 @@ class _Closer:
             stream.close()
         if self.sink is not None:
             self.sink.close()
+        for hooks in self.stage_hooks:
+            try:
+                hooks.close()
+            except Exception:  # a failing stage hook must not stop the others
+                logger.exception("gristmill: a stage hook failed while exiting")
 
 
 class Pipeline:
@@ -66,12 +75,18 @@ class Pipeline:
     """
 
     def __init__(
-        self, config: Any, last: ChunkStream, streams: list[Any], sink_buffer: int, name: str
+        self,
+        config: Any,
+        last: ChunkStream,
+        streams: list[Any],
+        sink_buffer: int,
+        name: str,
+        stage_hooks: list[Any] | None = None,
     ) -> None:
         self._config = config
         self._sink_buffer = sink_buffer
         self._counters = StageCounters(f"{name}:sink", 1, sink_buffer)
-        self._closer = _Closer(last, streams)
+        self._closer = _Closer(last, streams, stage_hooks or [])
         self._streams = streams
         self._started = False
         self._stopped = False

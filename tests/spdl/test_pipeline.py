@@ -158,8 +158,6 @@ def test_config_and_build_errors():
         PipelineBuilder().add_source(range(3)).add_sink(3).build(num_threads=0)
     with pytest.raises(TypeError, match="source must be an iterable"):
         PipelineBuilder().add_source(5)
-    with pytest.raises(NotImplementedError, match="continuous=True"):
-        PipelineBuilder().add_source(range(3), continuous=True)
     with pytest.raises(ValueError, match="n must be a positive integer"):
         defs.Collate(0)
 
@@ -186,3 +184,45 @@ def test_config_objects_are_readable():
     )
     assert config.sink == defs.SinkConfig(4)
     assert "PipeConfig(name='abs'" in repr(config.pipes[0])
+
+
+def test_record_rng_depends_only_on_seed_epoch_and_index():
+    from gristmill.pipeline import RecordRng
+
+    rng = RecordRng(3)
+
+    def augment(index):
+        return index, rng(index, epoch=1).integers(1_000_000)
+
+    def run(concurrency):
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(200))
+            .pipe(augment, concurrency=concurrency)
+            .add_sink(3)
+            .build(num_threads=concurrency)
+        )
+        return sorted(pipeline)
+
+    assert run(1) == run(8)
+    assert rng(5).integers(10**9) != rng(5, epoch=1).integers(10**9)
+    assert rng(5).integers(10**9) != RecordRng(4)(5).integers(10**9)
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        rng(1, epoch=-1)
+    with pytest.raises(TypeError, match="index must be an integer"):
+        rng(1.5)
+
+
+def test_datasets_are_pipeline_sources():
+    import gristmill as gm
+
+    records = gm.MapDataset.range(20).seed(1).shuffle().map(lambda x: x * 2)
+    for source in (records, records.to_iter_dataset().filter(lambda x: x % 3)):
+        pipeline = (
+            PipelineBuilder()
+            .add_source(source)
+            .pipe(lambda x: x + 1, concurrency=2, output_order="input")
+            .add_sink(3)
+            .build(num_threads=2)
+        )
+        assert list(pipeline) == [x + 1 for x in source]

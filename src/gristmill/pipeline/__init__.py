@@ -1,17 +1,20 @@
 """SPDL-compatible stage pipelines on gristmill's engine (``from gristmill.pipeline import
 PipelineBuilder`` runs code written for ``spdl.pipeline``)."""
 
+from gristmill._src.engine.markers import is_eof, is_epoch_end
 from gristmill._src.public import export as _export
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
 from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook
 from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
+from gristmill._src.spdl.rng import RecordRng
 
 _export(
     "gristmill.pipeline",
     Pipeline,
     PipelineBuilder,
     PipelineFailure,
+    RecordRng,
     StageInfo,
     TaskHook,
     TaskPerfStats,
@@ -22,10 +25,13 @@ __all__ = [
     "Pipeline",
     "PipelineBuilder",
     "PipelineFailure",
+    "RecordRng",
     "StageInfo",
     "TaskHook",
     "TaskPerfStats",
     "TaskStatsHook",
     "build_pipeline",
     "cache_iterator",
+    "is_eof",
+    "is_epoch_end",
 ]

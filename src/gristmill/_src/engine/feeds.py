@@ -18,6 +18,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gristmill._src.engine.markers import EPOCH_END
+
 ReadFn = Callable[[int, int], list[Any]]
 
 
@@ -46,6 +48,7 @@ class Task:
     size: int
     inputs: list[Any] | None = None
     upstream_error: BaseException | None = None
+    barrier: bool = False  # an EPOCH_END alone: nothing may overtake it, or be overtaken
 
 
 class ChunkStream(Protocol):
@@ -148,9 +151,12 @@ class StreamFeed:
     until the next ``reset``, which repositions upstream too.
     """
 
-    def __init__(self, upstream: ChunkStream, fn: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, upstream: ChunkStream, fn: Callable[[Any], Any], *, barriers: bool = False
+    ) -> None:
         self.upstream = upstream
         self.fn = fn
+        self.barriers = barriers  # the stream may carry EPOCH_END markers
         self._values: list[Any] = []
         self._offset = 0  # the next value of `_values` to hand out
         self._start = 0  # the position of `_values[0]`
@@ -180,7 +186,19 @@ class StreamFeed:
                 self._ended = True
         first = self._offset
         self._offset = min(len(self._values), first + limit)
-        task = Task(self._start + first, self._offset - first, self._values[first : self._offset])
+        barrier = False
+        if self.barriers:  # an EPOCH_END travels alone, and ends the task before it
+            for i in range(first, self._offset):
+                if self._values[i] is EPOCH_END:
+                    barrier = i == first
+                    self._offset = i + 1 if barrier else i
+                    break
+        task = Task(
+            self._start + first,
+            self._offset - first,
+            self._values[first : self._offset],
+            barrier=barrier,
+        )
         if self._offset == len(self._values) and self._error is not None:
             task.upstream_error, self._error = self._error, None
         return task

@@ -75,6 +75,8 @@ class Core:
         self.next_claim = 0  # sequence number of the next task to claim
         self.in_flight = 0  # positions claimed and not yet delivered
         self.tasks_out = 0  # tasks claimed and not yet delivered
+        self.outstanding: set[int] = set()  # their sequence numbers (completion order)
+        self.barriers: set[int] = set()  # the outstanding ones that are barriers
 
     def reset(self, position: int) -> None:
         """Repositions the feed; discards work in flight. Call with no lock held."""
@@ -82,6 +84,8 @@ class Core:
             self.generation += 1
             self.done.clear()
             self.ready = self.next_claim = self.in_flight = self.tasks_out = 0
+            self.outstanding.clear()
+            self.barriers.clear()
             self.threaded = False
             self.feed.reset(position)
             self.result_ready.notify_all()  # a consumer waiting elsewhere must not wait on
@@ -120,6 +124,9 @@ class Core:
                         self.result_ready.notify_all()
                         continue
                     self.in_flight += task.size - limit
+                    self.outstanding.add(seq)
+                    if task.barrier:
+                        self.barriers.add(seq)
                     return generation, seq, task
 
     def file(self, claimed: Claimed, chunk: Chunk, elapsed: float) -> None:
@@ -350,10 +357,23 @@ class ChunkRunner:
             core.work_ready.notify_all()
 
     def _ready_seq(self) -> int | None:
-        done = self._core.done
+        core = self._core
+        done = core.done
         if self._in_order:
             return self._next_seq if self._next_seq in done else None
-        return next(iter(done), None)
+        if not core.barriers:
+            return next(iter(done), None)
+        # Completion order around a barrier (an epoch end): it goes when everything claimed
+        # before it has gone, and nothing claimed after it goes before it.
+        lowest = min(core.outstanding)
+        first_barrier = min(core.barriers)
+        for seq in done:
+            if seq in core.barriers:
+                if seq == lowest:
+                    return seq
+            elif seq < first_barrier:
+                return seq
+        return None
 
     def _take_from_workers(self) -> Chunk | None:
         core = self._core
@@ -382,6 +402,8 @@ class ChunkRunner:
                     core.waiting_for = -1
                     self._counters.starved_s += time.perf_counter() - began
             task, chunk = core.done.pop(seq)
+            core.outstanding.discard(seq)
+            core.barriers.discard(seq)
             core.ready -= task.size
             occupancy = core.in_flight
             core.in_flight -= task.size

@@ -9,9 +9,7 @@ runner would (``next_chunk`` / ``reset`` / ``close``), so they chain with runner
   stream (batching), run inline by whoever pulls; it flattens :class:`Expand` values and
   skips ``SKIP`` ones.
 
-Element markers used by stages that do not map one input to one output:
-``SKIP`` (the input produced nothing: filtered, or a failure dropped) and
-:class:`Expand` (one input produced several outputs, e.g. a generator).
+Element markers (``SKIP``, ``Expand``, ``EPOCH_END``) are defined in :mod:`markers`.
 """
 
 from __future__ import annotations
@@ -22,41 +20,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from gristmill._src.engine.feeds import Chunk, ChunkStream
+from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand, flatten
+
+__all__ = ["EPOCH_END", "SKIP", "AggregateStream", "Expand", "IteratorStream", "flatten"]
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import StageCounters
-
-
-class _Skip:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "SKIP"
-
-
-SKIP: Any = _Skip()
-"""An element that produced nothing downstream (a ``None`` result, a dropped failure)."""
-
-
-class Expand:
-    """Several outputs of one input (a generator's), flattened by the next consumer."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
-
-
-def flatten(values: Iterable[Any]) -> Iterator[Any]:
-    """``values`` with :class:`Expand` flattened and ``SKIP`` left out."""
-    for value in values:
-        if value is SKIP:
-            continue
-        if type(value) is Expand:
-            for item in value.items:
-                if item is not SKIP:
-                    yield item
-        else:
-            yield value
 
 
 class IteratorStream:
@@ -158,6 +126,12 @@ class AggregateStream:
             error = None
             if chunk is not None:
                 for item in flatten(chunk.values):
+                    if item is EPOCH_END:  # flush the partial aggregate, then the boundary
+                        last = self._aggregator.flush()
+                        if last is not None and not self._drop_last:
+                            outputs.append(last)
+                        outputs.append(EPOCH_END)
+                        continue
                     out = accumulate(item)
                     if out is not None:
                         outputs.append(out)

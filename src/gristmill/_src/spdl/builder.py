@@ -16,11 +16,24 @@ from collections.abc import AsyncIterable, Iterable, Iterator
 from typing import Any
 
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
+from gristmill._src.engine.markers import EPOCH_END
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import AggregateStream, IteratorStream
 from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
+
+
+class _Continuous:
+    """``source`` re-iterated forever, an ``EPOCH_END`` marker after every pass."""
+
+    def __init__(self, source: Iterable[Any]) -> None:
+        self._source = source
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield from self._source
+            yield EPOCH_END
 
 
 class _AsyncSource:
@@ -79,6 +92,9 @@ def build_pipeline(
     source = cfg.src.source
     if isinstance(source, AsyncIterable) and not isinstance(source, Iterable):
         source = _AsyncSource(source)
+    continuous = bool(cfg.src.continuous)
+    if continuous:
+        source = _Continuous(source)
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
     # The source runs ahead on its own thread by up to 16 items, handed over in chunks.
     upstream: ChunkStream = IteratorStream(source, buffer_size=16, name=str(src_info))
@@ -98,7 +114,7 @@ def build_pipeline(
             is_async = ops.kind_of(stage.op) in ("async", "async_gen")
             concurrency = stage.concurrency if is_async else min(stage.concurrency, num_threads)
             upstream = ChunkRunner(
-                StreamFeed(upstream, fn),
+                StreamFeed(upstream, fn, barriers=continuous),
                 workers=concurrency,
                 buffer_size=max(2 * stage.concurrency + 2, 16),
                 name=str(info),
@@ -114,7 +130,7 @@ def build_pipeline(
         elif isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             upstream = ChunkRunner(
-                StreamFeed(upstream, ops.disaggregate),
+                StreamFeed(upstream, ops.disaggregate, barriers=continuous),
                 workers=0,  # inline in whoever pulls: a list split is cheap
                 buffer_size=16,
                 name=str(info),
@@ -151,14 +167,13 @@ class PipelineBuilder:
         self._sink: defs.SinkConfig | None = None
 
     def add_source(self, source: Any, *, continuous: bool = False) -> PipelineBuilder:
-        """Sets the source: an iterable or an async iterable."""
+        """Sets the source: an iterable or an async iterable.
+
+        ``continuous=True`` iterates it again and again; each ``get_iterator()`` (or ``for``
+        loop) covers one pass, and ``get_item`` raises ``EOFError`` between passes.
+        """
         if self._src is not None:
             raise ValueError("Source already set.")
-        if continuous:
-            raise NotImplementedError(
-                "continuous=True (epoch markers) is not supported yet; build the pipeline "
-                "once per epoch"
-            )
         if not isinstance(source, (Iterable, AsyncIterable)):
             raise TypeError(f"source must be an iterable or an async iterable, got {source!r}")
         self._src = defs.SourceConfig(source, continuous)

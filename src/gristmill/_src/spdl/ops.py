@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gristmill._src.engine.streams import SKIP, Expand
+from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.spdl.hooks import StageHooks
 
 logger = logging.getLogger("gristmill.pipeline")
@@ -117,8 +117,8 @@ def stage_function(
             return SKIP if result is None else result
 
         async def run_async(item: Any) -> Any:
-            if item is SKIP:
-                return SKIP
+            if item is SKIP or item is EPOCH_END:
+                return item
             if type(item) is Expand:
                 return _joined([await one_async(x) for x in item.items if x is not SKIP])
             return await one_async(item)
@@ -137,8 +137,8 @@ def stage_function(
         return SKIP if result is None else result
 
     def run(item: Any) -> Any:
-        if item is SKIP:
-            return SKIP
+        if item is SKIP or item is EPOCH_END:
+            return item
         if type(item) is Expand:
             return _joined([one(x) for x in item.items if x is not SKIP])
         return one(item)
@@ -159,8 +159,8 @@ def _joined(results: list[Any]) -> Expand:
 
 def disaggregate(item: Any) -> Any:
     """Each element of an input list, as separate items."""
-    if item is SKIP:
-        return SKIP
+    if item is SKIP or item is EPOCH_END:
+        return item
     if type(item) is Expand:
         return Expand([x for batch in item.items if batch is not SKIP for x in batch])
     return Expand(list(item))

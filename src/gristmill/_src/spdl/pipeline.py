@@ -19,6 +19,7 @@ from typing import Any
 
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import ChunkStream
+from gristmill._src.engine.markers import EPOCH_END
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
@@ -149,7 +150,7 @@ class Pipeline:
         sink = self._closer.sink
         assert sink is not None
         try:
-            return sink.take(timeout)
+            item = sink.take(timeout)
         except StopIteration:
             self._ended = True
             if self._finalizer.detach() is not None:
@@ -161,6 +162,9 @@ class Pipeline:
             self._failure = _failure(error)
             self._failure_seen = True
             raise self._failure from None
+        if item is EPOCH_END:  # a continuous source's pass ended; the next one follows
+            raise EOFError("Reached the end of the pipeline.")
+        return item
 
     def get_iterator(self, *, timeout: float | None = None) -> Iterator[Any]:
         """An iterator over the rest of the stream (single use; one epoch)."""

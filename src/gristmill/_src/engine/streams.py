@@ -1,13 +1,10 @@
-"""Chunk streams that are not an index range: a Python iterator, and an aggregation.
+"""A chunk stream that is not an index range: a Python iterator run ahead on a thread.
 
-Both give a downstream :class:`~gristmill._src.engine.feeds.StreamFeed` what an upstream
+It gives a downstream :class:`~gristmill._src.engine.feeds.StreamFeed` what an upstream
 runner would (``next_chunk`` / ``reset`` / ``close``), so they chain with runners:
 
 - :class:`IteratorStream`: any iterable, run ahead on one background thread (a
   ``BackgroundProducer``, chunked hand-off); positions number its items from 0.
-- :class:`AggregateStream`: a stateful ``accumulate`` / ``flush`` aggregation of an upstream
-  stream (batching), run inline by whoever pulls; it flattens :class:`Expand` values and
-  skips ``SKIP`` ones.
 
 Element markers (``SKIP``, ``Expand``, ``EPOCH_END``) are defined in :mod:`markers`.
 """
@@ -17,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand, flatten
 
-__all__ = ["EPOCH_END", "SKIP", "AggregateStream", "Expand", "IteratorStream", "flatten"]
+__all__ = ["EPOCH_END", "SKIP", "Expand", "IteratorStream", "flatten", "iterate"]
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import StageCounters
 
@@ -88,72 +85,6 @@ class IteratorStream:
             # it is still running on a producer thread that did not stop in time.
             with contextlib.suppress(ValueError, RuntimeError):
                 close()
-
-    def statistics(self) -> Any:
-        return self._counters.snapshot()
-
-
-class Aggregator(Protocol):
-    def accumulate(self, item: Any) -> Any: ...
-
-    def flush(self) -> Any: ...
-
-
-class AggregateStream:
-    """``aggregator`` over ``upstream``'s items; a flush at the end (unless ``drop_last``).
-
-    An error from upstream ends the stream: the partial aggregate is flushed first (as
-    upstream's EOF after a failure does), then the error follows.
-    """
-
-    def __init__(
-        self, upstream: ChunkStream, aggregator: Aggregator, *, drop_last: bool, name: str
-    ) -> None:
-        self._upstream = upstream
-        self._aggregator = aggregator
-        self._drop_last = drop_last
-        self._done = False
-        self._position = 0
-        self._counters = StageCounters(name, 1, 1)
-
-    def next_chunk(self) -> Chunk | None:
-        if self._done:
-            return None
-        accumulate = self._aggregator.accumulate
-        while True:
-            chunk = self._upstream.next_chunk()
-            outputs: list[Any] = []
-            error = None
-            if chunk is not None:
-                for item in flatten(chunk.values):
-                    if item is EPOCH_END:  # flush the partial aggregate, then the boundary
-                        last = self._aggregator.flush()
-                        if last is not None and not self._drop_last:
-                            outputs.append(last)
-                        outputs.append(EPOCH_END)
-                        continue
-                    out = accumulate(item)
-                    if out is not None:
-                        outputs.append(out)
-                error = chunk.error
-            if chunk is None or error is not None:
-                self._done = True
-                if not self._drop_last:
-                    last = self._aggregator.flush()
-                    if last is not None:
-                        outputs.append(last)
-            if outputs or error is not None:
-                start, self._position = self._position, self._position + len(outputs)
-                self._counters.delivered(len(outputs), 0)
-                return Chunk(start, outputs, error)
-            if self._done:
-                return None
-
-    def reset(self, position: int) -> None:
-        raise ValueError("an aggregation cannot be repositioned")
-
-    def close(self) -> None:
-        self._upstream.close()
 
     def statistics(self) -> Any:
         return self._counters.snapshot()

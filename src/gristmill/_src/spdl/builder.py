@@ -18,10 +18,12 @@ from typing import Any
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.markers import EPOCH_END
 from gristmill._src.engine.ordered import ChunkRunner
-from gristmill._src.engine.streams import AggregateStream, IteratorStream
+from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import defs, ops
+from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
+from gristmill._src.spdl.tracking import ResumableSource
 
 
 class _Continuous:
@@ -93,8 +95,12 @@ def build_pipeline(
     if isinstance(source, AsyncIterable) and not isinstance(source, Iterable):
         source = _AsyncSource(source)
     continuous = bool(cfg.src.continuous)
+    resumable: ResumableSource | None = None
     if continuous:
         source = _Continuous(source)
+    else:
+        source = resumable = ResumableSource(source)  # items keyed by source position
+    skip_outputs: dict[int, set[int]] = {}  # generator outputs a restored state delivered
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
     # The source runs ahead on its own thread by up to 16 items, handed over in chunks.
     upstream: ChunkStream = IteratorStream(source, buffer_size=16, name=str(src_info))
@@ -110,7 +116,7 @@ def build_pipeline(
             if task_hook_factory is not None:
                 hooks = StageHooks(task_hook_factory(info))
                 stage_hooks.append(hooks)
-            fn = ops.stage_function(stage.op, str(info), budget, hooks)
+            fn = ops.stage_function(stage.op, str(info), budget, hooks, skip_outputs)
             is_async = ops.kind_of(stage.op) in ("async", "async_gen")
             concurrency = stage.concurrency if is_async else min(stage.concurrency, num_threads)
             upstream = ChunkRunner(
@@ -141,7 +147,14 @@ def build_pipeline(
         streams.append(upstream)
     sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
     return Pipeline(
-        cfg, upstream, streams, sink_buffer, name=f"{pipeline_id}", stage_hooks=stage_hooks
+        cfg,
+        upstream,
+        streams,
+        sink_buffer,
+        name=f"{pipeline_id}",
+        stage_hooks=stage_hooks,
+        resumable=resumable,
+        skip_outputs=skip_outputs,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.spdl.hooks import StageHooks
+from gristmill._src.spdl.tracking import Keyed, rekeyed, split
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -83,12 +84,19 @@ def kind_of(op: Callable[..., Any]) -> str:
 
 
 def stage_function(
-    op: Callable[..., Any], task_name: str, budget: FailureBudget, hooks: StageHooks | None = None
+    op: Callable[..., Any],
+    task_name: str,
+    budget: FailureBudget,
+    hooks: StageHooks | None = None,
+    skip_outputs: dict[int, set[int]] | None = None,
 ) -> Any:
     """The element function the engine runs for a pipe stage (sync or async, per ``op``).
 
     With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
+    Keyed items (a resumable pipeline) keep their source keys with the result;
+    ``skip_outputs`` names generator outputs a restored state already delivered.
     """
+    skipped: dict[int, set[int]] = {} if skip_outputs is None else skip_outputs
     kind = kind_of(op)
     counter = iter(range(1, 2**63))
 
@@ -119,8 +127,12 @@ def stage_function(
         async def run_async(item: Any) -> Any:
             if item is SKIP or item is EPOCH_END:
                 return item
+            if isinstance(item, Keyed):
+                if item.value is SKIP:
+                    return item
+                return rekeyed(await one_async(item.value), item, skipped)
             if type(item) is Expand:
-                return _joined([await one_async(x) for x in item.items if x is not SKIP])
+                return _joined([await run_async(x) for x in item.items if x is not SKIP])
             return await one_async(item)
 
         return run_async
@@ -139,8 +151,12 @@ def stage_function(
     def run(item: Any) -> Any:
         if item is SKIP or item is EPOCH_END:
             return item
+        if isinstance(item, Keyed):
+            if item.value is SKIP:
+                return item
+            return rekeyed(one(item.value), item, skipped)
         if type(item) is Expand:
-            return _joined([one(x) for x in item.items if x is not SKIP])
+            return _joined([run(x) for x in item.items if x is not SKIP])
         return one(item)
 
     return run
@@ -161,6 +177,8 @@ def disaggregate(item: Any) -> Any:
     """Each element of an input list, as separate items."""
     if item is SKIP or item is EPOCH_END:
         return item
+    if isinstance(item, Keyed):
+        return item if item.value is SKIP else split(item)
     if type(item) is Expand:
-        return Expand([x for batch in item.items if batch is not SKIP for x in batch])
+        return _joined([disaggregate(batch) for batch in item.items if batch is not SKIP])
     return Expand(list(item))

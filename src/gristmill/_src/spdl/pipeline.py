@@ -19,11 +19,12 @@ from typing import Any
 
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import ChunkStream
-from gristmill._src.engine.markers import EPOCH_END
+from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate
+from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, ResumableSource
 
 PIPELINE_IDS = itertools.count()
 logger = logging.getLogger("gristmill.pipeline")
@@ -83,11 +84,16 @@ class Pipeline:
         sink_buffer: int,
         name: str,
         stage_hooks: list[Any] | None = None,
+        resumable: ResumableSource | None = None,
+        skip_outputs: dict[int, set[int]] | None = None,
     ) -> None:
         self._config = config
         self._sink_buffer = sink_buffer
         self._counters = StageCounters(f"{name}:sink", 1, sink_buffer)
         self._closer = _Closer(last, streams, stage_hooks or [])
+        self._resumable = resumable
+        self._skip_outputs = skip_outputs if skip_outputs is not None else {}
+        self._tracker = DeliveryTracker()
         self._streams = streams
         self._started = False
         self._stopped = False
@@ -149,8 +155,20 @@ class Pipeline:
             self.start()
         sink = self._closer.sink
         assert sink is not None
+        while True:
+            item = self._take(sink, timeout)
+            if item is EPOCH_END:  # a continuous source's pass ended; the next one follows
+                raise EOFError("Reached the end of the pipeline.")
+            if isinstance(item, Keyed):
+                self._tracker.resolve(item.cover)  # the caller has it now (or it was dropped)
+                if item.value is SKIP:
+                    continue
+                return item.value
+            return item
+
+    def _take(self, sink: BackgroundProducer, timeout: float | None) -> Any:
         try:
-            item = sink.take(timeout)
+            return sink.take(timeout)
         except StopIteration:
             self._ended = True
             if self._finalizer.detach() is not None:
@@ -162,9 +180,40 @@ class Pipeline:
             self._failure = _failure(error)
             self._failure_seen = True
             raise self._failure from None
-        if item is EPOCH_END:  # a continuous source's pass ended; the next one follows
-            raise EOFError("Reached the end of the pipeline.")
-        return item
+
+    # -- state (beyond SPDL) ------------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """What the caller has received, as a small JSON-able dict of source positions.
+
+        Independent of concurrency, ``num_threads`` and output order: a pipeline built the
+        same way (any of those changed) and given this state with :meth:`set_state` yields
+        exactly the items not yet received, none twice.
+        """
+        if self._resumable is None:
+            raise NotImplementedError(
+                "a pipeline with a continuous source has no state yet; build it per epoch "
+                "from a non-continuous source to checkpoint it"
+            )
+        return self._tracker.state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continues from ``state`` (from :meth:`get_state`); call before the pipeline starts."""
+        if self._resumable is None:
+            raise NotImplementedError(
+                "a pipeline with a continuous source has no state yet; build it per epoch "
+                "from a non-continuous source to checkpoint it"
+            )
+        if self._started:
+            raise RuntimeError(
+                "set_state() must be called before the pipeline starts; build a new pipeline "
+                "and restore it before the first get_item()"
+            )
+        self._tracker.restore(state)
+        self._resumable.start = self._tracker.watermark
+        self._resumable.skip = set(self._tracker.done)
+        self._skip_outputs.clear()
+        self._skip_outputs.update(self._tracker.partial)
 
     def get_iterator(self, *, timeout: float | None = None) -> Iterator[Any]:
         """An iterator over the rest of the stream (single use; one epoch)."""

@@ -1,0 +1,106 @@
+"""``aggregate``: a stateful ``accumulate`` / ``flush`` aggregation of an upstream stream.
+
+Run inline by whoever pulls it; it flattens ``Expand`` values and skips ``SKIP`` ones. With
+keyed items (a resumable pipeline) each output covers the source keys of what it consumed
+(``tracking.Covers``). At an ``EPOCH_END`` the partial aggregate is flushed (or dropped with
+``drop_last``) and the marker forwarded; an error from upstream ends the stream after a
+flush, as upstream's EOF after a failure does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from gristmill._src.engine.feeds import Chunk, ChunkStream
+from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
+from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl.tracking import Covers, Keyed
+
+
+def covers_take(covers: Covers, output: Any) -> Any:
+    """``output`` keyed with what was consumed, if the stream is keyed."""
+    if covers.members or covers.dropped:
+        return covers.take(output)
+    return output
+
+
+class Aggregator(Protocol):
+    def accumulate(self, item: Any) -> Any: ...
+
+    def flush(self) -> Any: ...
+
+
+class AggregateStream:
+    """``aggregator`` over ``upstream``'s items; a flush at the end (unless ``drop_last``).
+
+    An error from upstream ends the stream: the partial aggregate is flushed first (as
+    upstream's EOF after a failure does), then the error follows.
+    """
+
+    def __init__(
+        self, upstream: ChunkStream, aggregator: Aggregator, *, drop_last: bool, name: str
+    ) -> None:
+        self._upstream = upstream
+        self._aggregator = aggregator
+        self._drop_last = drop_last
+        self._done = False
+        self._position = 0
+        self._counters = StageCounters(name, 1, 1)
+        self._covers = Covers()  # source keys consumed since the last output
+
+    def _flush(self, outputs: list[Any]) -> None:
+        """The partial aggregate at an end (kept, or dropped with ``drop_last``)."""
+        last = self._aggregator.flush()
+        if last is not None and not self._drop_last:
+            outputs.append(covers_take(self._covers, last))
+        else:
+            dropped = self._covers.drop_all()
+            if dropped is not None:
+                outputs.append(dropped)
+
+    def next_chunk(self) -> Chunk | None:
+        if self._done:
+            return None
+        accumulate = self._aggregator.accumulate
+        covers = self._covers
+        while True:
+            chunk = self._upstream.next_chunk()
+            outputs: list[Any] = []
+            error = None
+            if chunk is not None:
+                for item in flatten(chunk.values):
+                    if item is EPOCH_END:  # flush the partial aggregate, then the boundary
+                        self._flush(outputs)
+                        outputs.append(EPOCH_END)
+                        continue
+                    if isinstance(item, Keyed):
+                        if item.value is SKIP:  # dropped upstream: resolves with the next
+                            covers.dropped.extend(item.cover)
+                            continue
+                        covers.members.append(item.cover)
+                        out = accumulate(item.value)
+                        if out is not None:
+                            outputs.append(covers.take(out))
+                        continue
+                    out = accumulate(item)
+                    if out is not None:
+                        outputs.append(out)
+                error = chunk.error
+            if chunk is None or error is not None:
+                self._done = True
+                self._flush(outputs)
+            if outputs or error is not None:
+                start, self._position = self._position, self._position + len(outputs)
+                self._counters.delivered(len(outputs), 0)
+                return Chunk(start, outputs, error)
+            if self._done:
+                return None
+
+    def reset(self, position: int) -> None:
+        raise ValueError("an aggregation cannot be repositioned")
+
+    def close(self) -> None:
+        self._upstream.close()
+
+    def statistics(self) -> Any:
+        return self._counters.snapshot()

@@ -214,6 +214,7 @@ def _spdl_case(
     n: int,
     num_threads: int,
     convert: Callable[[Any], Any] = _identity,
+    module: str = "spdl.pipeline",
 ) -> Case:
     """``stages(PipelineBuilder().add_source(source)).add_sink()``, built with
     ``num_threads``; ``convert`` runs on each output in the consumer loop.
@@ -221,9 +222,12 @@ def _spdl_case(
     Every iterator gets a new ``PipelineBuilder``: ``aggregate(k)`` makes one ``Collate``
     whose buffer every pipeline built from that builder shares, so after a pipeline is
     stopped early (a first-output try) the next one's first batch would begin with the
-    stopped one's leftovers (seen with spdl 0.8.0).
+    stopped one's leftovers (seen with spdl 0.8.0). ``module="gristmill.pipeline"`` runs the
+    same code on gristmill's SPDL dialect.
     """
-    from spdl.pipeline import PipelineBuilder
+    import importlib
+
+    PipelineBuilder = importlib.import_module(module).PipelineBuilder  # noqa: N806
 
     def start() -> _SpdlIterator:
         builder = stages(PipelineBuilder().add_source(source)).add_sink()
@@ -355,6 +359,19 @@ def _images_limit(*, n: int, batch_size: int) -> Case:
     return _case(start, n)
 
 
+# --- pipeline_cheap_batch ------------------------------------------------------------------
+
+
+def _pipeline_cheap(module: str) -> Any:
+    def build(*, n: int, batch_size: int) -> Case:
+        def stages(b: Any) -> Any:
+            return b.pipe(_increment, output_order="input").aggregate(batch_size)
+
+        return _spdl_case(range(n), stages, n, 1, np.asarray, module=module)
+
+    return build
+
+
 # --- plan_async_wait_2ms ----------------------------------------------------------------
 
 
@@ -450,6 +467,21 @@ WORKLOADS = (
                 "spdl": _zlib_spdl,
                 "torch": _zlib_torch,
                 "limit": _zlib_limit,
+            }
+        ),
+    ),
+    Workload(
+        name="pipeline_cheap_batch",
+        summary="PipelineBuilder: range(n).pipe(x+1, input order).aggregate(32), same code "
+        "(gristmill.pipeline vs spdl.pipeline)",
+        params={"n": 50_000, "n_spdl": 3_200, "batch_size": 32},
+        quick_params={"n": 5_000, "n_spdl": 320, "batch_size": 32},
+        warmup=False,
+        builders=_per_contender(
+            {
+                "gristmill": _pipeline_cheap("gristmill.pipeline"),
+                "spdl": _pipeline_cheap("spdl.pipeline"),
+                "limit": _cheap_limit,
             }
         ),
     ),

@@ -19,7 +19,7 @@ from typing import Any
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand, flatten
 
-__all__ = ["EPOCH_END", "SKIP", "Expand", "IteratorStream", "flatten", "iterate"]
+__all__ = ["EPOCH_END", "SKIP", "Expand", "IteratorStream", "flatten", "iterate_chunks"]
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import StageCounters
 
@@ -90,16 +90,16 @@ class IteratorStream:
         return self._counters.snapshot()
 
 
-def iterate(stream: ChunkStream) -> Callable[[], Any]:
-    """``produce()`` for a BackgroundProducer: the next flattened item of ``stream``."""
-    pending: Iterator[Any] = iter(())
+def iterate_chunks(stream: ChunkStream) -> Callable[[], list[Any]]:
+    """``produce()`` for a BackgroundProducer: the next chunk of ``stream``, flattened.
+
+    One hand-off carries a whole chunk (never an empty one); an error comes after the items
+    before it; StopIteration at the end.
+    """
     state: dict[str, BaseException | None] = {"error": None}
 
-    def produce() -> Any:
-        nonlocal pending
+    def produce() -> list[Any]:
         while True:
-            for item in pending:
-                return item
             error = state["error"]
             if error is not None:
                 state["error"] = None
@@ -107,7 +107,9 @@ def iterate(stream: ChunkStream) -> Callable[[], Any]:
             chunk = stream.next_chunk()
             if chunk is None:
                 raise StopIteration
-            pending = flatten(chunk.values)
             state["error"] = chunk.error
+            values = list(flatten(chunk.values))
+            if values:
+                return values
 
     return produce

@@ -102,8 +102,8 @@ def build_pipeline(
         source = resumable = ResumableSource(source)  # items keyed by source position
     skip_outputs: dict[int, set[int]] = {}  # generator outputs a restored state delivered
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
-    # The source runs ahead on its own thread by up to 16 items, handed over in chunks.
-    upstream: ChunkStream = IteratorStream(source, buffer_size=16, name=str(src_info))
+    # The source runs ahead on its own thread by up to 64 items, handed over in chunks.
+    upstream: ChunkStream = IteratorStream(source, buffer_size=64, name=str(src_info))
     streams: list[Any] = [upstream]
     stage_hooks: list[StageHooks] = []
     for offset, stage in enumerate(cfg.pipes, start=1):

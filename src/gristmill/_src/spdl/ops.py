@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fractions
 import inspect
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -37,13 +38,13 @@ class FailureBudget:
     def __init__(self, stage: str, limit: int | fractions.Fraction | None) -> None:
         self.stage = stage
         self.limit = limit
+        self._calls = itertools.count(1)  # next() is atomic: no lock on the per-item path
         self.invocations = 0
         self.failures = 0
         self._lock = threading.Lock()
 
     def invoked(self) -> None:
-        with self._lock:
-            self.invocations += 1
+        self.invocations = next(self._calls)
 
     def failed(self, error: Exception) -> None:
         """Counts a failure; raises RuntimeError (from ``error``) if over the budget."""
@@ -137,11 +138,14 @@ def stage_function(
 
         return run_async
 
-    def call(x: Any) -> Any:
-        return Expand(list(op(x))) if kind == "gen" else op(x)
+    def expand(x: Any) -> Any:
+        return Expand(list(op(x)))
+
+    call = expand if kind == "gen" else op
+    invoked = budget.invoked
 
     def one(item: Any) -> Any:
-        budget.invoked()
+        invoked()
         try:
             result = hooks.call_sync(call, item) if hooks is not None else call(item)
         except Exception as e:
@@ -149,6 +153,14 @@ def stage_function(
         return SKIP if result is None else result
 
     def run(item: Any) -> Any:
+        if type(item) is Keyed:  # the common case: one keyed item, one plain result
+            value = item.value
+            if value is SKIP:
+                return item
+            result = one(value)
+            if result is SKIP or type(result) is Expand:
+                return rekeyed(result, item, skipped)
+            return Keyed(result, item.cover)
         if item is SKIP or item is EPOCH_END:
             return item
         if isinstance(item, Keyed):

@@ -1,13 +1,14 @@
 """``Pipeline``: a built SPDL-style pipeline running on the engine, read by the caller.
 
-A background *sink* thread (a ``BackgroundProducer``) pulls the last stage's items ahead into
-a queue of ``add_sink(buffer_size)`` items, so ``get_item(timeout=…)`` can wait with a
-timeout. A stage failure (or a source error) arrives after the items produced before it and
-becomes a sticky :class:`PipelineFailure`.
+A background *sink* thread (a ``BackgroundProducer``) pulls the last stage's chunks ahead
+into a queue of ``add_sink(buffer_size)`` hand-offs (each a chunk of items), so
+``get_item(timeout=…)`` can wait with a timeout. A stage failure (or a source error)
+arrives after the items produced before it and becomes a sticky :class:`PipelineFailure`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -23,7 +24,7 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
-from gristmill._src.engine.streams import iterate
+from gristmill._src.engine.streams import iterate_chunks
 from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, ResumableSource
 
 PIPELINE_IDS = itertools.count()
@@ -94,6 +95,7 @@ class Pipeline:
         self._resumable = resumable
         self._skip_outputs = skip_outputs if skip_outputs is not None else {}
         self._tracker = DeliveryTracker()
+        self._pending: collections.deque[Any] = collections.deque()  # a taken chunk's rest
         self._streams = streams
         self._started = False
         self._stopped = False
@@ -112,7 +114,9 @@ class Pipeline:
             raise RuntimeError("The pipeline was already started.")
         self._started = True
         self._closer.sink = BackgroundProducer(
-            iterate(self._closer.last), buffer_size=self._sink_buffer, counters=self._counters
+            iterate_chunks(self._closer.last),
+            buffer_size=self._sink_buffer,
+            counters=self._counters,
         )
         for stream in self._streams:
             start = getattr(stream, "start_early", None) or getattr(stream, "start", None)
@@ -156,7 +160,9 @@ class Pipeline:
         sink = self._closer.sink
         assert sink is not None
         while True:
-            item = self._take(sink, timeout)
+            if not self._pending:
+                self._pending.extend(self._take(sink, timeout))
+            item = self._pending.popleft()
             if item is EPOCH_END:  # a continuous source's pass ended; the next one follows
                 raise EOFError("Reached the end of the pipeline.")
             if isinstance(item, Keyed):

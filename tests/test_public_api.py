@@ -63,6 +63,7 @@ EXPECTED = {
         "Pipeline",
         "PipelineBuilder",
         "PipelineFailure",
+        "PipelineIterDataset",
         "RecordRng",
         "StageInfo",
         "TaskHook",

@@ -234,3 +234,31 @@ def test_bad_states_and_misuse():
     )
     with pytest.raises(NotImplementedError, match="continuous source has no state"):
         continuous.get_state()
+
+
+def test_a_pipeline_as_an_iter_dataset_composes_and_checkpoints():
+    from gristmill.pipeline import PipelineIterDataset
+
+    def builder(concurrency):
+        return (
+            PipelineBuilder()
+            .add_source(range(30))
+            .pipe(drop_multiples_of_3, concurrency=concurrency, output_order="input")
+            .pipe(times10, concurrency=concurrency, output_order="input")
+            .add_sink(3)
+        )
+
+    ds = PipelineIterDataset(builder(2), num_threads=2).batch(4)
+    expected = [b.tolist() for b in ds]
+    assert [x for b in expected for x in b] == [x * 10 for x in range(30) if x % 3]
+    gm.testing.assert_equal_output_after_checkpoint(ds)
+    it = iter(ds)
+    head = [next(it).tolist() for _ in range(2)]
+    state = it.get_state()
+    it.close()
+    other = iter(PipelineIterDataset(builder(4), num_threads=4).batch(4))  # other concurrency
+    other.set_state(state)
+    assert head + [b.tolist() for b in other] == expected
+    other.close()
+    with pytest.raises(TypeError, match="needs num_threads"):
+        PipelineIterDataset(builder(1))

@@ -3,6 +3,7 @@ PipelineBuilder`` runs code written for ``spdl.pipeline``)."""
 
 from gristmill._src.engine.markers import is_eof, is_epoch_end
 from gristmill._src.public import export as _export
+from gristmill._src.spdl.bridge import PipelineIterDataset
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
 from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook
@@ -14,6 +15,7 @@ _export(
     Pipeline,
     PipelineBuilder,
     PipelineFailure,
+    PipelineIterDataset,
     RecordRng,
     StageInfo,
     TaskHook,
@@ -25,6 +27,7 @@ __all__ = [
     "Pipeline",
     "PipelineBuilder",
     "PipelineFailure",
+    "PipelineIterDataset",
     "RecordRng",
     "StageInfo",
     "TaskHook",

@@ -131,3 +131,20 @@ def test_states_match_grain_and_cross_restore(name):
         if step > 25:
             break
     gm_it.close()
+
+
+def test_range_to_iter_dataset_defaults_to_synchronous_reads_as_upstream():
+    """Upstream's range().to_iter_dataset() defaults to prefetch_buffer_size=0."""
+    for build in (
+        lambda g: g.MapDataset.range(5).to_iter_dataset(),
+        lambda g: g.MapDataset.range(5).map(lambda x: x + 1).to_iter_dataset(),
+        lambda g: g.MapDataset.range(5).to_iter_dataset(g.ReadOptions(num_threads=2)),
+    ):
+        assert str(build(gm)) == str(build(grain))
+        assert list(build(gm)) == list(build(grain))
+
+
+def test_set_next_index_out_of_range_names_the_index():
+    it = iter(gm.MapDataset.range(10).map(lambda x: x).to_iter_dataset())
+    with pytest.raises(ValueError, match=r"set_next_index: index 11 is out of range .* \[0, 10\]"):
+        gm.experimental.set_next_index(it, 11)

@@ -86,12 +86,13 @@ def lower(ds: IterDataset[Any], num_threads: int, buffer_size: int) -> IterDatas
         for (kind, _), n in zip(ops, above[:fused], strict=True)
     )
     options = source._read_options
+    threads = max(num_threads, options.num_threads)
     lowered: IterDataset[Any] = FusedPrefetchIterDataset(
         source,
         FusedOps(ops, name, labels),
         ReadOptions(
-            num_threads=max(num_threads, options.num_threads),
-            prefetch_buffer_size=max(buffer_size, options.prefetch_buffer_size, num_threads),
+            num_threads=threads,
+            prefetch_buffer_size=max(buffer_size, options.prefetch_buffer_size, threads),
         ),
         above[fused - 1] if fused else source,
     )

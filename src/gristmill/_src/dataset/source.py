@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gristmill._src.core import specs, validation
+from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
+
+if TYPE_CHECKING:
+    from gristmill._src.dataset.iter_base import IterDataset
 
 
 def _batched_reader(source: Any) -> Any:
@@ -104,6 +108,14 @@ class RangeMapDataset(MapDataset[int]):
     @property
     def _element_spec(self) -> Any:
         return specs.ShapeDtypeStruct(shape=(), dtype=np.int64)
+
+    def to_iter_dataset(
+        self, read_options: Any = None, *, allow_nones: bool = False
+    ) -> IterDataset[int]:
+        """As upstream, a range's default ``ReadOptions`` prefetch nothing (synchronous)."""
+        if read_options is None:
+            read_options = ReadOptions(prefetch_buffer_size=0)
+        return super().to_iter_dataset(read_options, allow_nones=allow_nones)
 
     def __str__(self) -> str:
         r = self._range

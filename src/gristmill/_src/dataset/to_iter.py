@@ -316,6 +316,11 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
     def _set_next_index(self, index: int) -> None:
         if self._fused_filters:
             super()._set_next_index(index)  # raises, as the unfused filter would
+        if not 0 <= index <= self._length:
+            raise ValueError(
+                f"set_next_index: index {index} is out of range for a dataset of length "
+                f"{self._length}; pass an index in [0, {self._length}]"
+            )
         self.set_state({"next_index": index})
 
     def start_prefetch(self) -> None:

@@ -23,7 +23,7 @@ from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
-from gristmill._src.spdl.tracking import ResumableSource
+from gristmill._src.spdl.tracking import Path, ResumableSource
 
 
 class _Continuous:
@@ -100,7 +100,7 @@ def build_pipeline(
         source = _Continuous(source)
     else:
         source = resumable = ResumableSource(source)  # items keyed by source position
-    skip_outputs: dict[int, set[int]] = {}  # generator outputs a restored state delivered
+    skip_outputs: dict[Path, set[int]] = {}  # generator outputs a restored state delivered
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
     # The source runs ahead on its own thread by up to 64 items, handed over in chunks.
     upstream: ChunkStream = IteratorStream(source, buffer_size=64, name=str(src_info))

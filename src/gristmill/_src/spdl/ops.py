@@ -22,7 +22,7 @@ from typing import Any
 
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.spdl.hooks import StageHooks
-from gristmill._src.spdl.tracking import Keyed, rekeyed, split
+from gristmill._src.spdl.tracking import Keyed, Path, rekeyed, split
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -89,7 +89,7 @@ def stage_function(
     task_name: str,
     budget: FailureBudget,
     hooks: StageHooks | None = None,
-    skip_outputs: dict[int, set[int]] | None = None,
+    skip_outputs: dict[Path, set[int]] | None = None,
 ) -> Any:
     """The element function the engine runs for a pipe stage (sync or async, per ``op``).
 
@@ -97,7 +97,7 @@ def stage_function(
     Keyed items (a resumable pipeline) keep their source keys with the result;
     ``skip_outputs`` names generator outputs a restored state already delivered.
     """
-    skipped: dict[int, set[int]] = {} if skip_outputs is None else skip_outputs
+    skipped: dict[Path, set[int]] = {} if skip_outputs is None else skip_outputs
     kind = kind_of(op)
     counter = iter(range(1, 2**63))
 

@@ -25,7 +25,7 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate_chunks
-from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, ResumableSource
+from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, Path, ResumableSource
 
 PIPELINE_IDS = itertools.count()
 logger = logging.getLogger("gristmill.pipeline")
@@ -86,7 +86,7 @@ class Pipeline:
         name: str,
         stage_hooks: list[Any] | None = None,
         resumable: ResumableSource | None = None,
-        skip_outputs: dict[int, set[int]] | None = None,
+        skip_outputs: dict[Path, set[int]] | None = None,
     ) -> None:
         self._config = config
         self._sink_buffer = sink_buffer

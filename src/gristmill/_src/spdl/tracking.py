@@ -2,10 +2,12 @@
 
 Every source item travels as a :class:`Keyed` value: the item and its *cover*, the source
 keys it accounts for — ``p`` (a whole source position) or ``(p, j, n)`` (output ``j`` of the
-``n`` a generator made from position ``p``). Pipe stages keep the cover with the result (a
-dropped item keeps it too, as ``Keyed(SKIP, cover)``); an aggregate covers everything it
-consumed since its last output (member by member when the output is a list of the members,
-:class:`KeyedBatch`), and a disaggregate hands each item its member's cover.
+``n`` a generator made from position ``p``; a generator after a generator extends the key:
+``(p, j, n, k, m)``). A key's *path* names it without the counts: ``(p,)``, ``(p, j)``, ….
+Pipe stages keep the cover with the result (a dropped item keeps it too, as
+``Keyed(SKIP, cover)``); an aggregate covers everything it consumed since its last output
+(member by member when the output is a list of the members, :class:`KeyedBatch`), and a
+disaggregate hands each item its member's cover.
 
 The caller's ``get_item`` resolves covers as it returns items, so the state — a watermark
 below which every position is resolved, the resolved positions above it, and the generator
@@ -48,7 +50,17 @@ class KeyedBatch(Keyed):
         self.members = members
 
 
-def rekeyed(result: Any, item: Keyed, skip_outputs: dict[int, set[int]]) -> Any:
+Path = tuple[int, ...]
+
+
+def path_of(key: Key) -> Path:
+    """``(p,)`` for a position, ``(p, j, ...)`` for a generator output (counts left out)."""
+    if type(key) is int:
+        return (key,)
+    return (key[0], *key[1::2])
+
+
+def rekeyed(result: Any, item: Keyed, skip_outputs: dict[Path, set[int]]) -> Any:
     """The engine element for ``result`` of an op applied to ``item``'s value."""
     from gristmill._src.engine.markers import Expand
 
@@ -57,11 +69,12 @@ def rekeyed(result: Any, item: Keyed, skip_outputs: dict[int, set[int]]) -> Any:
         return Keyed(SKIP, cover)
     if type(result) is Expand:
         outputs = result.items
-        if len(cover) == 1 and type(cover[0]) is int:  # a whole position: key each output
-            p = cover[0]
+        if len(cover) == 1:  # one position (or one output of one): key each output
+            key = cover[0]
+            base = (key,) if type(key) is int else key
             n = len(outputs)
-            skipped = skip_outputs.get(p, ())
-            keyed = [Keyed(y, ((p, j, n),)) for j, y in enumerate(outputs) if j not in skipped]
+            skipped = skip_outputs.get(path_of(key), ())
+            keyed = [Keyed(y, ((*base, j, n),)) for j, y in enumerate(outputs) if j not in skipped]
         elif outputs:  # several positions (after an aggregate): the last output covers them
             keyed = [Keyed(y, ()) for y in outputs[:-1]] + [Keyed(outputs[-1], cover)]
         else:
@@ -120,19 +133,24 @@ class DeliveryTracker:
     def __init__(self) -> None:
         self.watermark = 0
         self.done: set[int] = set()
-        self.partial: dict[int, set[int]] = {}
+        self.partial: dict[Path, set[int]] = {}  # parent path -> outputs delivered
 
     def resolve(self, cover: tuple[Key, ...]) -> None:
         for key in cover:
-            if type(key) is int:
-                self._resolve(key)
-            else:
-                p, j, n = key
-                outputs = self.partial.setdefault(p, set())
-                outputs.add(j)
-                if len(outputs) >= n:
-                    del self.partial[p]
-                    self._resolve(p)
+            self._resolve_key(key)
+
+    def _resolve_key(self, key: Key) -> None:
+        if type(key) is int:
+            self._resolve(key)
+            return
+        parent: Key = key[0] if len(key) == 3 else key[:-2]
+        j, n = key[-2], key[-1]
+        path = path_of(parent)
+        outputs = self.partial.setdefault(path, set())
+        outputs.add(j)
+        if len(outputs) >= n:  # every output of the parent delivered: the parent is
+            del self.partial[path]
+            self._resolve_key(parent)
 
     def _resolve(self, p: int) -> None:
         if p == self.watermark:
@@ -148,7 +166,9 @@ class DeliveryTracker:
             "version": STATE_VERSION,
             "next_position": self.watermark,
             "delivered_above": sorted(self.done),
-            "partial_outputs": {str(p): sorted(js) for p, js in sorted(self.partial.items())},
+            "partial_outputs": {
+                ".".join(map(str, path)): sorted(js) for path, js in sorted(self.partial.items())
+            },
         }
 
     def restore(self, state: Any) -> None:
@@ -178,17 +198,18 @@ class DeliveryTracker:
                 f"pipeline state 'delivered_above' has positions below next_position "
                 f"{watermark}: {sorted(p for p in done if p < watermark)}"
             )
-        outputs: dict[int, set[int]] = {}
+        outputs: dict[Path, set[int]] = {}
         for key, js in partial.items():
             try:
-                p = int(key)
+                path = tuple(int(part) for part in str(key).split("."))
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"pipeline state 'partial_outputs' keys must be positions, got {key!r}"
+                    f"pipeline state 'partial_outputs' keys must be positions (or "
+                    f"'position.output' paths), got {key!r}"
                 ) from None
             if not isinstance(js, list):
                 raise ValueError(f"pipeline state 'partial_outputs'[{key!r}] must be a list")
-            outputs[p] = {_count(j, "partial_outputs") for j in js}
+            outputs[path] = {_count(j, "partial_outputs") for j in js}
         self.watermark, self.done, self.partial = watermark, done, outputs
 
 

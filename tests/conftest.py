@@ -1,4 +1,4 @@
-"""Suite-wide guard: no test may leave a gristmill thread running."""
+"""Suite-wide guard (no test may leave a gristmill thread running) and shared fixtures."""
 
 import gc
 import threading
@@ -20,3 +20,28 @@ def no_leaked_threads():
         time.sleep(0.01)
     leaked = gristmill_threads()
     assert not leaked, f"threads still running after the test: {[t.name for t in leaked]}"
+
+
+class ConcurrencyProbe:
+    """A map function that records how many calls overlapped (behaviour, not timing)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.active = 0
+        self.most = 0
+
+    def __call__(self, x):
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.active -= 1
+        return x
+
+
+@pytest.fixture
+def concurrency_probe():
+    """``concurrency_probe(seconds)``: a map function counting its overlapping calls."""
+    return ConcurrencyProbe

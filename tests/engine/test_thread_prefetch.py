@@ -182,31 +182,12 @@ def test_multithread_prefetch_equals_the_pipeline_and_restores_anywhere(name, nu
     assert as_lists(plain) == rest
 
 
-def test_multithread_prefetch_runs_map_on_num_threads():
-    probe = ConcurrencyProbe(0.002)
+def test_multithread_prefetch_runs_map_on_num_threads(concurrency_probe):
+    probe = concurrency_probe(0.002)
     ds = M.range(80).to_iter_dataset().map(probe).batch(8)
     out = list(gm.experimental.multithread_prefetch(ds, 4, 16))
     assert [b.tolist() for b in out] == [list(range(i, i + 8)) for i in range(0, 80, 8)]
     assert probe.most >= 2  # maps overlapped: they ran on the engine's threads
-
-
-class ConcurrencyProbe:
-    """Counts overlapping calls (behaviour, not timing)."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-        self.lock = threading.Lock()
-        self.active = 0
-        self.most = 0
-
-    def __call__(self, x):
-        with self.lock:
-            self.active += 1
-            self.most = max(self.most, self.active)
-        time.sleep(self.seconds)
-        with self.lock:
-            self.active -= 1
-        return x
 
 
 def test_pick_performance_config_follows_the_ram_budget():

@@ -61,27 +61,8 @@ def test_slow_elements_run_on_threads_and_cheap_ones_inline():
     assert cheap_stage.tasks < 100  # chunked: far fewer tasks than elements
 
 
-class ConcurrencyProbe:
-    """A map function that records how many calls overlapped (behaviour, not timing)."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-        self.lock = threading.Lock()
-        self.active = 0
-        self.most = 0
-
-    def __call__(self, x):
-        with self.lock:
-            self.active += 1
-            self.most = max(self.most, self.active)
-        time.sleep(self.seconds)
-        with self.lock:
-            self.active -= 1
-        return x
-
-
-def test_waiting_elements_overlap_on_threads():
-    probe = ConcurrencyProbe(0.005)
+def test_waiting_elements_overlap_on_threads(concurrency_probe):
+    probe = concurrency_probe(0.005)
     assert read_all(M.range(64).map(probe), 16, 64) == list(range(64))
     assert probe.most >= 4
 

@@ -226,3 +226,19 @@ def test_datasets_are_pipeline_sources():
             .build(num_threads=2)
         )
         assert list(pipeline) == [x + 1 for x in source]
+
+
+def test_started_and_start_prefetch_of_the_dataset_bridge():
+    from gristmill.pipeline import PipelineIterDataset
+
+    pipeline = PipelineBuilder().add_source(range(3)).add_sink(3).build(num_threads=1)
+    assert not pipeline.started
+    assert pipeline.get_item() == 0
+    assert pipeline.started
+    pipeline.stop()
+    it = iter(
+        PipelineIterDataset(PipelineBuilder().add_source(range(4)).add_sink(3), num_threads=1)
+    )
+    it.start_prefetch()
+    it.start_prefetch()  # idempotent
+    assert list(it) == [0, 1, 2, 3]

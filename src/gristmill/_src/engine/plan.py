@@ -1,8 +1,9 @@
 """An explicit plan: an index source, then stages, each on its own executor.
 
-A :class:`Plan` is what every front end lowers to. ``MapDataset.to_iter_dataset`` is the
-one-stage case (the fused MapDataset chain reading an index range); the SPDL-style
-``PipelineBuilder`` will build longer plans. Each :class:`Stage` has an element function, an
+A :class:`Plan` is the engine's explicit form of a chain of stages over an index range.
+``MapDataset.to_iter_dataset`` builds the one-stage case directly, and the SPDL-style
+``PipelineBuilder`` chains the same runners itself (its sources and aggregations are not index
+ranges); folding both into ``Plan`` is open. Each :class:`Stage` has an element function, an
 executor kind (``"inline"``, ``"threads"``, ``"asyncio"``), a concurrency, an output order
 and a bounded buffer.
 

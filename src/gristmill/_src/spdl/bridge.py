@@ -78,7 +78,7 @@ class PipelineDatasetIterator(DatasetIterator[Any]):
 
     def start_prefetch(self) -> None:
         self._check_open()
-        if not self._running._started:
+        if not self._running.started:
             self._running.start()
 
     def statistics(self) -> Any:

@@ -123,6 +123,11 @@ class Pipeline:
             if start is not None:
                 start()
 
+    @property
+    def started(self) -> bool:
+        """Whether ``start()`` ran (``get_item`` and iteration start it as needed)."""
+        return self._started
+
     def stop(self, *, timeout: float | None = None) -> None:
         """Stops every thread (joined within ~1 s each); idempotent.
 

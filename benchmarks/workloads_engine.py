@@ -363,16 +363,18 @@ def _images_limit(*, n: int, batch_size: int) -> Case:
 
 
 def _pipeline_cheap(module: str) -> Any:
+    """``range(n) -> pipe(x+1) -> aggregate(32) -> pipe(np.asarray)``, the issue's chain."""
+
     def build(*, n: int, batch_size: int) -> Case:
         def stages(b: Any) -> Any:
-            return b.pipe(_increment, output_order="input").aggregate(batch_size)
+            return b.pipe(_increment, output_order="input").aggregate(batch_size).pipe(np.asarray)
 
-        return _spdl_case(range(n), stages, n, 1, np.asarray, module=module)
+        return _spdl_case(range(n), stages, n, 1, module=module)
 
     return build
 
 
-# --- plan_async_wait_2ms ----------------------------------------------------------------
+# --- pipeline_wait_2ms / pipeline_async_wait_2ms --------------------------------------------
 
 
 async def _async_wait_2ms(i: int) -> int:
@@ -380,34 +382,26 @@ async def _async_wait_2ms(i: int) -> int:
     return i
 
 
-def _async_gristmill(*, n: int, concurrency: int, batch_size: int) -> Case:
-    """The same code as the spdl contender, with ``gristmill.pipeline.PipelineBuilder``."""
-    from gristmill.pipeline import PipelineBuilder
+def _pipeline_wait(module: str, op: Callable[[int], Any], num_threads: int | None) -> Any:
+    """``range(n) -> pipe(op, concurrency, input order) -> aggregate -> pipe(np.asarray)``,
+    built with ``num_threads`` (``None``: the stage's concurrency)."""
 
-    def start() -> _SpdlIterator:
-        builder = (
-            PipelineBuilder()
-            .add_source(range(n))
-            .pipe(_async_wait_2ms, concurrency=concurrency, output_order="input")
-            .aggregate(batch_size)
-            .add_sink()
-        )
-        return _SpdlIterator(builder, 4, np.asarray)
+    def build(*, n: int, concurrency: int, batch_size: int) -> Case:
+        def stages(b: Any) -> Any:
+            return (
+                b.pipe(op, concurrency=concurrency, output_order="input")
+                .aggregate(batch_size)
+                .pipe(np.asarray)
+            )
 
-    return _case(start, n)
+        threads = concurrency if num_threads is None else num_threads
+        return _spdl_case(range(n), stages, n, threads, module=module)
 
-
-def _async_spdl(*, n: int, concurrency: int, batch_size: int) -> Case:
-    def stages(b: Any) -> Any:
-        return b.pipe(_async_wait_2ms, concurrency=concurrency, output_order="input").aggregate(
-            batch_size
-        )
-
-    return _spdl_case(range(n), stages, n, 4, np.asarray)
+    return build
 
 
 def _async_limit(*, n: int, concurrency: int, batch_size: int) -> Case:
-    """Synthetic: ``n`` waits, ``concurrency`` at a time, nothing else."""
+    """Synthetic: ``n`` waits, ``concurrency`` at a time, nothing else (the ideal)."""
     return Case(
         run=lambda: None, elements=n, seconds=n * _WAIT_S / concurrency, first_seconds=_WAIT_S
     )
@@ -472,10 +466,10 @@ WORKLOADS = (
     ),
     Workload(
         name="pipeline_cheap_batch",
-        summary="PipelineBuilder: range(n).pipe(x+1, input order).aggregate(32), same code "
-        "(gristmill.pipeline vs spdl.pipeline)",
-        params={"n": 50_000, "n_spdl": 3_200, "batch_size": 32},
-        quick_params={"n": 5_000, "n_spdl": 320, "batch_size": 32},
+        summary="PipelineBuilder: range(n).pipe(x+1, input order).aggregate(32)"
+        ".pipe(np.asarray), same code (gristmill.pipeline vs spdl.pipeline)",
+        params={"n": 200_000, "n_spdl": 3_200, "batch_size": 32},
+        quick_params={"n": 20_000, "n_spdl": 320, "batch_size": 32},
         warmup=False,
         builders=_per_contender(
             {
@@ -486,13 +480,30 @@ WORKLOADS = (
         ),
     ),
     Workload(
-        name="plan_async_wait_2ms",
-        summary="async fn awaiting 2 ms, 32 concurrent, input order, batches of 32 "
-        "(engine plan vs SPDL pipe; grain has no async stage)",
+        name="pipeline_wait_2ms",
+        summary="PipelineBuilder: pipe(sleep 2 ms, concurrency=32, input order).aggregate(32)"
+        ".pipe(np.asarray), num_threads=32, same code",
         params={"n": 2_000, "concurrency": 32, "batch_size": 32},
         quick_params={"n": 320, "concurrency": 32, "batch_size": 32},
         warmup=False,
-        builders={"gristmill": _async_gristmill, "spdl": _async_spdl, "limit": _async_limit},
+        builders={
+            "gristmill": _pipeline_wait("gristmill.pipeline", _wait_2ms, None),
+            "spdl": _pipeline_wait("spdl.pipeline", _wait_2ms, None),
+            "limit": _async_limit,
+        },
+    ),
+    Workload(
+        name="pipeline_async_wait_2ms",
+        summary="PipelineBuilder: pipe(async sleep 2 ms, concurrency=32, input order)"
+        ".aggregate(32).pipe(np.asarray), same code (grain has no async stage)",
+        params={"n": 2_000, "concurrency": 32, "batch_size": 32},
+        quick_params={"n": 320, "concurrency": 32, "batch_size": 32},
+        warmup=False,
+        builders={
+            "gristmill": _pipeline_wait("gristmill.pipeline", _async_wait_2ms, 4),
+            "spdl": _pipeline_wait("spdl.pipeline", _async_wait_2ms, 4),
+            "limit": _async_limit,
+        },
     ),
     Workload(
         name="iter_images_batch64",

@@ -242,3 +242,21 @@ def test_started_and_start_prefetch_of_the_dataset_bridge():
     it.start_prefetch()
     it.start_prefetch()  # idempotent
     assert list(it) == [0, 1, 2, 3]
+
+
+def test_a_concurrent_stage_runs_its_first_items_concurrently():
+    # No serial probe of the first item: four calls meet at a barrier of four.
+    barrier = threading.Barrier(4, timeout=5)
+
+    def meet(x):
+        barrier.wait()
+        return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(4))
+        .pipe(meet, concurrency=4)
+        .add_sink(4)
+        .build(num_threads=4)
+    )
+    assert sorted(pipeline) == [0, 1, 2, 3]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
+import selectors
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,34 @@ from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters
 
 AsyncFn = Callable[[Any], Awaitable[Any]]
+
+_FD_SETSIZE = 1024  # select() cannot watch a descriptor at or above this
+
+
+class PreciseEpollSelector(selectors.EpollSelector):
+    """An epoll selector whose timeouts are exact to microseconds, not milliseconds.
+
+    ``epoll_wait`` rounds a timeout up to a whole millisecond, so a loop running many
+    staggered ``asyncio.sleep(0.002)`` calls wakes up to 1 ms late for each (about 20 % for
+    2 ms waits). Here the wait itself is a ``select()`` on the epoll descriptor (readable
+    when any registered one is ready; microsecond timeouts), then epoll is polled without
+    waiting. If the epoll descriptor is too high for ``select()``, plain epoll is used.
+    """
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout > 0:
+            fd = self.fileno()
+            if fd < _FD_SETSIZE:
+                select.select([fd], [], [], timeout)
+                timeout = 0
+        return super().select(timeout)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """An event loop with microsecond timer precision where the platform has epoll."""
+    if hasattr(selectors, "EpollSelector"):
+        return asyncio.SelectorEventLoop(PreciseEpollSelector())
+    return asyncio.new_event_loop()
 
 
 class _Pending:
@@ -61,7 +91,7 @@ class AsyncCore(Core):
         """Starts the loop and feeder threads once. Call with the lock held."""
         if self.loop is not None:
             return
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self.threads = [
             threading.Thread(target=self._run_loop, name=f"gristmill[{name}]-loop", daemon=True),
             threading.Thread(

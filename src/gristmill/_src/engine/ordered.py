@@ -262,13 +262,21 @@ class ChunkRunner:
         executor: str = "threads",
         output_order: str = "input",
         annotate_errors: bool = True,
+        inline_beyond_buffer: bool = False,
+        threads_first: bool = False,
     ) -> None:
         if output_order not in OUTPUT_ORDERS:
             raise ValueError(f"output_order must be one of {OUTPUT_ORDERS}, got {output_order!r}")
         self._name = name
         self._annotate_errors = annotate_errors
         self._in_order = output_order == "input"
-        self._policy = ChunkPolicy(workers, buffer_size, always_offload=executor == "asyncio")
+        self._policy = ChunkPolicy(
+            workers,
+            buffer_size,
+            always_offload=executor == "asyncio",
+            inline_beyond_buffer=inline_beyond_buffer,
+            threads_first=threads_first,
+        )
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
         self._core = _make_core(executor, feed, self._counters, self._policy)
         self._next_seq = 0  # sequence number of the next task to deliver (input order)

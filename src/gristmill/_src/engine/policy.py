@@ -26,10 +26,25 @@ ASYNC_TASKS_PER_BUFFER = 4
 class ChunkPolicy:
     """Decides inline vs threads and chunk sizes. Owned by one runner; not thread-safe."""
 
-    def __init__(self, workers: int, buffer_size: int, *, always_offload: bool = False) -> None:
+    def __init__(
+        self,
+        workers: int,
+        buffer_size: int,
+        *,
+        always_offload: bool = False,
+        inline_beyond_buffer: bool = False,
+        threads_first: bool = False,
+    ) -> None:
         self._costs: collections.deque[float] = collections.deque(maxlen=_WINDOW)
         self.always_offload = always_offload
         """Never inline: the work needs the executor (an event loop for async functions)."""
+        self.threads_first = threads_first
+        """Before the first measurement, run on the workers (if there are several) rather
+        than probing one element inline: for stages declared concurrent (a pipeline's
+        ``pipe(concurrency=N)``), whose first elements would otherwise wait for the probe."""
+        self.inline_beyond_buffer = inline_beyond_buffer
+        """Inline chunks may exceed ``buffer_size`` (up to ``MAX_INLINE_CHUNK``): for stages
+        whose buffer bounds hand-offs only, not what the puller holds (pipeline stages)."""
         self.configure(workers, buffer_size)
 
     def configure(self, workers: int, buffer_size: int) -> None:
@@ -42,7 +57,8 @@ class ChunkPolicy:
             self.thread_chunk_cap = max(1, buffer_size // ASYNC_TASKS_PER_BUFFER)
         else:
             self.thread_chunk_cap = max(1, buffer_size // max(workers, 1))
-        self.inline_chunk_cap = max(1, min(MAX_INLINE_CHUNK, buffer_size))
+        cap = MAX_INLINE_CHUNK if self.inline_beyond_buffer else min(MAX_INLINE_CHUNK, buffer_size)
+        self.inline_chunk_cap = max(1, cap)
 
     def record(self, elements: int, seconds: float) -> None:
         if elements:
@@ -61,14 +77,17 @@ class ChunkPolicy:
             return False
         cost = self.cost
         if cost is None:
-            return False  # probe inline first: it is also the fastest first element
+            # Probe inline first (also the fastest first element), unless told otherwise.
+            return self.threads_first and self.workers > 1
         return cost * self.thread_chunk_cap * MAX_OVERHEAD >= HANDOFF_S
 
     def thread_chunk(self) -> int:
         if self.always_offload:
             return self.thread_chunk_cap
-        cost = self.cost or HANDOFF_S
-        wanted = math.ceil(HANDOFF_S / (MAX_OVERHEAD * cost))
+        cost = self.cost
+        if cost is None:
+            return 1  # nothing measured yet (threads_first): probe on every worker at once
+        wanted = math.ceil(HANDOFF_S / (MAX_OVERHEAD * max(cost, 1e-9)))
         return max(1, min(wanted, self.thread_chunk_cap))
 
     def inline_chunk(self) -> int:

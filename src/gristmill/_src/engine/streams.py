@@ -3,56 +3,143 @@
 It gives a downstream :class:`~gristmill._src.engine.feeds.StreamFeed` what an upstream
 runner would (``next_chunk`` / ``reset`` / ``close``), so they chain with runners:
 
-- :class:`IteratorStream`: any iterable, run ahead on one background thread (a
-  ``BackgroundProducer``, chunked hand-off); positions number its items from 0.
+- :class:`IteratorStream`: any iterable, read inline while its items are cheap and ahead on
+  one background thread (a ``BackgroundProducer``) once they are not; positions number its
+  items from 0.
 
 Element markers (``SKIP``, ``Expand``, ``EPOCH_END``) are defined in :mod:`markers`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand, flatten
+from gristmill._src.engine.ordered import RunnerClosedError
 
 __all__ = ["EPOCH_END", "SKIP", "Expand", "IteratorStream", "flatten", "iterate_chunks"]
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import StageCounters
 
+INLINE_BUDGET_S = 1e-3
+"""Inline chunks are sized to take about this long (halved when one took longer): bounds
+how long the puller holds items before handing them on."""
+MAX_INLINE_ITEMS = 256
+THREAD_COST_S = 20e-6
+"""A source whose items cost more than this per ``next()`` moves to its own thread."""
+_COST_WINDOW = 4
+"""Chunks judged together: the cheapest decides, so one chunk inflated by waiting for the
+GIL (another thread's 5 ms switch interval) does not move a cheap source to a thread."""
+
 
 class IteratorStream:
-    """The items of ``iterable``, produced ahead on a background thread."""
+    """The items of ``iterable``, read where it pays: inline while cheap, else ahead on a thread.
 
-    def __init__(self, iterable: Iterable[Any], *, buffer_size: int, name: str) -> None:
+    While items are cheap (below ``THREAD_COST_S`` each) the puller calls ``next()`` itself,
+    in chunks that grow to ``MAX_INLINE_ITEMS`` while they take under ``INLINE_BUDGET_S``: a thread
+    hand-off per item would cost more than the item. Once ``_COST_WINDOW`` chunks in a row
+    cost more (the source computes or waits on I/O), the rest of the iterator runs ahead on
+    one background thread (a ``BackgroundProducer``). The switch is one-way; ``next()`` is never
+    called from two threads at once. ``inline=False`` starts on the thread (async sources).
+    """
+
+    def __init__(
+        self, iterable: Iterable[Any], *, buffer_size: int, name: str, inline: bool = True
+    ) -> None:
         self._iterable = iterable
         self._iterator: Iterator[Any] | None = None
         self._counters = StageCounters(name, 1, buffer_size)
         self._buffer_size = buffer_size
         self._producer: BackgroundProducer | None = None
         self._position = 0
-        self._start_lock = threading.Lock()  # `start()` and a first pull may race
+        self._inline = inline
+        self._inline_chunk = 1  # doubles while items stay cheap
+        self._costs: collections.deque[float] = collections.deque(maxlen=_COST_WINDOW)
+        self._ended = False
+        self._closed = False
+        self._lock = threading.Lock()  # the puller's inline reads vs `start()` / `close()`
 
-    def _start(self) -> BackgroundProducer:
-        producer = self._producer
-        if producer is None:
-            with self._start_lock:
-                producer = self._producer
-                if producer is None:
-                    iterator = self._iterator = iter(self._iterable)
-                    producer = self._producer = BackgroundProducer(
-                        iterator.__next__, buffer_size=self._buffer_size, counters=self._counters
-                    )
-        return producer
+    def _open(self) -> Iterator[Any]:
+        """The iterator (created on first use). Call with ``_lock`` held."""
+        if self._iterator is None:
+            self._iterator = iter(self._iterable)
+        return self._iterator
+
+    def _start_thread(self) -> BackgroundProducer:
+        """The background producer (created on first use). Call with ``_lock`` held."""
+        if self._producer is None:
+            self._inline = False
+            self._producer = BackgroundProducer(
+                self._open().__next__, buffer_size=self._buffer_size, counters=self._counters
+            )
+        return self._producer
 
     def start(self) -> None:
-        self._start()
+        """Starts reading ahead now if the source runs on its own thread.
+
+        Never waits for an inline read in progress (the source may be blocked in it).
+        """
+        if self._inline:  # read on demand; `_inline` only ever turns False, in a pull
+            return
+        with self._lock:
+            if not self._inline and not self._closed:
+                self._start_thread()
 
     def next_chunk(self) -> Chunk | None:
-        producer = self._start()
+        with self._lock:
+            if self._closed:
+                raise RunnerClosedError("the source was closed")
+            if self._ended:
+                return None
+            if self._inline:
+                try:
+                    return self._read_inline()
+                finally:
+                    self._close_if_closed()  # closed while we read: the cleanup is ours
+            producer = self._start_thread()
+        return self._read_thread(producer)
+
+    def _read_inline(self) -> Chunk | None:
+        iterator = self._open()
+        start = self._position
+        values: list[Any] = []
+        append = values.append
+        limit = self._inline_chunk
+        began = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            for value in itertools.islice(iterator, limit):  # keeps what came before an error
+                append(value)
+            if len(values) < limit:
+                self._ended = True
+        except Exception as e:
+            self._ended = True
+            error = e
+        elapsed = time.perf_counter() - began
+        self._counters.task_done(len(values), elapsed)
+        self._counters.delivered(len(values), 0)
+        if values:
+            costs = self._costs
+            costs.append(elapsed / len(values))
+            if len(costs) == _COST_WINDOW and min(costs) >= THREAD_COST_S:
+                self._inline = False  # the next pull starts the thread
+            elif elapsed > INLINE_BUDGET_S:
+                self._inline_chunk = max(1, limit // 2)
+            elif len(values) == limit:
+                self._inline_chunk = min(2 * limit, MAX_INLINE_ITEMS)
+        self._position += len(values)
+        if error is not None:
+            return Chunk(start, values, self._named(error))
+        return Chunk(start, values) if values else None
+
+    def _read_thread(self, producer: BackgroundProducer) -> Chunk | None:
         start = self._position
         values: list[Any] = []
         try:
@@ -64,11 +151,14 @@ class IteratorStream:
                 return None
         except Exception as e:
             self._position += len(values)
-            if not hasattr(e, "_gristmill_stage"):
-                e._gristmill_stage = self._counters.name  # type: ignore[attr-defined]
-            return Chunk(start, values, e)
+            return Chunk(start, values, self._named(e))
         self._position += len(values)
         return Chunk(start, values)
+
+    def _named(self, error: BaseException) -> BaseException:
+        if not hasattr(error, "_gristmill_stage"):
+            error._gristmill_stage = self._counters.name  # type: ignore[attr-defined]
+        return error
 
     def reset(self, position: int) -> None:
         raise ValueError(
@@ -77,17 +167,38 @@ class IteratorStream:
         )
 
     def close(self) -> None:
+        """Stops reading; a generator source's cleanup runs (as upstream's does).
+
+        If the puller is inside an inline ``next()`` (it may block), the cleanup is left to
+        that call's return rather than waited for.
+        """
+        self._closed = True
         if self._producer is not None:
             self._producer.close()
+        if not self._lock.acquire(timeout=_CLOSE_WAIT_S):
+            return
+        try:
+            self._close_iterator()
+        finally:
+            self._lock.release()
+
+    def _close_if_closed(self) -> None:
+        if self._closed:
+            self._close_iterator()
+
+    def _close_iterator(self) -> None:
         close = getattr(self._iterator, "close", None)
         if close is not None:
-            # A generator source: run its cleanup (as upstream does). ValueError/RuntimeError:
-            # it is still running on a producer thread that did not stop in time.
+            # ValueError/RuntimeError: it is still running on a producer thread that did
+            # not stop in time.
             with contextlib.suppress(ValueError, RuntimeError):
                 close()
 
     def statistics(self) -> Any:
         return self._counters.snapshot()
+
+
+_CLOSE_WAIT_S = 0.1
 
 
 def iterate_chunks(stream: ChunkStream) -> Callable[[], list[Any]]:

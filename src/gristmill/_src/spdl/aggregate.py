@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl.defs import Collate
 from gristmill._src.spdl.tracking import Covers, Keyed
 
 
@@ -62,6 +63,7 @@ class AggregateStream:
         if self._done:
             return None
         accumulate = self._aggregator.accumulate
+        collate = self._aggregator if type(self._aggregator) is Collate else None
         covers = self._covers
         while True:
             chunk = self._upstream.next_chunk()
@@ -73,12 +75,25 @@ class AggregateStream:
                         self._flush(outputs)
                         outputs.append(EPOCH_END)
                         continue
-                    if isinstance(item, Keyed):
-                        if item.value is SKIP:  # dropped upstream: resolves with the next
+                    if type(item) is Keyed and collate is not None:  # lists of n, inlined
+                        value = item.value
+                        if value is SKIP:
                             covers.dropped.extend(item.cover)
                             continue
                         covers.members.append(item.cover)
-                        out = accumulate(item.value)
+                        batch = collate._items
+                        batch.append(value)
+                        if len(batch) >= collate.n:
+                            collate._items = []
+                            outputs.append(covers.take(batch))
+                        continue
+                    if isinstance(item, Keyed):
+                        value = item.value
+                        if value is SKIP:  # dropped upstream: resolves with the next
+                            covers.dropped.extend(item.cover)
+                            continue
+                        covers.members.append(item.cover)
+                        out = accumulate(value)
                         if out is not None:
                             outputs.append(covers.take(out))
                         continue

@@ -2,19 +2,20 @@
 
 Each ``pipe`` stage becomes one engine ``ChunkRunner`` (threads for a sync op, an event loop
 for an async one; ``concurrency`` workers, ``output_order`` kept), fed by the stage before it
-through a ``StreamFeed``; the source runs ahead on its own thread (``IteratorStream``),
-aggregation and disaggregation run inline in whoever pulls. Work moves between stages in
-chunks sized from measured cost, never one task per item for cheap work.
+through a ``StreamFeed``; the source is read inline while cheap and ahead on its own thread
+once it is not (``IteratorStream``); aggregation and disaggregation run inline in whoever
+pulls. Work moves between stages in chunks sized from measured cost, never one task per
+item for cheap work.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import fractions
 from collections.abc import AsyncIterable, Iterable, Iterator
 from typing import Any
 
+from gristmill._src.engine.asyncio_lane import new_event_loop
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.markers import EPOCH_END
 from gristmill._src.engine.ordered import ChunkRunner
@@ -45,7 +46,7 @@ class _AsyncSource:
         self._source = source
 
     def __iter__(self) -> Iterator[Any]:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         iterator = aiter(self._source)
         try:
             while True:
@@ -92,7 +93,8 @@ def build_pipeline(
     build_limit = defs.check_max_failures(max_failures, "max_failures")
     pipeline_id = next(PIPELINE_IDS)
     source = cfg.src.source
-    if isinstance(source, AsyncIterable) and not isinstance(source, Iterable):
+    is_async_source = isinstance(source, AsyncIterable) and not isinstance(source, Iterable)
+    if is_async_source:
         source = _AsyncSource(source)
     continuous = bool(cfg.src.continuous)
     resumable: ResumableSource | None = None
@@ -102,8 +104,11 @@ def build_pipeline(
         source = resumable = ResumableSource(source)  # items keyed by source position
     skip_outputs: dict[Path, set[int]] = {}  # generator outputs a restored state delivered
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
-    # The source runs ahead on its own thread by up to 64 items, handed over in chunks.
-    upstream: ChunkStream = IteratorStream(source, buffer_size=64, name=str(src_info))
+    # The source is read inline while cheap, else ahead on its own thread by up to 64 items;
+    # an async source (it waits on I/O) always has its own thread and event loop.
+    upstream: ChunkStream = IteratorStream(
+        source, buffer_size=64, name=str(src_info), inline=not is_async_source
+    )
     streams: list[Any] = [upstream]
     stage_hooks: list[StageHooks] = []
     for offset, stage in enumerate(cfg.pipes, start=1):
@@ -127,6 +132,8 @@ def build_pipeline(
                 executor="asyncio" if is_async else "threads",
                 output_order=stage.output_order,
                 annotate_errors=False,
+                inline_beyond_buffer=True,
+                threads_first=True,  # concurrency was asked for: no serial probe first
             )
         elif isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
@@ -141,6 +148,7 @@ def build_pipeline(
                 buffer_size=16,
                 name=str(info),
                 annotate_errors=False,
+                inline_beyond_buffer=True,
             )
         else:
             raise TypeError(f"unsupported stage config {stage!r}")

@@ -43,6 +43,11 @@ class FailureBudget:
         self.failures = 0
         self._lock = threading.Lock()
 
+    @property
+    def counts_invocations(self) -> bool:
+        """Whether calls must be counted: only a rate (``Fraction``) limit needs them."""
+        return isinstance(self.limit, fractions.Fraction)
+
     def invoked(self) -> None:
         self.invocations = next(self._calls)
 
@@ -142,25 +147,38 @@ def stage_function(
         return Expand(list(op(x)))
 
     call = expand if kind == "gen" else op
-    invoked = budget.invoked
+    invoked = budget.invoked if budget.counts_invocations else None
 
     def one(item: Any) -> Any:
-        invoked()
+        if invoked is not None:
+            invoked()
         try:
             result = hooks.call_sync(call, item) if hooks is not None else call(item)
         except Exception as e:
             return failed(e)
         return SKIP if result is None else result
 
+    plain = invoked is None and hooks is None  # no per-call bookkeeping: call op directly
+
     def run(item: Any) -> Any:
         if type(item) is Keyed:  # the common case: one keyed item, one plain result
             value = item.value
             if value is SKIP:
                 return item
-            result = one(value)
+            if plain:
+                try:
+                    result = call(value)
+                except Exception as e:
+                    result = failed(e)
+                else:
+                    if result is None:
+                        result = SKIP
+            else:
+                result = one(value)
             if result is SKIP or type(result) is Expand:
                 return rekeyed(result, item, skipped)
-            return Keyed(result, item.cover)
+            item.value = result  # the pipeline's own wrapper, passed on once: reuse it
+            return item
         if item is SKIP or item is EPOCH_END:
             return item
         if isinstance(item, Keyed):

@@ -117,6 +117,7 @@ class Pipeline:
             iterate_chunks(self._closer.last),
             buffer_size=self._sink_buffer,
             counters=self._counters,
+            merge_lists=True,  # cheap chunks travel together (see BackgroundProducer)
         )
         for stream in self._streams:
             start = getattr(stream, "start_early", None) or getattr(stream, "start", None)

@@ -136,6 +136,15 @@ class DeliveryTracker:
         self.partial: dict[Path, set[int]] = {}  # parent path -> outputs delivered
 
     def resolve(self, cover: tuple[Key, ...]) -> None:
+        watermark = self.watermark
+        if cover and cover == tuple(range(watermark, watermark + len(cover))):
+            # The common case, in C: the next positions in order, one key each.
+            self.watermark = watermark + len(cover)
+            done = self.done
+            while self.watermark in done:
+                done.remove(self.watermark)
+                self.watermark += 1
+            return
         for key in cover:
             self._resolve_key(key)
 

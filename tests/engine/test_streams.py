@@ -251,3 +251,44 @@ def test_precise_selector_waits_for_fds_and_for_sub_millisecond_timeouts():
         assert loop.run_until_complete(asyncio.sleep(0.0005, result="slept")) == "slept"
     finally:
         loop.close()
+
+
+# -- chunk keys (a pipeline's source positions travel with chunks, not with items) -------
+
+
+def test_keys_are_sliced_with_the_tasks_and_kept_by_one_to_one_stages():
+    from gristmill._src.engine.feeds import StreamFeed
+    from gristmill._src.engine.ordered import ChunkRunner
+
+    source = IteratorStream(range(100), buffer_size=8, name="src", key_offset=lambda: 1000)
+    runner = ChunkRunner(
+        StreamFeed(source, lambda x: x * 2), workers=0, buffer_size=7, name="double"
+    )
+    seen: list[tuple[int, int]] = []
+    while (chunk := runner.next_chunk()) is not None:
+        assert chunk.keys is not None
+        seen.extend(zip(chunk.values, chunk.keys, strict=True))
+    assert seen == [(2 * i, 1000 + i) for i in range(100)]
+
+
+def test_a_failing_task_keeps_the_keys_of_the_values_before_the_failure():
+    from gristmill._src.engine.feeds import Task, apply
+
+    def chunk_fn(inputs: list[int], outputs: list[int]) -> None:
+        for x in inputs:
+            if x == 3:
+                raise ValueError("three")
+            outputs.append(x)
+
+    task = Task(10, 5, [0, 1, 2, 3, 4], keys=range(50, 55))
+    chunk = apply(lambda x: x, task, chunk_fn)
+    assert chunk.values == [0, 1, 2]
+    assert list(chunk.keys or ()) == [50, 51, 52]
+    assert str(chunk.error) == "three"
+
+
+def test_without_a_key_offset_chunks_carry_no_keys():
+    stream = IteratorStream(range(3), buffer_size=8, name="src", key_offset=lambda: None)
+    chunk = stream.next_chunk()
+    assert chunk is not None
+    assert chunk.keys is None

@@ -276,3 +276,30 @@ def test_a_generator_after_a_generator_resumes_exactly(cut):
     second = build(range(6), stages, concurrency=3)
     second.set_state(state)
     assert head + rest(second) == expected
+
+
+def test_dropped_items_before_a_batch_resolve_with_it_through_a_split():
+    # Chunk-keyed values (a fresh pipeline): items 0 and 1 are dropped, so the first batch
+    # covers them too; splitting it again must give its first item that cover.
+    def drop_small(x):
+        return None if x < 2 else x
+
+    def build_it(concurrency):
+        return (
+            PipelineBuilder()
+            .add_source(range(12))
+            .pipe(drop_small, concurrency=concurrency, output_order="input")
+            .aggregate(3)
+            .disaggregate()
+            .add_sink(2)
+            .build(num_threads=2)
+        )
+
+    first = build_it(1)
+    assert [first.get_item() for _ in range(4)] == [2, 3, 4, 5]
+    state = first.get_state()
+    first.stop()
+    assert state["next_position"] == 6
+    second = build_it(3)
+    second.set_state(state)
+    assert list(second) == [6, 7, 8, 9, 10, 11]

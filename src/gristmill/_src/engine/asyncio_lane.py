@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gristmill._src.engine.feeds import Chunk, Feed
+from gristmill._src.engine.feeds import Feed
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters
@@ -173,9 +173,9 @@ class AsyncCore(Core):
         task = pending.claimed[2]
         if pending.errors:
             first = min(pending.errors)
-            chunk = Chunk(task.start, pending.results[:first], pending.errors[first])
+            chunk = task.chunk(pending.results[:first], pending.errors[first])
         else:
-            chunk = Chunk(task.start, pending.results, task.upstream_error)
+            chunk = task.chunk(pending.results, task.upstream_error)
         self.file(pending.claimed, chunk, time.perf_counter() - pending.began)
 
     # -- control ----------------------------------------------------------------------------

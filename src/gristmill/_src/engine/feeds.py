@@ -15,7 +15,7 @@ A feed is used by one claimer at a time (the runner serialises ``take`` under it
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gristmill._src.engine.markers import EPOCH_END
@@ -25,11 +25,17 @@ ReadFn = Callable[[int, int], list[Any]]
 
 @dataclasses.dataclass(slots=True)
 class Chunk:
-    """Elements ``[start, start + len(values))``, then ``error`` at the next index if any."""
+    """Elements ``[start, start + len(values))``, then ``error`` at the next index if any.
+
+    ``keys``, when a front end tracks what each element stands for (a pipeline's source
+    positions), holds one key per value (a ``range`` for consecutive positions); stages
+    that map values one to one pass them on unchanged.
+    """
 
     start: int
     values: list[Any]
     error: BaseException | None = None
+    keys: Sequence[Any] | None = None
 
     @property
     def error_index(self) -> int:
@@ -49,6 +55,14 @@ class Task:
     inputs: list[Any] | None = None
     upstream_error: BaseException | None = None
     barrier: bool = False  # an EPOCH_END alone: nothing may overtake it, or be overtaken
+    keys: Sequence[Any] | None = None  # the inputs' keys (see Chunk)
+
+    def chunk(self, values: list[Any], error: BaseException | None) -> Chunk:
+        """The task's result: ``values`` (one per input, up to a failure), then ``error``."""
+        keys = self.keys
+        if keys is not None and len(values) < len(keys):
+            keys = keys[: len(values)]
+        return Chunk(self.start, values, error, keys)
 
 
 class ChunkStream(Protocol):
@@ -99,14 +113,23 @@ def run_chunk(read: ReadFn, start: int, stop: int) -> Chunk:
     return Chunk(start, values)  # the failure did not repeat element-wise
 
 
-def apply(fn: Callable[[Any], Any], task: Task) -> Chunk:
-    """``fn`` over the task's inputs, each called once; stops at the first failure."""
+ChunkFn = Callable[[list[Any], list[Any]], None]
+"""``chunk_fn(inputs, outputs)`` appends one output per input to ``outputs`` (so that the
+outputs before a failure survive it)."""
+
+
+def apply(fn: Callable[[Any], Any], task: Task, chunk_fn: ChunkFn | None = None) -> Chunk:
+    """``fn`` over the task's inputs, each called once (or ``chunk_fn`` over all of them);
+    stops at the first failure."""
     values: list[Any] = []
     try:
-        values.extend(map(fn, task.inputs or ()))  # keeps the values before a failure
+        if chunk_fn is not None:
+            chunk_fn(task.inputs or [], values)
+        else:
+            values.extend(map(fn, task.inputs or ()))  # keeps the values before a failure
     except Exception as e:
-        return Chunk(task.start, values, e)
-    return Chunk(task.start, values, task.upstream_error)
+        return task.chunk(values, e)
+    return task.chunk(values, task.upstream_error)
 
 
 class RangeFeed:
@@ -152,11 +175,18 @@ class StreamFeed:
     """
 
     def __init__(
-        self, upstream: ChunkStream, fn: Callable[[Any], Any], *, barriers: bool = False
+        self,
+        upstream: ChunkStream,
+        fn: Callable[[Any], Any],
+        *,
+        barriers: bool = False,
+        chunk_fn: ChunkFn | None = None,
     ) -> None:
         self.upstream = upstream
         self.fn = fn
+        self.chunk_fn = chunk_fn  # `fn` over a whole task at once (thread/inline runs)
         self.barriers = barriers  # the stream may carry EPOCH_END markers
+        self._keys: Sequence[Any] | None = None  # the keys of `_values`, if tracked
         self._values: list[Any] = []
         self._offset = 0  # the next value of `_values` to hand out
         self._start = 0  # the position of `_values[0]`
@@ -181,6 +211,7 @@ class StreamFeed:
                 self._ended = True
                 return None
             self._values, self._offset, self._start = chunk.values, 0, chunk.start
+            self._keys = chunk.keys
             self._error = chunk.error
             if chunk.error is not None:
                 self._ended = True
@@ -193,18 +224,20 @@ class StreamFeed:
                     barrier = i == first
                     self._offset = i + 1 if barrier else i
                     break
+        keys = self._keys
         task = Task(
             self._start + first,
             self._offset - first,
             self._values[first : self._offset],
             barrier=barrier,
+            keys=None if keys is None else keys[first : self._offset],
         )
         if self._offset == len(self._values) and self._error is not None:
             task.upstream_error, self._error = self._error, None
         return task
 
     def run(self, task: Task) -> Chunk:
-        return apply(self.fn, task)
+        return apply(self.fn, task, self.chunk_fn)
 
     def close(self) -> None:
         """Closes upstream: a claimer blocked on it wakes up (shutdown)."""
@@ -213,5 +246,6 @@ class StreamFeed:
     def reset(self, position: int) -> None:
         self.upstream.reset(position)
         self._values, self._offset, self._start = [], 0, position
+        self._keys = None
         self._error = None
         self._ended = False

@@ -19,6 +19,9 @@ MAX_OVERHEAD = 0.05
 INLINE_TARGET_S = 1e-3
 """Inline chunks aim at this much work: long enough to amortise per-chunk bookkeeping."""
 MAX_INLINE_CHUNK = 256
+MAX_UNBUFFERED_INLINE_CHUNK = 1024
+"""With ``inline_beyond_buffer``, inline chunks are bounded by this and by
+``INLINE_TARGET_S`` of work only."""
 _WINDOW = 16
 ASYNC_TASKS_PER_BUFFER = 4
 
@@ -57,7 +60,10 @@ class ChunkPolicy:
             self.thread_chunk_cap = max(1, buffer_size // ASYNC_TASKS_PER_BUFFER)
         else:
             self.thread_chunk_cap = max(1, buffer_size // max(workers, 1))
-        cap = MAX_INLINE_CHUNK if self.inline_beyond_buffer else min(MAX_INLINE_CHUNK, buffer_size)
+        if self.inline_beyond_buffer:
+            cap = MAX_UNBUFFERED_INLINE_CHUNK
+        else:
+            cap = min(MAX_INLINE_CHUNK, buffer_size)
         self.inline_chunk_cap = max(1, cap)
 
     def record(self, elements: int, seconds: float) -> None:

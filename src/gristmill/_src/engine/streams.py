@@ -31,7 +31,7 @@ from gristmill._src.engine.stats import StageCounters
 INLINE_BUDGET_S = 1e-3
 """Inline chunks are sized to take about this long (halved when one took longer): bounds
 how long the puller holds items before handing them on."""
-MAX_INLINE_ITEMS = 256
+MAX_INLINE_ITEMS = 1024
 THREAD_COST_S = 20e-6
 """A source whose items cost more than this per ``next()`` moves to its own thread."""
 _COST_WINDOW = 4
@@ -48,12 +48,22 @@ class IteratorStream:
     cost more (the source computes or waits on I/O), the rest of the iterator runs ahead on
     one background thread (a ``BackgroundProducer``). The switch is one-way; ``next()`` is never
     called from two threads at once. ``inline=False`` starts on the thread (async sources).
+    ``key_offset()``, if given, is asked once when the iterator opens: an int ``k`` gives
+    item ``i`` the chunk key ``k + i`` (a pipeline's source positions), None no keys.
     """
 
     def __init__(
-        self, iterable: Iterable[Any], *, buffer_size: int, name: str, inline: bool = True
+        self,
+        iterable: Iterable[Any],
+        *,
+        buffer_size: int,
+        name: str,
+        inline: bool = True,
+        key_offset: Callable[[], int | None] | None = None,
     ) -> None:
         self._iterable = iterable
+        self._key_offset = key_offset
+        self._first_key: int | None = None  # set when opened: item i gets key first + i
         self._iterator: Iterator[Any] | None = None
         self._counters = StageCounters(name, 1, buffer_size)
         self._buffer_size = buffer_size
@@ -69,8 +79,15 @@ class IteratorStream:
     def _open(self) -> Iterator[Any]:
         """The iterator (created on first use). Call with ``_lock`` held."""
         if self._iterator is None:
+            if self._key_offset is not None:
+                self._first_key = self._key_offset()
             self._iterator = iter(self._iterable)
         return self._iterator
+
+    def _chunk(self, start: int, values: list[Any], error: BaseException | None) -> Chunk:
+        first = self._first_key
+        keys = None if first is None else range(first + start, first + start + len(values))
+        return Chunk(start, values, error, keys)
 
     def _start_thread(self) -> BackgroundProducer:
         """The background producer (created on first use). Call with ``_lock`` held."""
@@ -110,13 +127,11 @@ class IteratorStream:
         iterator = self._open()
         start = self._position
         values: list[Any] = []
-        append = values.append
         limit = self._inline_chunk
         began = time.perf_counter()
         error: BaseException | None = None
         try:
-            for value in itertools.islice(iterator, limit):  # keeps what came before an error
-                append(value)
+            values.extend(itertools.islice(iterator, limit))  # keeps what came before an error
             if len(values) < limit:
                 self._ended = True
         except Exception as e:
@@ -136,8 +151,8 @@ class IteratorStream:
                 self._inline_chunk = min(2 * limit, MAX_INLINE_ITEMS)
         self._position += len(values)
         if error is not None:
-            return Chunk(start, values, self._named(error))
-        return Chunk(start, values) if values else None
+            return self._chunk(start, values, self._named(error))
+        return self._chunk(start, values, None) if values else None
 
     def _read_thread(self, producer: BackgroundProducer) -> Chunk | None:
         start = self._position
@@ -151,9 +166,9 @@ class IteratorStream:
                 return None
         except Exception as e:
             self._position += len(values)
-            return Chunk(start, values, self._named(e))
+            return self._chunk(start, values, self._named(e))
         self._position += len(values)
-        return Chunk(start, values)
+        return self._chunk(start, values, None)
 
     def _named(self, error: BaseException) -> BaseException:
         if not hasattr(error, "_gristmill_stage"):

@@ -9,6 +9,9 @@ flush, as upstream's EOF after a failure does.
 
 from __future__ import annotations
 
+import itertools
+import operator
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gristmill._src.engine.feeds import Chunk, ChunkStream
@@ -20,7 +23,7 @@ from gristmill._src.spdl.tracking import Covers, Keyed
 
 def covers_take(covers: Covers, output: Any) -> Any:
     """``output`` keyed with what was consumed, if the stream is keyed."""
-    if covers.members or covers.dropped:
+    if covers:
         return covers.take(output)
     return output
 
@@ -69,7 +72,19 @@ class AggregateStream:
             chunk = self._upstream.next_chunk()
             outputs: list[Any] = []
             error = None
-            if chunk is not None:
+            if chunk is not None and chunk.keys is not None and collate is not None:
+                self._collate_keyed(collate, chunk.values, chunk.keys, outputs)
+            elif chunk is not None and chunk.keys is not None:
+                # Plain values keyed by chunk (one source position each; see tracking).
+                for value, key in zip(chunk.values, chunk.keys, strict=True):
+                    if value is SKIP:  # dropped upstream: resolves with the next output
+                        covers.dropped.append(key)
+                        continue
+                    covers.keys.append(key)
+                    out = accumulate(value)
+                    if out is not None:
+                        outputs.append(covers.take(out))
+            elif chunk is not None:
                 for item in flatten(chunk.values):
                     if item is EPOCH_END:  # flush the partial aggregate, then the boundary
                         self._flush(outputs)
@@ -100,6 +115,7 @@ class AggregateStream:
                     out = accumulate(item)
                     if out is not None:
                         outputs.append(out)
+            if chunk is not None:
                 error = chunk.error
             if chunk is None or error is not None:
                 self._done = True
@@ -110,6 +126,38 @@ class AggregateStream:
                 return Chunk(start, outputs, error)
             if self._done:
                 return None
+
+    def _collate_keyed(
+        self, collate: Collate, values: list[Any], keys: Sequence[Any], outputs: list[Any]
+    ) -> None:
+        """Lists of ``collate.n`` of chunk-keyed plain values, cut by slicing.
+
+        Runs of values without a dropped item (``SKIP``) are cut in bulk; a dropped item's
+        key resolves with the next output, as in the general path.
+        """
+        covers = self._covers
+        n = collate.n
+        i, end = 0, len(values)
+        while i < end:
+            # The next dropped item, or the end: found in C (identity, never __eq__).
+            stop = next(
+                itertools.compress(
+                    itertools.count(i), map(operator.is_, values[i:], itertools.repeat(SKIP))
+                ),
+                end,
+            )
+            while i < stop:
+                batch = collate._items
+                take = min(n - len(batch), stop - i)
+                batch.extend(values[i : i + take])
+                covers.keys.extend(keys[i : i + take])
+                i += take
+                if len(batch) >= n:
+                    collate._items = []
+                    outputs.append(covers.take(batch))
+            if i < end:  # values[i] is SKIP
+                covers.dropped.append(keys[i])
+                i += 1
 
     def reset(self, position: int) -> None:
         raise ValueError("an aggregation cannot be repositioned")

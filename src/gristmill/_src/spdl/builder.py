@@ -24,7 +24,7 @@ from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
-from gristmill._src.spdl.tracking import Path, ResumableSource
+from gristmill._src.spdl.tracking import KeyItems, Path, ResumableSource
 
 
 class _Continuous:
@@ -107,8 +107,15 @@ def build_pipeline(
     # The source is read inline while cheap, else ahead on its own thread by up to 64 items;
     # an async source (it waits on I/O) always has its own thread and event loop.
     upstream: ChunkStream = IteratorStream(
-        source, buffer_size=64, name=str(src_info), inline=not is_async_source
+        source,
+        buffer_size=64,
+        name=str(src_info),
+        inline=not is_async_source,
+        key_offset=None if resumable is None else resumable.key_offset,
     )
+    # While stages map one to one, source positions travel as chunk keys (no per-item
+    # wrapper); stages that need each item's key get Keyed items (tracking.KeyItems).
+    chunk_keyed = resumable is not None
     streams: list[Any] = [upstream]
     stage_hooks: list[StageHooks] = []
     for offset, stage in enumerate(cfg.pipes, start=1):
@@ -121,11 +128,14 @@ def build_pipeline(
             if task_hook_factory is not None:
                 hooks = StageHooks(task_hook_factory(info))
                 stage_hooks.append(hooks)
-            fn = ops.stage_function(stage.op, str(info), budget, hooks, skip_outputs)
-            is_async = ops.kind_of(stage.op) in ("async", "async_gen")
+            fn, chunk_fn = ops.stage_function(stage.op, str(info), budget, hooks, skip_outputs)
+            kind = ops.kind_of(stage.op)
+            is_async = kind in ("async", "async_gen")
+            if chunk_keyed and kind in ("gen", "async_gen"):  # keys its outputs per input
+                upstream, chunk_keyed = KeyItems(upstream), False
             concurrency = stage.concurrency if is_async else min(stage.concurrency, num_threads)
             upstream = ChunkRunner(
-                StreamFeed(upstream, fn, barriers=continuous),
+                StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),
                 workers=concurrency,
                 buffer_size=max(2 * stage.concurrency + 2, 16),
                 name=str(info),
@@ -140,8 +150,11 @@ def build_pipeline(
             upstream = AggregateStream(
                 upstream, copy.deepcopy(stage.op), drop_last=stage.drop_last, name=str(info)
             )
+            chunk_keyed = False  # aggregates are Keyed values
         elif isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
+            if chunk_keyed:
+                upstream, chunk_keyed = KeyItems(upstream), False
             upstream = ChunkRunner(
                 StreamFeed(upstream, ops.disaggregate, barriers=continuous),
                 workers=0,  # inline in whoever pulls: a list split is cheap
@@ -153,6 +166,8 @@ def build_pipeline(
         else:
             raise TypeError(f"unsupported stage config {stage!r}")
         streams.append(upstream)
+    if chunk_keyed:  # the caller resolves keys item by item
+        upstream = KeyItems(upstream)
     sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
     return Pipeline(
         cfg,

@@ -20,9 +20,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.engine.feeds import ChunkFn
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.spdl.hooks import StageHooks
-from gristmill._src.spdl.tracking import Keyed, Path, rekeyed, split
+from gristmill._src.spdl.tracking import Keyed, KeyedBatch, Path, rekeyed, split
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -89,18 +90,26 @@ def kind_of(op: Callable[..., Any]) -> str:
     return "sync"
 
 
+_MARKED = frozenset({Keyed, KeyedBatch, Expand, type(SKIP)})
+"""Types of engine elements that are not plain values (EPOCH_END is a SKIP-type marker)."""
+
+
 def stage_function(
     op: Callable[..., Any],
     task_name: str,
     budget: FailureBudget,
     hooks: StageHooks | None = None,
     skip_outputs: dict[Path, set[int]] | None = None,
-) -> Any:
-    """The element function the engine runs for a pipe stage (sync or async, per ``op``).
+) -> tuple[Any, ChunkFn | None]:
+    """The element function the engine runs for a pipe stage (sync or async, per ``op``),
+    and for a plain sync op (no hooks, no call counting) the same over a whole task.
 
     With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
     Keyed items (a resumable pipeline) keep their source keys with the result;
-    ``skip_outputs`` names generator outputs a restored state already delivered.
+    ``skip_outputs`` names generator outputs a restored state already delivered. The task
+    function calls ``op`` directly on plain values in one loop, and hands anything else
+    (keyed items, markers) to the element function; it keeps every output made before a
+    failure that exceeds the budget.
     """
     skipped: dict[Path, set[int]] = {} if skip_outputs is None else skip_outputs
     kind = kind_of(op)
@@ -141,7 +150,7 @@ def stage_function(
                 return _joined([await run_async(x) for x in item.items if x is not SKIP])
             return await one_async(item)
 
-        return run_async
+        return run_async, None
 
     def expand(x: Any) -> Any:
         return Expand(list(op(x)))
@@ -189,7 +198,23 @@ def stage_function(
             return _joined([run(x) for x in item.items if x is not SKIP])
         return one(item)
 
-    return run
+    if not plain or kind != "sync":
+        return run, None
+    marked = _MARKED
+
+    def run_chunk(inputs: list[Any], outputs: list[Any]) -> None:
+        append = outputs.append
+        for x in inputs:
+            if type(x) in marked:
+                append(run(x))
+                continue
+            try:
+                result = op(x)
+            except Exception as e:
+                result = failed(e)
+            append(SKIP if result is None else result)
+
+    return run, run_chunk
 
 
 def _joined(results: list[Any]) -> Expand:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.engine.feeds import Chunk
 from gristmill._src.engine.markers import SKIP
 
 STATE_VERSION = 1
@@ -41,13 +42,30 @@ class Keyed:
 
 
 class KeyedBatch(Keyed):
-    """A list-like value whose item ``i`` covers ``members[i]`` (``cover`` is their union)."""
+    """A list-like value whose item ``i`` covers ``members[i]`` (``cover`` is their union).
 
-    __slots__ = ("members",)
+    ``members=None`` says item ``i`` covers the single key ``cover[i]`` (the common case,
+    built without a tuple per item).
+    """
 
-    def __init__(self, value: Any, cover: tuple[Key, ...], members: list[tuple[Key, ...]]):
+    __slots__ = ("_members",)
+
+    def __init__(
+        self, value: Any, cover: tuple[Key, ...], members: list[tuple[Key, ...]] | None
+    ) -> None:
         super().__init__(value, cover)
-        self.members = members
+        self._members = members
+
+    @property
+    def members(self) -> list[tuple[Key, ...]]:
+        if self._members is None:
+            return [(key,) for key in self.cover]
+        return self._members
+
+    @property
+    def size(self) -> int:
+        """The number of members."""
+        return len(self.cover) if self._members is None else len(self._members)
 
 
 Path = tuple[int, ...]
@@ -82,12 +100,8 @@ def rekeyed(result: Any, item: Keyed, skip_outputs: dict[Path, set[int]]) -> Any
         if not keyed:
             return Keyed(SKIP, cover)
         return Expand(keyed)
-    if (
-        type(item) is KeyedBatch
-        and isinstance(result, (list, tuple))
-        and len(result) == len(item.members)
-    ):
-        return KeyedBatch(result, cover, item.members)
+    if type(item) is KeyedBatch and isinstance(result, (list, tuple)) and len(result) == item.size:
+        return KeyedBatch(result, cover, item._members)
     return Keyed(result, cover)
 
 
@@ -98,33 +112,52 @@ def split(item: Keyed) -> Any:
     values = list(item.value)
     if not values:
         return Keyed(SKIP, item.cover)
-    if type(item) is KeyedBatch and len(item.members) == len(values):
+    if type(item) is KeyedBatch and item.size == len(values):
         return Expand([Keyed(v, m) for v, m in zip(values, item.members, strict=True)])
     return Expand([Keyed(v, ()) for v in values[:-1]] + [Keyed(values[-1], item.cover)])
 
 
 class Covers:
-    """What an aggregate has consumed since its last output: members and dropped items."""
+    """What an aggregate has consumed since its last output: members and dropped items.
+
+    Members are covers (``members``, from Keyed items) or single keys (``keys``, from
+    chunk-keyed plain values); a stream has one kind or the other.
+    """
 
     def __init__(self) -> None:
         self.members: list[tuple[Key, ...]] = []
+        self.keys: list[Key] = []
         self.dropped: list[Key] = []
 
     def take(self, output: Any) -> Keyed:
-        members, dropped = self.members, self.dropped
-        self.members, self.dropped = [], []
-        if members and dropped:  # dropped items resolve with the first member
-            members[0] = (*dropped, *members[0])
-        cover = tuple(itertools.chain(dropped if not members else (), *members))
-        if isinstance(output, (list, tuple)) and len(output) == len(members):
-            return KeyedBatch(output, cover, members)
+        members, keys, dropped = self.members, self.keys, self.dropped
+        self.members, self.keys, self.dropped = [], [], []
+        if keys:
+            if members:
+                raise AssertionError("an aggregate's inputs are Keyed items or keyed chunks")
+            count = len(keys)
+            cover = tuple(dropped + keys) if dropped else tuple(keys)
+            batch_members = None
+            if dropped:  # dropped items resolve with the first member
+                batch_members = [(*dropped, keys[0]), *zip(keys[1:])]
+        else:
+            count = len(members)
+            if members and dropped:  # dropped items resolve with the first member
+                members[0] = (*dropped, *members[0])
+            cover = tuple(itertools.chain(dropped if not members else (), *members))
+            batch_members = members
+        if isinstance(output, (list, tuple)) and len(output) == count:
+            return KeyedBatch(output, cover, batch_members)
         return Keyed(output, cover)
 
     def drop_all(self) -> Keyed | None:
         """Everything consumed, resolved without an output (``drop_last``)."""
-        cover = tuple(itertools.chain(self.dropped, *self.members))
-        self.members, self.dropped = [], []
+        cover = tuple(itertools.chain(self.dropped, *self.members, self.keys))
+        self.members, self.keys, self.dropped = [], [], []
         return Keyed(SKIP, cover) if cover else None
+
+    def __bool__(self) -> bool:
+        return bool(self.members or self.keys or self.dropped)
 
 
 class DeliveryTracker:
@@ -229,11 +262,16 @@ def _count(value: Any, name: str) -> int:
 
 
 class ResumableSource:
-    """The source's items as :class:`Keyed` values, skipping what a restored state resolved.
+    """The source's items from a restored state on: plain while positions are consecutive.
 
-    A sequence (a range, a list, a tuple) or a numpy array is read from the watermark on;
-    any other iterable (a sampler, a dataset) is iterated from the start again and the
-    resolved prefix skipped, so its iteration must be deterministic.
+    Without positions resolved above the watermark (a fresh pipeline, or any state taken
+    in input order) the items from the watermark on are plain values, and
+    :meth:`key_offset` says which position the first one has: the stream keys them by
+    chunk (``Chunk.keys``), with no per-item wrapper. Otherwise every item not yet resolved
+    is a :class:`Keyed` value. A sequence (a range, a list, a tuple) or a numpy array is
+    read from the watermark on; any other iterable (a sampler, a dataset) is iterated from
+    the start again and the resolved prefix skipped, so its iteration must be
+    deterministic.
     """
 
     def __init__(self, source: Iterable[Any]) -> None:
@@ -241,8 +279,20 @@ class ResumableSource:
         self.start = 0
         self.skip: set[int] = set()
 
-    def __iter__(self) -> Iterator[Keyed]:
+    def key_offset(self) -> int | None:
+        """The position of the first item if items are plain, else None (they are Keyed)."""
+        return None if self.skip else self.start
+
+    def __iter__(self) -> Iterator[Any]:
         source, start, skip = self.source, self.start, self.skip
+        if not skip:
+            if isinstance(source, (Sequence, np.ndarray)):
+                return map(source.__getitem__, range(start, len(source)))
+            return itertools.islice(iter(source), start, None)
+        return self._keyed(source, start, skip)
+
+    @staticmethod
+    def _keyed(source: Iterable[Any], start: int, skip: set[int]) -> Iterator[Keyed]:
         if isinstance(source, (Sequence, np.ndarray)):
             for p in range(start, len(source)):
                 if p not in skip:
@@ -251,3 +301,29 @@ class ResumableSource:
         for p, item in enumerate(source):
             if p >= start and p not in skip:
                 yield Keyed(item, (p,))
+
+    def close(self) -> None: ...
+
+
+class KeyItems:
+    """A chunk stream whose chunk keys become per-item :class:`Keyed` values.
+
+    Placed before a stage that needs each item's key (a generator keys its outputs by their
+    input's position) and before the sink (the caller resolves keys item by item).
+    """
+
+    def __init__(self, upstream: Any) -> None:
+        self._upstream = upstream
+
+    def next_chunk(self) -> Chunk | None:
+        chunk: Chunk | None = self._upstream.next_chunk()
+        if chunk is None or chunk.keys is None:
+            return chunk
+        values = [Keyed(v, (k,)) for v, k in zip(chunk.values, chunk.keys, strict=True)]
+        return Chunk(chunk.start, values, chunk.error)
+
+    def reset(self, position: int) -> None:
+        self._upstream.reset(position)
+
+    def close(self) -> None:
+        self._upstream.close()

@@ -28,6 +28,7 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.stats import StageCounters
 
 _JOIN_TIMEOUT_S = 1.0
+_STEP_ASIDE_S = 20e-6
 MERGE_BUDGET_S = 1e-3
 MERGE_MAX_ITEMS = 4096
 
@@ -61,6 +62,7 @@ class _Core:
         self.end: _End | None = None
         self.closed = False
         self.consumer_waiting = False  # guarded by `lock`
+        self.taken = False  # whether the consumer ever took (or waited to take) anything
         self.thread: threading.Thread | None = None
 
     def run(self) -> None:
@@ -109,6 +111,11 @@ class _Core:
             del item  # no reference from a live thread to a delivered element
             if end is not None:
                 return
+            if not self.taken:
+                # Until the consumer's first take, step aside after each item: a busy
+                # producer would keep the GIL for a whole switch interval (5 ms) while the
+                # consumer is on its way to its first take (the time to the first output).
+                time.sleep(_STEP_ASIDE_S)
 
     def take(self, timeout: float | None = None) -> list[Any] | _End:
         """Everything waiting (a list), or the end marker once nothing is left."""
@@ -133,6 +140,7 @@ class _Core:
                 finally:
                     self.consumer_waiting = False
                     self.counters.starved_s += time.perf_counter() - began
+            self.taken = True
             if self.items:
                 taken = list(self.items)
                 self.counters.delivered(len(taken), len(taken))

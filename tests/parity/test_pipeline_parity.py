@@ -303,3 +303,87 @@ def test_continuous_completion_order_never_mixes_epochs():
             for _ in range(4):
                 assert sorted(pipeline.get_iterator()) == list(range(12))
             assert pipeline.get_item(timeout=5) in range(12)  # the next epoch goes on
+
+
+def pid_and_value(x):
+    import os
+
+    return (os.getpid(), x * 10)
+
+
+def pid_pairs(x):
+    import os
+
+    for i in range(x % 3):
+        yield (os.getpid(), x, i)
+
+
+@pytest.fixture(scope="module")
+def process_pool():
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(
+        2, mp_context=multiprocessing.get_context("fork")
+    ) as pool:
+        yield pool
+
+
+def _on_pool(m, op, pool, order):
+    import os
+
+    pipeline = m.PipelineBuilder().add_source(range(12))
+    pipeline.pipe(op, executor=pool, concurrency=3, output_order=order)
+    items = run(pipeline, threads=2)
+    assert all(item[0] != os.getpid() for item in items)  # ran in the pool's workers
+    return [item[1:] for item in items]
+
+
+def test_ops_on_a_process_pool_give_the_same_items(process_pool):
+    for op in (pid_and_value, pid_pairs):
+        ours = _on_pool(gm_pipeline, op, process_pool, "completion")
+        assert sorted(ours) == sorted(_on_pool(spdl_pipeline, op, process_pool, "completion"))
+    ours = _on_pool(gm_pipeline, pid_and_value, process_pool, "input")
+    assert ours == _on_pool(spdl_pipeline, pid_and_value, process_pool, "input")
+
+
+def test_a_generator_on_a_process_pool_in_input_order_works(process_pool):
+    """Deliberate difference: spdl 0.8.0 fails every item of an input-order generator stage
+    that has an executor ("object async_generator can't be used in 'await' expression") and
+    delivers nothing; gristmill delivers the outputs, in order, as without an executor."""
+    expected = [(x, i) for x in range(12) for i in range(x % 3)]
+    assert _on_pool(gm_pipeline, pid_pairs, process_pool, "input") == expected
+    assert _on_pool(spdl_pipeline, pid_pairs, process_pool, "input") == []
+
+
+def test_a_failure_on_a_process_pool_has_the_same_message(process_pool):
+    results = {}
+    for name, m in MODULES.items():
+        pipeline = (
+            m.PipelineBuilder()
+            .add_source(range(5))
+            .pipe(fail_on_multiples_of_3, executor=process_pool, output_order="input")
+            .add_sink(3)
+            .build(num_threads=2, max_failures=0)
+        )
+        out, error = drain(pipeline)
+        results[name] = (out, _without_ids(describe(error)))
+    assert results["gristmill"] == results["spdl"]
+    assert "Function failed in subprocess: ValueError: bad 0 (" in results["gristmill"][1]
+
+
+def test_a_thread_pool_executor_runs_the_op():
+    import concurrent.futures
+    import threading
+
+    def thread_name(x):
+        return threading.current_thread().name.split("_")[0], x
+
+    for m in MODULES.values():
+        with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="userpool") as pool:
+            pipeline = (
+                m.PipelineBuilder()
+                .add_source(range(6))
+                .pipe(thread_name, executor=pool, output_order="input")
+            )
+            assert run(pipeline, threads=1) == [("userpool", x) for x in range(6)]

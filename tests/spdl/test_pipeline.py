@@ -141,6 +141,11 @@ def test_stopping_or_dropping_a_running_pipeline_stops_every_thread(how):
         ),
         (lambda b: b.aggregate("3"), TypeError, "aggregate takes an int or an Aggregator"),
         (lambda b: b.pipe(3), TypeError, "op must be callable"),
+        (
+            lambda b: b.pipe(abs, executor=object()),
+            TypeError,
+            "`executor` must be a concurrent.futures.Executor",
+        ),
     ],
 )
 def test_bad_builder_calls(call, error, match):

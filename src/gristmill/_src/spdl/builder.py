@@ -128,7 +128,9 @@ def build_pipeline(
             if task_hook_factory is not None:
                 hooks = StageHooks(task_hook_factory(info))
                 stage_hooks.append(hooks)
-            fn, chunk_fn = ops.stage_function(stage.op, str(info), budget, hooks, skip_outputs)
+            fn, chunk_fn = ops.stage_function(
+                stage.op, str(info), budget, hooks, skip_outputs, stage.executor
+            )
             kind = ops.kind_of(stage.op)
             is_async = kind in ("async", "async_gen")
             if chunk_keyed and kind in ("gen", "async_gen"):  # keys its outputs per input

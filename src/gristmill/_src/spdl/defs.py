@@ -14,6 +14,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gristmill._src.spdl.executors import check_executor
+
 OUTPUT_ORDERS = ("completion", "input")
 
 
@@ -162,6 +164,7 @@ def Pipe(  # noqa: N802 (upstream's factory names)
     )
     if executor is not None and (is_async or inspect.isasyncgenfunction(op)):
         raise ValueError("`executor` cannot be used with an async op; it runs on the loop")
+    check_executor(executor)
     if output_order == "input" and inspect.isasyncgenfunction(op):
         raise ValueError('output_order="input" is not supported for async generators')
     return PipeConfig(

@@ -22,6 +22,7 @@ from typing import Any
 
 from gristmill._src.engine.feeds import ChunkFn
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
+from gristmill._src.spdl.executors import on_executor
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.tracking import Keyed, KeyedBatch, Path, rekeyed, split
 
@@ -100,13 +101,15 @@ def stage_function(
     budget: FailureBudget,
     hooks: StageHooks | None = None,
     skip_outputs: dict[Path, set[int]] | None = None,
+    executor: Any = None,
 ) -> tuple[Any, ChunkFn | None]:
     """The element function the engine runs for a pipe stage (sync or async, per ``op``),
     and for a plain sync op (no hooks, no call counting) the same over a whole task.
 
     With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
     Keyed items (a resumable pipeline) keep their source keys with the result;
-    ``skip_outputs`` names generator outputs a restored state already delivered. The task
+    ``skip_outputs`` names generator outputs a restored state already delivered. A sync
+    ``op`` with an ``executor`` runs there (see :mod:`executors`). The task
     function calls ``op`` directly on plain values in one loop, and hands anything else
     (keyed items, markers) to the element function; it keeps every output made before a
     failure that exceeds the budget.
@@ -152,8 +155,11 @@ def stage_function(
 
         return run_async, None
 
+    if executor is not None:
+        op = on_executor(op, executor, generator=kind == "gen")
+
     def expand(x: Any) -> Any:
-        return Expand(list(op(x)))
+        return Expand(op(x) if executor is not None else list(op(x)))
 
     call = expand if kind == "gen" else op
     invoked = budget.invoked if budget.counts_invocations else None

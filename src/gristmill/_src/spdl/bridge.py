@@ -31,10 +31,10 @@ class PipelineIterDataset(IterDataset[Any]):
             )
         if "num_threads" not in build_kwargs:
             raise TypeError("PipelineIterDataset needs num_threads=…, as PipelineBuilder.build")
-        if pipeline.src.continuous:
+        if not isinstance(pipeline.src, defs.SourceConfig) or pipeline.src.continuous:
             raise ValueError(
-                "a continuous source never ends and has no state yet: build the pipeline from "
-                "a non-continuous source (one epoch) for a PipelineIterDataset"
+                "a continuous source (or a Merge of pipelines) has no state yet: build the "
+                "pipeline from a non-continuous source (one epoch) for a PipelineIterDataset"
             )
         self._config = pipeline
         self._build_kwargs = build_kwargs

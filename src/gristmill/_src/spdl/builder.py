@@ -22,9 +22,11 @@ from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
+from gristmill._src.spdl.fanin import MergeStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 from gristmill._src.spdl.tracking import KeyItems, Path, ResumableSource
+from gristmill._src.spdl.variants import PathVariantsStream
 
 
 class _Continuous:
@@ -92,51 +94,117 @@ def build_pipeline(
     num_threads = _check_positive(num_threads, "num_threads")
     build_limit = defs.check_max_failures(max_failures, "max_failures")
     pipeline_id = next(PIPELINE_IDS)
-    source = cfg.src.source
-    is_async_source = isinstance(source, AsyncIterable) and not isinstance(source, Iterable)
-    if is_async_source:
-        source = _AsyncSource(source)
-    continuous = bool(cfg.src.continuous)
-    resumable: ResumableSource | None = None
-    if continuous:
-        source = _Continuous(source)
-    else:
-        source = resumable = ResumableSource(source)  # items keyed by source position
-    skip_outputs: dict[Path, set[int]] = {}  # generator outputs a restored state delivered
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
-    # The source is read inline while cheap, else ahead on its own thread by up to 64 items;
-    # an async source (it waits on I/O) always has its own thread and event loop.
-    upstream: ChunkStream = IteratorStream(
-        source,
-        buffer_size=64,
-        name=str(src_info),
-        inline=not is_async_source,
-        key_offset=None if resumable is None else resumable.key_offset,
+    resumable: ResumableSource | None = None
+    upstream: ChunkStream
+    if isinstance(cfg.src, defs.MergeConfig):
+        upstream = MergeStream(
+            cfg.src,
+            lambda sub: build_pipeline(sub, num_threads=num_threads, max_failures=max_failures),
+            src_info,
+        )
+        continuous = True  # inputs may be continuous: epoch ends travel as barriers
+    else:
+        source = cfg.src.source
+        is_async_source = isinstance(source, AsyncIterable) and not isinstance(source, Iterable)
+        if is_async_source:
+            source = _AsyncSource(source)
+        continuous = bool(cfg.src.continuous)
+        if continuous:
+            source = _Continuous(source)
+        else:
+            source = resumable = ResumableSource(source)  # items keyed by source position
+        # The source is read inline while cheap, else ahead on its own thread by up to 64
+        # items; an async source (it waits on I/O) always has its own thread and loop.
+        upstream = IteratorStream(
+            source,
+            buffer_size=64,
+            name=str(src_info),
+            inline=not is_async_source,
+            key_offset=None if resumable is None else resumable.key_offset,
+        )
+    lowering = _Lowering(
+        pipeline_id, num_threads, build_limit, task_hook_factory, continuous=continuous
     )
+    lowering.streams.append(upstream)
     # While stages map one to one, source positions travel as chunk keys (no per-item
     # wrapper); stages that need each item's key get Keyed items (tracking.KeyItems).
-    chunk_keyed = resumable is not None
-    streams: list[Any] = [upstream]
-    stage_hooks: list[StageHooks] = []
-    for offset, stage in enumerate(cfg.pipes, start=1):
-        sid = str(stage_id + offset)
+    upstream, chunk_keyed = lowering.stages(upstream, cfg.pipes, resumable is not None, stage_id)
+    if chunk_keyed:  # the caller resolves keys item by item
+        upstream = KeyItems(upstream)
+    sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
+    return Pipeline(
+        cfg,
+        upstream,
+        lowering.streams,
+        sink_buffer,
+        name=f"{pipeline_id}",
+        stage_hooks=lowering.stage_hooks,
+        resumable=resumable,
+        skip_outputs=lowering.skip_outputs,
+    )
+
+
+class _Lowering:
+    """Turns stage configs into engine streams (recursively, for path variants).
+
+    ``streams`` collects every stream built (the pipeline closes them and reports their
+    statistics), ``stage_hooks`` the task hooks, ``skip_outputs`` the generator outputs a
+    restored state delivered (filled by ``Pipeline.set_state``).
+    """
+
+    def __init__(
+        self,
+        pipeline_id: int,
+        num_threads: int,
+        build_limit: Any,
+        task_hook_factory: Any,
+        *,
+        continuous: bool,
+    ) -> None:
+        self.pipeline_id = pipeline_id
+        self.num_threads = num_threads
+        self.build_limit = build_limit
+        self.task_hook_factory = task_hook_factory
+        self.continuous = continuous
+        self.streams: list[Any] = []
+        self.stage_hooks: list[StageHooks] = []
+        self.skip_outputs: dict[Path, set[int]] = {}
+
+    def stages(
+        self, upstream: ChunkStream, configs: Any, chunk_keyed: bool, first_id: int | str
+    ) -> tuple[ChunkStream, bool]:
+        """``configs`` lowered onto ``upstream``; returns the last stream and whether its
+        chunks still carry keys (see ``KeyItems``)."""
+        for offset, stage in enumerate(configs, start=1):
+            sid = str(first_id + offset) if isinstance(first_id, int) else f"{first_id}.{offset}"
+            upstream, chunk_keyed = self._stage(upstream, stage, chunk_keyed, sid)
+            self.streams.append(upstream)
+        return upstream, chunk_keyed
+
+    def _stage(
+        self, upstream: ChunkStream, stage: Any, chunk_keyed: bool, sid: str
+    ) -> tuple[ChunkStream, bool]:
+        pipeline_id, continuous = self.pipeline_id, self.continuous
         if isinstance(stage, defs.PipeConfig):
             info = StageInfo(pipeline_id, sid, stage.name, stage.concurrency)
-            limit = stage.max_failures if stage.max_failures is not None else build_limit
+            limit = stage.max_failures if stage.max_failures is not None else self.build_limit
             budget = ops.FailureBudget(str(info), limit)
             hooks = None
-            if task_hook_factory is not None:
-                hooks = StageHooks(task_hook_factory(info))
-                stage_hooks.append(hooks)
+            if self.task_hook_factory is not None:
+                hooks = StageHooks(self.task_hook_factory(info))
+                self.stage_hooks.append(hooks)
             fn, chunk_fn = ops.stage_function(
-                stage.op, str(info), budget, hooks, skip_outputs, stage.executor
+                stage.op, str(info), budget, hooks, self.skip_outputs, stage.executor
             )
             kind = ops.kind_of(stage.op)
             is_async = kind in ("async", "async_gen")
             if chunk_keyed and kind in ("gen", "async_gen"):  # keys its outputs per input
                 upstream, chunk_keyed = KeyItems(upstream), False
-            concurrency = stage.concurrency if is_async else min(stage.concurrency, num_threads)
-            upstream = ChunkRunner(
+            concurrency = (
+                stage.concurrency if is_async else min(stage.concurrency, self.num_threads)
+            )
+            runner = ChunkRunner(
                 StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),
                 workers=concurrency,
                 buffer_size=max(2 * stage.concurrency + 2, 16),
@@ -147,17 +215,18 @@ def build_pipeline(
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
             )
-        elif isinstance(stage, defs.AggregateConfig):
+            return runner, chunk_keyed
+        if isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
-            upstream = AggregateStream(
+            aggregate = AggregateStream(
                 upstream, copy.deepcopy(stage.op), drop_last=stage.drop_last, name=str(info)
             )
-            chunk_keyed = False  # aggregates are Keyed values
-        elif isinstance(stage, defs.DisaggregateConfig):
+            return aggregate, False  # aggregates are Keyed values
+        if isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:
-                upstream, chunk_keyed = KeyItems(upstream), False
-            upstream = ChunkRunner(
+                upstream = KeyItems(upstream)
+            runner = ChunkRunner(
                 StreamFeed(upstream, ops.disaggregate, barriers=continuous),
                 workers=0,  # inline in whoever pulls: a list split is cheap
                 buffer_size=16,
@@ -165,22 +234,26 @@ def build_pipeline(
                 annotate_errors=False,
                 inline_beyond_buffer=True,
             )
-        else:
-            raise TypeError(f"unsupported stage config {stage!r}")
-        streams.append(upstream)
-    if chunk_keyed:  # the caller resolves keys item by item
-        upstream = KeyItems(upstream)
-    sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
-    return Pipeline(
-        cfg,
-        upstream,
-        streams,
-        sink_buffer,
-        name=f"{pipeline_id}",
-        stage_hooks=stage_hooks,
-        resumable=resumable,
-        skip_outputs=skip_outputs,
-    )
+            return runner, False
+        if isinstance(stage, defs.PathVariantsConfig):
+            info = StageInfo(pipeline_id, sid, stage.name)
+            if chunk_keyed:  # outputs arrive in completion order: each carries its keys
+                upstream = KeyItems(upstream)
+
+            def build_path(index: int, inlet: ChunkStream) -> ChunkStream:
+                last, _ = self.stages(inlet, stage.paths[index], False, f"{sid}.{index}")
+                return last
+
+            variants = PathVariantsStream(
+                upstream,
+                stage.router,
+                build_path,
+                len(stage.paths),
+                batched=stage.batched,
+                name=str(info),
+            )
+            return variants, False
+        raise TypeError(f"unsupported stage config {stage!r}")
 
 
 class PipelineBuilder:
@@ -251,6 +324,18 @@ class PipelineBuilder:
     def disaggregate(self) -> PipelineBuilder:
         """Splits every input list into its items."""
         self._pipes.append(defs.Disaggregate())
+        return self
+
+    def path_variants(
+        self,
+        router: Any,
+        paths: Any,
+        name: str | None = None,
+        batched: bool = False,
+    ) -> PipelineBuilder:
+        """Sends each item down one of ``paths`` (``router(item) -> index``); merges the
+        outputs in arrival order (see ``defs.PathVariants``)."""
+        self._pipes.append(defs.PathVariants(router, paths, name=name, batched=batched))
         return self
 
     def add_sink(self, buffer_size: int = 3) -> PipelineBuilder:

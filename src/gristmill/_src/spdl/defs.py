@@ -130,14 +130,48 @@ class SinkConfig:
     buffer_size: int = 3
 
 
-StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig
+@dataclasses.dataclass(frozen=True)
+class PathVariantsConfig:
+    """Fan-out / fan-in: ``router(item)`` picks one of ``paths`` for each item (see
+    ``PipelineBuilder.path_variants``)."""
+
+    router: Callable[[Any], Any]
+    paths: tuple[tuple[Any, ...], ...]
+    name: str = "path_variants"
+    batched: bool = False
+
+    def __repr__(self) -> str:
+        paths = ", ".join(
+            f"path{i}=[{', '.join(_short(stage) for stage in path)}]"
+            for i, path in enumerate(self.paths)
+        )
+        return f"PathVariants({paths})"
+
+
+StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    src: SourceConfig
+    src: SourceConfig | MergeConfig
     pipes: Sequence[StageConfig]
     sink: SinkConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeConfig:
+    """Several pipelines as one source: items in arrival order, or as ``op`` merges them."""
+
+    pipeline_configs: tuple[PipelineConfig, ...]
+    op: Callable[..., Any] | None = None
+
+
+def _short(stage: Any) -> str:
+    if isinstance(stage, PipeConfig):
+        return f"{stage.name}(concurrency={stage.concurrency})"
+    if isinstance(stage, (AggregateConfig, DisaggregateConfig)):
+        return stage.name
+    return repr(stage)
 
 
 def Pipe(  # noqa: N802 (upstream's factory names)
@@ -196,3 +230,70 @@ def Aggregate(  # noqa: N802
 def Disaggregate() -> DisaggregateConfig:  # noqa: N802
     """Yields each element of every input list."""
     return DisaggregateConfig()
+
+
+def PathVariants(  # noqa: N802
+    router: Callable[[Any], Any],
+    paths: Sequence[Sequence[Any]],
+    name: str | None = None,
+    batched: bool = False,
+) -> PathVariantsConfig:
+    """Routes each item to one of ``paths`` (sequences of stage configs); merges outputs.
+
+    ``router(item) -> int`` (sync or async) picks the path; outputs of all paths are merged
+    in arrival order, each path's in its own order. With ``batched=True`` items are lists:
+    ``router(batch) -> list[int]`` gives each element's path, every path gets one sub-list
+    per batch (possibly empty), and each batch's path outputs are concatenated in path
+    order.
+    """
+    if not callable(router):
+        raise ValueError("router must be callable.")
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence):
+        raise TypeError(f"paths must be a sequence of sequences of stage configs, got {paths!r}")
+    if not paths:
+        raise ValueError("PathVariantsConfig must have at least 1 path.")
+    checked = []
+    for i, path in enumerate(paths):
+        if isinstance(path, (str, bytes)) or not isinstance(path, Sequence):
+            raise TypeError(f"Path {i} must be a sequence of stage configs, got {path!r}")
+        if not path:
+            raise ValueError(f"Path {i} is empty. Each path must have at least one config.")
+        for j, stage in enumerate(path):
+            if not isinstance(
+                stage, (PipeConfig, AggregateConfig, DisaggregateConfig, PathVariantsConfig)
+            ):
+                raise ValueError(
+                    f"Path {i}, position {j}: {type(stage).__name__} is not allowed inside "
+                    "PathVariants paths."
+                )
+        checked.append(tuple(path))
+    return PathVariantsConfig(
+        router, tuple(checked), name=name or "path_variants", batched=bool(batched)
+    )
+
+
+def Merge(  # noqa: N802
+    pipeline_configs: Sequence[PipelineConfig], op: Callable[..., Any] | None = None
+) -> MergeConfig:
+    """Several pipelines' outputs as one source (use as ``PipelineConfig(src=...)``).
+
+    By default items are forwarded in arrival order; with continuous inputs, one epoch ends
+    once every input's epoch ended. ``op(info, input_queues, output_queue)`` (async) merges
+    them itself: it gets from each input queue until ``is_eof(item)`` and puts to the output
+    queue; returning early stops the inputs.
+    """
+    if not isinstance(pipeline_configs, (list, tuple)):
+        raise TypeError(
+            f"pipeline_configs must be a list or tuple of PipelineConfig, got {pipeline_configs!r}"
+        )
+    if not pipeline_configs:
+        raise ValueError("MergeConfig must have at least one upstream pipeline configs.")
+    for i, config in enumerate(pipeline_configs):
+        if not isinstance(config, PipelineConfig):
+            raise TypeError(
+                f"pipeline_configs[{i}] must be a PipelineConfig (PipelineBuilder.get_config()),"
+                f" got {config!r}"
+            )
+    if op is not None and not callable(op):
+        raise TypeError(f"op must be an async function or None, got {op!r}")
+    return MergeConfig(tuple(pipeline_configs), op)

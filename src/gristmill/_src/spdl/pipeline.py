@@ -20,7 +20,7 @@ from typing import Any
 
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import ChunkStream
-from gristmill._src.engine.markers import EPOCH_END, SKIP
+from gristmill._src.engine.markers import EOF, EPOCH_END, SKIP
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
@@ -28,6 +28,10 @@ from gristmill._src.engine.streams import iterate_chunks
 from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, Path, ResumableSource
 
 PIPELINE_IDS = itertools.count()
+_NO_STATE = (
+    "a pipeline with a continuous source (or a Merge of pipelines) has no state yet; build "
+    "it per epoch from a non-continuous source to checkpoint it"
+)
 logger = logging.getLogger("gristmill.pipeline")
 
 
@@ -152,6 +156,14 @@ class Pipeline:
 
     # -- reading ----------------------------------------------------------------------------
 
+    def next_item_or_marker(self) -> Any:
+        """The next item, ``EPOCH_END`` at an epoch's end, ``EOF`` at the end (for a
+        pipeline feeding another: ``defs.Merge``)."""
+        try:
+            return self.get_item()
+        except EOFError:
+            return EOF if self._ended else EPOCH_END
+
     def get_item(self, *, timeout: float | None = None) -> Any:
         """The next item; EOFError at the end; TimeoutError; the sticky PipelineFailure."""
         if self._failure is not None:
@@ -203,19 +215,13 @@ class Pipeline:
         exactly the items not yet received, none twice.
         """
         if self._resumable is None:
-            raise NotImplementedError(
-                "a pipeline with a continuous source has no state yet; build it per epoch "
-                "from a non-continuous source to checkpoint it"
-            )
+            raise NotImplementedError(_NO_STATE)
         return self._tracker.state()
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues from ``state`` (from :meth:`get_state`); call before the pipeline starts."""
         if self._resumable is None:
-            raise NotImplementedError(
-                "a pipeline with a continuous source has no state yet; build it per epoch "
-                "from a non-continuous source to checkpoint it"
-            )
+            raise NotImplementedError(_NO_STATE)
         if self._started:
             raise RuntimeError(
                 "set_state() must be called before the pipeline starts; build a new pipeline "

@@ -1,0 +1,283 @@
+"""``defs.Merge``: several pipelines' outputs as one pipeline's source.
+
+Each input pipeline is built as its own :class:`Pipeline` and read by a *puller* thread.
+By default outputs are forwarded in arrival order; at an epoch end (continuous inputs) a
+puller waits until every input reached its epoch end, then one ``EPOCH_END`` passes on,
+so epochs never mix. An input that ends simply stops contributing.
+
+A custom ``op(info, input_queues, output_queue)`` runs on an event loop of its own: each
+input queue is an ``asyncio.Queue`` the puller fills (bounded: a puller waits while its
+queue holds ``INPUT_BUFFER`` items), ending with ``EOF`` (``is_eof``); what the op puts on
+``output_queue`` is the merged stream. When the op returns, the inputs are stopped (an
+early return is fine); when it raises, the stage fails with its error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gristmill._src.engine.feeds import Chunk
+from gristmill._src.engine.markers import EOF, EPOCH_END
+from gristmill._src.engine.ordered import RunnerClosedError
+from gristmill._src.engine.stats import StageCounters
+
+INPUT_BUFFER = 8
+_JOIN_TIMEOUT_S = 1.0
+
+
+class _InputQueue(asyncio.Queue[Any]):
+    """An input of a custom merge: filled from a puller thread, ``slots`` bound it."""
+
+    def __init__(self, slots: threading.Semaphore) -> None:
+        super().__init__()
+        self._slots = slots
+
+    async def get(self) -> Any:
+        item = await super().get()
+        self._slots.release()
+        return item
+
+    def get_nowait(self) -> Any:
+        item = super().get_nowait()
+        self._slots.release()
+        return item
+
+
+class _OutputQueue(asyncio.Queue[Any]):
+    """A custom merge's output: every item put goes straight to the merged stream."""
+
+    def __init__(self, emit: Callable[[Any], None]) -> None:
+        super().__init__()
+        self._emit = emit
+
+    async def put(self, item: Any) -> None:
+        self._emit(item)
+
+    def put_nowait(self, item: Any) -> None:
+        self._emit(item)
+
+
+class MergeStream:
+    """The outputs of the pipelines of ``config`` (a ``MergeConfig``), as one stream."""
+
+    def __init__(self, config: Any, build: Callable[[Any], Any], info: Any) -> None:
+        self._config = config
+        self._build = build
+        self._info = info
+        self._name = str(info)
+        self._counters = StageCounters(self._name, len(config.pipeline_configs), 1)
+        self._cond = threading.Condition()
+        self._merged: collections.deque[Any] = collections.deque()
+        self._pipelines: list[Any] = []
+        self._threads: list[threading.Thread] = []
+        self._inputs_done = 0
+        self._op_done = False
+        self._error: BaseException | None = None
+        self._arrivals = 0
+        self._generation = 0
+        self._position = 0
+        self._closed = False
+        self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock = threading.Lock()
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self._started or self._closed:
+                return
+            self._started = True
+            self._pipelines = [self._build(sub) for sub in self._config.pipeline_configs]
+            custom = self._config.op is not None
+            targets: list[tuple[Callable[..., None], tuple[Any, ...], str]] = []
+            if custom:
+                self._loop = asyncio.new_event_loop()
+                slots = [threading.Semaphore(INPUT_BUFFER) for _ in self._pipelines]
+                queues = self._make_queues(slots)
+                targets.append((self._run_op, (queues,), "op"))
+                for i in range(len(self._pipelines)):
+                    targets.append((self._feed, (i, queues[i], slots[i]), f"input{i}"))
+            else:
+                for i in range(len(self._pipelines)):
+                    targets.append((self._pull, (i,), f"input{i}"))
+            for target, args, suffix in targets:
+                thread = threading.Thread(
+                    target=target, args=args, name=f"gristmill[{self._name}]-{suffix}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+
+    def _make_queues(self, slots: list[threading.Semaphore]) -> list[_InputQueue]:
+        loop = self._loop
+        assert loop is not None
+
+        async def make() -> list[_InputQueue]:  # queues belong to the loop that runs the op
+            return [_InputQueue(s) for s in slots]
+
+        return loop.run_until_complete(make())
+
+    def _pull(self, index: int) -> None:
+        """Default merge: forward one input's items; epoch ends wait for every input."""
+        pipeline = self._pipelines[index]
+        try:
+            while not self._closed:
+                item = pipeline.next_item_or_marker()
+                if item is EOF:
+                    break
+                if item is EPOCH_END:
+                    self._barrier()
+                    continue
+                self._emit(item)
+        except RunnerClosedError:
+            pass
+        except Exception as error:
+            self._fail(error)
+        finally:
+            with self._cond:
+                self._inputs_done += 1
+                if self._arrivals and self._arrivals >= len(self._pipelines) - self._inputs_done:
+                    self._release_epoch()  # an input ended: the others need not wait for it
+                self._cond.notify_all()
+
+    def _barrier(self) -> None:
+        with self._cond:
+            generation = self._generation
+            self._arrivals += 1
+            if self._arrivals >= len(self._pipelines) - self._inputs_done:
+                self._release_epoch()
+                return
+            while self._generation == generation and not self._closed:
+                self._cond.wait()
+
+    def _release_epoch(self) -> None:
+        """Passes one EPOCH_END on. Call with ``_cond`` held."""
+        self._arrivals = 0
+        self._generation += 1
+        self._merged.append(EPOCH_END)
+        self._cond.notify_all()
+
+    def _feed(self, index: int, queue: _InputQueue, slots: threading.Semaphore) -> None:
+        """Custom merge: one input's items into its queue on the op's loop, then EOF."""
+        loop = self._loop
+        assert loop is not None
+        pipeline = self._pipelines[index]
+        try:
+            while not self._closed:
+                item = pipeline.next_item_or_marker()
+                while not slots.acquire(timeout=0.1):
+                    if self.closed:
+                        return
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+                if item is EOF:
+                    return
+        except (RunnerClosedError, RuntimeError):  # stopped, or the loop closed under us
+            pass
+        except Exception as error:
+            self._fail(error)
+
+    def _run_op(self, queues: list[_InputQueue]) -> None:
+        loop = self._loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
+        try:
+            output = loop.run_until_complete(self._make_output())
+            loop.run_until_complete(self._config.op(self._info, queues, output))
+        except Exception as error:
+            if not self._closed:
+                self._fail(error)
+        finally:
+            with self._cond:
+                self._op_done = True
+                self._cond.notify_all()
+            for pipeline in self._pipelines:  # the op is done: stop the inputs
+                with contextlib.suppress(Exception):
+                    pipeline.stop()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _make_output(self) -> _OutputQueue:
+        return _OutputQueue(self._emit)
+
+    def _emit(self, item: Any) -> None:
+        with self._cond:
+            self._merged.append(item)
+            self._cond.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup) and error.exceptions:
+            # An input pipeline failed: its own failure names its stage already.
+            inner: Any = error.exceptions[0]
+            inner._gristmill_stage = None
+            error = inner
+        if not hasattr(error, "_gristmill_stage"):
+            error._gristmill_stage = self._name  # type: ignore[attr-defined]
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _finished(self) -> bool:
+        if self._config.op is not None:
+            return self._op_done
+        return self._inputs_done == len(self._pipelines)
+
+    # -- the stream ---------------------------------------------------------------------
+
+    def next_chunk(self) -> Chunk | None:
+        self.start()
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RunnerClosedError(f"stage {self._name!r} is closed")
+                if self._merged:
+                    values = list(self._merged)
+                    self._merged.clear()
+                    start, self._position = self._position, self._position + len(values)
+                    self._counters.delivered(len(values), len(values))
+                    return Chunk(start, values)
+                if self._error is not None:
+                    error, self._error = self._error, None
+                    self._op_done = True
+                    self._inputs_done = len(self._pipelines)
+                    return Chunk(self._position, [], error)
+                if self._finished():
+                    return None
+                self._cond.wait()
+
+    def reset(self, position: int) -> None:
+        raise ValueError("a merged source cannot be repositioned")
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for pipeline in self._pipelines:
+            with contextlib.suppress(Exception):
+                pipeline.stop()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_cancel_all, loop)
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current and thread.ident is not None:
+                thread.join(_JOIN_TIMEOUT_S)
+
+    def statistics(self) -> Any:
+        return self._counters.snapshot()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    for task in asyncio.all_tasks(loop):
+        task.cancel()

@@ -75,6 +75,7 @@ EXPECTED = {
         "is_epoch_end",
     ],
     "gristmill.pipeline.defs": [
+        "MAIN_PROCESS",
         "Aggregate",
         "AggregateConfig",
         "Aggregator",
@@ -88,6 +89,8 @@ EXPECTED = {
         "Pipe",
         "PipeConfig",
         "PipelineConfig",
+        "PlacementConfig",
+        "ProcessPoolExecutorConfig",
         "SinkConfig",
         "SourceConfig",
     ],

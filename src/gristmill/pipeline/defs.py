@@ -2,6 +2,7 @@
 
 from gristmill._src.public import export as _export
 from gristmill._src.spdl.defs import (
+    MAIN_PROCESS,
     Aggregate,
     AggregateConfig,
     Aggregator,
@@ -15,6 +16,8 @@ from gristmill._src.spdl.defs import (
     Pipe,
     PipeConfig,
     PipelineConfig,
+    PlacementConfig,
+    ProcessPoolExecutorConfig,
     SinkConfig,
     SourceConfig,
 )
@@ -29,11 +32,14 @@ _export(
     PathVariantsConfig,
     PipeConfig,
     PipelineConfig,
+    PlacementConfig,
+    ProcessPoolExecutorConfig,
     SinkConfig,
     SourceConfig,
 )
 
 __all__ = [
+    "MAIN_PROCESS",
     "Aggregate",
     "AggregateConfig",
     "Aggregator",
@@ -47,6 +53,8 @@ __all__ = [
     "Pipe",
     "PipeConfig",
     "PipelineConfig",
+    "PlacementConfig",
+    "ProcessPoolExecutorConfig",
     "SinkConfig",
     "SourceConfig",
 ]

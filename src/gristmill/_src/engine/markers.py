@@ -23,6 +23,9 @@ class _Marker:
     def __repr__(self) -> str:
         return self._name
 
+    def __reduce__(self) -> str:
+        return self._name  # unpickles as the module's singleton (markers cross processes)
+
 
 SKIP: Any = _Marker("SKIP")
 EPOCH_END: Any = _Marker("EPOCH_END")

@@ -25,6 +25,7 @@ from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.fanin import MergeStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
+from gristmill._src.spdl.regions import RegionStream
 from gristmill._src.spdl.tracking import KeyItems, Path, ResumableSource
 from gristmill._src.spdl.variants import PathVariantsStream
 
@@ -93,6 +94,7 @@ def build_pipeline(
     """
     num_threads = _check_positive(num_threads, "num_threads")
     build_limit = defs.check_max_failures(max_failures, "max_failures")
+    defs.check_regions(cfg.pipes)
     pipeline_id = next(PIPELINE_IDS)
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
     resumable: ResumableSource | None = None
@@ -176,11 +178,42 @@ class _Lowering:
     ) -> tuple[ChunkStream, bool]:
         """``configs`` lowered onto ``upstream``; returns the last stream and whether its
         chunks still carry keys (see ``KeyItems``)."""
-        for offset, stage in enumerate(configs, start=1):
+        configs = list(configs)
+        offset = 0
+        while offset < len(configs):
+            stage = configs[offset]
+            offset += 1
             sid = str(first_id + offset) if isinstance(first_id, int) else f"{first_id}.{offset}"
+            if isinstance(stage, defs.PlacementConfig):
+                if isinstance(stage.target, defs.ProcessPoolExecutorConfig):
+                    end = next(
+                        i
+                        for i in range(offset, len(configs))
+                        if isinstance(configs[i], defs.PlacementConfig)
+                    )
+                    if chunk_keyed:  # outputs arrive in completion order, with their keys
+                        upstream, chunk_keyed = KeyItems(upstream), False
+                    upstream = self._region(upstream, tuple(configs[offset:end]), stage, sid)
+                    self.streams.append(upstream)
+                    offset = end + 1
+                continue  # MAIN_PROCESS: nothing to run
             upstream, chunk_keyed = self._stage(upstream, stage, chunk_keyed, sid)
             self.streams.append(upstream)
         return upstream, chunk_keyed
+
+    def _region(
+        self, upstream: ChunkStream, span: tuple[Any, ...], placement: Any, sid: str
+    ) -> ChunkStream:
+        names = "+".join(getattr(stage, "name", type(stage).__name__) for stage in span)
+        info = StageInfo(self.pipeline_id, sid, f"subprocess_pipeline({names})")
+        return RegionStream(
+            upstream,
+            span,
+            placement.target,
+            buffer_size=placement.buffer_size,
+            max_failures=self.build_limit,
+            name=str(info),
+        )
 
     def _stage(
         self, upstream: ChunkStream, stage: Any, chunk_keyed: bool, sid: str
@@ -326,6 +359,18 @@ class PipelineBuilder:
         self._pipes.append(defs.Disaggregate())
         return self
 
+    def to(self, target: Any, /, *, buffer_size: int = 1) -> PipelineBuilder:
+        """Runs the stages after this marker on ``target``: a ``ProcessPoolExecutorConfig``
+        starts a region run in worker processes, ``MAIN_PROCESS`` ends it.
+
+        Each worker runs the region's stages as a pipeline of its own; items travel to the
+        workers in transfers of at most ``buffer_size``, dealt round-robin, and come back in
+        completion order (stages inside a region cannot ask for input order). A stage's
+        ``concurrency`` applies in each worker.
+        """
+        self._pipes.append(defs.Placement(target, buffer_size))
+        return self
+
     def path_variants(
         self,
         router: Any,
@@ -355,6 +400,7 @@ class PipelineBuilder:
             raise RuntimeError("Source is not set.")
         if self._sink is None:
             raise RuntimeError("Sink is not set.")
+        defs.check_regions(self._pipes)
         return defs.PipelineConfig(self._src, tuple(self._pipes), self._sink)
 
     def build(

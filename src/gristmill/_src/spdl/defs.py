@@ -148,7 +148,67 @@ class PathVariantsConfig:
         return f"PathVariants({paths})"
 
 
-StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig
+@dataclasses.dataclass(frozen=True)
+class ProcessPoolExecutorConfig:
+    """Where a ``to()`` region runs: ``max_workers`` worker processes (default: the CPU
+    count), each running the region's stages as a pipeline of its own.
+
+    ``initializer(*initargs)`` runs in each worker first. ``mp_context`` is a start method
+    name (``"fork"``, ``"spawn"``, ``"forkserver"``); the default is ``"forkserver"`` where
+    available (``"spawn"`` elsewhere): unlike ``fork`` it is safe in a process that runs
+    threads, but the region's stages must be picklable (module-level functions).
+    """
+
+    max_workers: int | None = None
+    initializer: Callable[..., object] | None = None
+    initargs: tuple[Any, ...] = ()
+    mp_context: str | None = None
+
+    def __post_init__(self) -> None:
+        import multiprocessing
+
+        methods = multiprocessing.get_all_start_methods()
+        if self.mp_context is not None and self.mp_context not in methods:
+            raise ValueError(
+                f"mp_context must be one of {methods} or None, got {self.mp_context!r}"
+            )
+
+
+class _MainProcess:
+    """The ``to()`` target that ends a region: the stages after it run in this process."""
+
+    _instance: _MainProcess | None = None
+
+    def __new__(cls) -> _MainProcess:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MAIN_PROCESS"
+
+    def __reduce__(self) -> str:
+        return "MAIN_PROCESS"
+
+
+MAIN_PROCESS = _MainProcess()
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementConfig:
+    """A ``to()`` marker: the stages after it run on ``target`` (until the next marker);
+    ``buffer_size`` items at most travel to a worker at once."""
+
+    target: ProcessPoolExecutorConfig | _MainProcess
+    buffer_size: int = 1
+
+    def __repr__(self) -> str:
+        return f"placement({self.target!r})"
+
+
+StageConfig = (
+    PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig | PlacementConfig
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,3 +357,62 @@ def Merge(  # noqa: N802
     if op is not None and not callable(op):
         raise TypeError(f"op must be an async function or None, got {op!r}")
     return MergeConfig(tuple(pipeline_configs), op)
+
+
+def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N802
+    """The config of ``PipelineBuilder.to(target, buffer_size=...)``."""
+    if callable(getattr(target, "submit", None)):
+        raise TypeError(
+            "`to()` takes a serializable execution target (ProcessPoolExecutorConfig or "
+            "MAIN_PROCESS), not a live Executor. To run a single stage on a custom executor, "
+            "pass it to `pipe(executor=...)` instead."
+        )
+    if not isinstance(target, (ProcessPoolExecutorConfig, _MainProcess)):
+        raise TypeError(
+            "`to()` target must be a ProcessPoolExecutorConfig or MAIN_PROCESS. "
+            f"Got: {type(target).__name__}."
+        )
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+        raise ValueError(f"`buffer_size` must be an integer >= 1. Found: {buffer_size!r}")
+    workers = getattr(target, "max_workers", None)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)):
+        raise TypeError(f"max_workers must be an int or None, got {workers!r}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"max_workers must be >= 1, got {workers}")
+    return PlacementConfig(target, buffer_size)
+
+
+def check_regions(pipes: Sequence[Any]) -> None:
+    """Raises ValueError for a ``to()`` region that is empty, holds an input-order stage,
+    or is still open at the sink."""
+    open_region = False
+    size = 0
+    for stage in pipes:
+        if isinstance(stage, PlacementConfig):
+            if open_region and size == 0:
+                raise ValueError(
+                    "An empty `to(...)` region has no stages. Add stages before the next "
+                    "`.to(...)`, or remove the redundant marker."
+                )
+            open_region = isinstance(stage.target, ProcessPoolExecutorConfig)
+            size = 0
+            continue
+        size += 1
+        if open_region and _has_input_order(stage):
+            raise ValueError(
+                "A stage with `output_order='input'` cannot run inside a `to()` region: input "
+                "order cannot be preserved across the region's independent workers."
+            )
+    if open_region:
+        raise ValueError(
+            "A `to()` execution region must be closed with `to(MAIN_PROCESS)` before "
+            "`add_sink()`. The sink always runs in the main process."
+        )
+
+
+def _has_input_order(stage: Any) -> bool:
+    if isinstance(stage, PipeConfig):
+        return stage.output_order == "input"
+    if isinstance(stage, PathVariantsConfig):
+        return any(_has_input_order(s) for path in stage.paths for s in path)
+    return False

@@ -188,6 +188,8 @@ class MergeStream:
         try:
             output = loop.run_until_complete(self._make_output())
             loop.run_until_complete(self._config.op(self._info, queues, output))
+        except asyncio.CancelledError:  # closed: `close` cancelled the op
+            pass
         except Exception as error:
             if not self._closed:
                 self._fail(error)
@@ -198,7 +200,7 @@ class MergeStream:
             for pipeline in self._pipelines:  # the op is done: stop the inputs
                 with contextlib.suppress(Exception):
                     pipeline.stop()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 

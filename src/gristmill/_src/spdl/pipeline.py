@@ -203,6 +203,8 @@ class Pipeline:
         except Exception as error:
             self._failure = _failure(error)
             self._failure_seen = True
+            if self._finalizer.detach() is not None:
+                self._closer.shutdown()  # the failure is final: stop threads and workers now
             raise self._failure from None
 
     # -- state (beyond SPDL) ------------------------------------------------------------------

@@ -1,0 +1,419 @@
+"""``to()`` regions: a span of stages run in worker processes, each a pipeline of its own.
+
+Main process side (:class:`RegionStream`, one stage of the outer pipeline):
+
+- a *dispatcher* thread pulls the stream before the region and deals its items to the
+  workers round-robin, in transfers of at most ``buffer_size`` items, through one bounded
+  queue per worker;
+- a *collector* thread reads the workers' shared result queue and merges their outputs in
+  arrival order (``output_order="input"`` is not allowed inside a region);
+- an ``EPOCH_END`` (continuous source) goes to every worker; the collector passes one on
+  once every worker delivered it, holding back what a worker sends after it meanwhile.
+
+Worker side (:func:`worker_main`): the region's stages are built with the same lowering as
+the main pipeline, fed by the transfers; every chunk of outputs goes back as one message.
+Keyed items (a resumable pipeline) keep their covers across the trip, so states work
+through regions. A worker failure (a stage over its failure budget, a raising initializer)
+ends the region with that error; a worker that dies (a signal, ``os._exit``) ends it with
+a RuntimeError naming the worker and its exit code. Closing terminates the workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing
+import os
+import pickle
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from gristmill._src.engine.feeds import Chunk, ChunkStream
+from gristmill._src.engine.markers import EPOCH_END, flatten
+from gristmill._src.engine.ordered import RunnerClosedError
+from gristmill._src.engine.stats import StageCounters
+
+_POLL_S = 0.1
+_JOIN_TIMEOUT_S = 2.0
+_QUEUE_DEPTH = 2  # transfers waiting per worker
+
+
+def start_method(requested: str | None) -> str:
+    """The start method for workers: the requested one, else forkserver (spawn if absent)."""
+    if requested is not None:
+        if requested not in multiprocessing.get_all_start_methods():
+            raise ValueError(
+                f"mp_context must be one of {multiprocessing.get_all_start_methods()}, "
+                f"got {requested!r}"
+            )
+        return requested
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        return "forkserver"
+    return "spawn"
+
+
+class RegionStream:
+    """The outputs of ``span`` (stage configs) run on ``target``'s worker processes."""
+
+    def __init__(
+        self,
+        upstream: ChunkStream,
+        span: tuple[Any, ...],
+        target: Any,
+        *,
+        buffer_size: int,
+        max_failures: Any,
+        name: str,
+    ) -> None:
+        self._upstream = upstream
+        self._span = span
+        self._target = target
+        self._buffer_size = buffer_size
+        self._max_failures = max_failures
+        self._name = name
+        self._workers = target.max_workers or os.cpu_count() or 1
+        self._counters = StageCounters(name, self._workers, buffer_size)
+        self._cond = threading.Condition()
+        self._merged: collections.deque[Any] = collections.deque()
+        # Messages of workers waiting at an epoch end, replayed once every worker is there.
+        self._held: list[list[Any]] = [[] for _ in range(self._workers)]
+        self._at_epoch_end: set[int] = set()
+        self._finished: set[int] = set()
+        self._dispatch_error: BaseException | None = None
+        self._error: BaseException | None = None
+        self._position = 0
+        self._processes: list[Any] = []
+        self._inputs: list[Any] = []
+        self._results: Any = None
+        self._threads: list[threading.Thread] = []
+        self._start_lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self._started or self._closed:
+                return
+            self._started = True
+            context: Any = multiprocessing.get_context(start_method(self._target.mp_context))
+            self._results = context.Queue()
+            for index in range(self._workers):
+                inbox = context.Queue(_QUEUE_DEPTH)
+                process = context.Process(
+                    target=worker_main,
+                    args=(
+                        index,
+                        self._span,
+                        self._target.initializer,
+                        tuple(self._target.initargs),
+                        self._max_failures,
+                        self._name,
+                        inbox,
+                        self._results,
+                    ),
+                    name=f"gristmill[{self._name}]-worker{index}",
+                    daemon=True,
+                )
+                try:
+                    process.start()
+                except Exception as error:  # e.g. an op that cannot be pickled
+                    self._fail(
+                        TypeError(
+                            f"could not start the workers of {self._name}: {error}. With "
+                            f"mp_context={context.get_start_method()!r} the region's stages "
+                            "are pickled: define their ops at module level (or pass "
+                            "mp_context='fork')"
+                        )
+                    )
+                    self._finished = set(range(self._workers))
+                    return
+                self._inputs.append(inbox)
+                self._processes.append(process)
+            for target, suffix in ((self._dispatch, "dispatch"), (self._collect, "collect")):
+                thread = threading.Thread(
+                    target=target, name=f"gristmill[{self._name}]-{suffix}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+
+    # -- dispatcher ------------------------------------------------------------------------
+
+    def _send(self, index: int, message: tuple[Any, ...]) -> bool:
+        """Puts ``message`` in worker ``index``'s inbox; False once closed or dead."""
+        while not self._closed:
+            try:
+                self._inputs[index].put(message, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                if not self._processes[index].is_alive():
+                    return False
+        return False
+
+    def _broadcast(self, message: tuple[Any, ...]) -> None:
+        for index in range(self._workers):
+            self._send(index, message)
+
+    def _dispatch(self) -> None:
+        turn = 0
+        transfer: list[Any] = []
+
+        def flush() -> None:
+            nonlocal turn, transfer
+            if transfer:
+                payload = _pickled(transfer, "an item sent to a to() region")
+                self._send(turn, ("items", payload))
+                turn = (turn + 1) % self._workers
+                transfer = []
+
+        try:
+            while not self._closed:
+                chunk = self._upstream.next_chunk()
+                if chunk is None:
+                    break
+                for item in flatten(chunk.values):
+                    if item is EPOCH_END:
+                        flush()
+                        self._broadcast(("epoch",))
+                        continue
+                    transfer.append(item)
+                    if len(transfer) >= self._buffer_size:
+                        flush()
+                flush()
+                if chunk.error is not None:
+                    self._dispatch_error = chunk.error
+                    break
+        except RunnerClosedError:
+            return
+        except Exception as error:
+            self._dispatch_error = error
+        if not self._closed:
+            flush()
+            self._broadcast(("end",))
+
+    # -- collector ---------------------------------------------------------------------------
+
+    def _collect(self) -> None:
+        while not self._closed and len(self._finished) < self._workers:
+            try:
+                message = self._results.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._check_workers()
+                continue
+            except (OSError, EOFError, ValueError):  # the queue was closed under us
+                return
+            with self._cond:
+                self._handle(message)
+                self._cond.notify_all()
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        """One worker message, in its order. Call with ``_cond`` held.
+
+        A worker that delivered an epoch end waits for the others: what it sends meanwhile
+        (items of the next epoch, even its next epoch end) is held, then replayed.
+        """
+        kind, index = message[0], message[1]
+        if index in self._at_epoch_end:
+            self._held[index].append(message)
+            return
+        if kind == "items":
+            self._merged.extend(pickle.loads(message[2]))
+        elif kind == "epoch":
+            self._at_epoch_end.add(index)
+            self._release_epoch()
+        elif kind == "end":
+            self._finished.add(index)
+            self._release_epoch()
+        elif kind == "error":
+            self._error = self._error or _rebuilt(message[2], message[3], self._name)
+            self._finished.add(index)
+
+    def _release_epoch(self) -> None:
+        """One EPOCH_END once every live worker delivered it, then what they held back.
+        Call with ``_cond`` held."""
+        waiting = set(range(self._workers)) - self._finished
+        if not self._at_epoch_end or not waiting <= self._at_epoch_end:
+            return
+        self._merged.append(EPOCH_END)
+        self._at_epoch_end.clear()
+        held, self._held = self._held, [[] for _ in range(self._workers)]
+        for messages in held:
+            for message in messages:
+                self._handle(message)
+
+    def _check_workers(self) -> None:
+        for index, process in enumerate(self._processes):
+            if index in self._finished or process.is_alive():
+                continue
+            with self._cond:
+                if index in self._finished:
+                    continue
+                self._finished.add(index)
+                if self._error is None:
+                    self._error = RuntimeError(
+                        f"worker {index} of {self._name} (pid {process.pid}) exited "
+                        f"unexpectedly with exit code {process.exitcode}"
+                    )
+                self._cond.notify_all()
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    # -- the stream ---------------------------------------------------------------------
+
+    def next_chunk(self) -> Chunk | None:
+        self.start()
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RunnerClosedError(f"stage {self._name!r} is closed")
+                if self._merged:
+                    values = list(self._merged)
+                    self._merged.clear()
+                    start, self._position = self._position, self._position + len(values)
+                    self._counters.delivered(len(values), len(values))
+                    return Chunk(start, values)
+                error = self._error
+                if error is None and len(self._finished) == self._workers:
+                    error, self._dispatch_error = self._dispatch_error, None
+                    if error is None:
+                        return None
+                if error is not None:
+                    self._error = None
+                    self._finished = set(range(self._workers))
+                    if not hasattr(error, "_gristmill_stage"):
+                        error._gristmill_stage = self._name  # type: ignore[attr-defined]
+                    return Chunk(self._position, [], error)
+                self._cond.wait(_POLL_S)
+
+    def reset(self, position: int) -> None:
+        raise ValueError("a to() region cannot be repositioned")
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._upstream.close()
+        for inbox in self._inputs:
+            with contextlib.suppress(Exception):
+                inbox.put_nowait(("end",))
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current and thread.ident is not None:
+                thread.join(_JOIN_TIMEOUT_S)
+        for process in self._processes:
+            process.join(_POLL_S)
+            if process.is_alive():
+                process.terminate()
+                process.join(_JOIN_TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+                process.join(_JOIN_TIMEOUT_S)
+        for channel in (*self._inputs, self._results):
+            if channel is not None:
+                channel.cancel_join_thread()
+                channel.close()
+
+    def statistics(self) -> Any:
+        return self._counters.snapshot()
+
+
+def _pickled(values: list[Any], what: str) -> bytes:
+    """``values`` pickled now (a queue would pickle later, on its feeder thread, and drop
+    what fails): raises TypeError naming the value that cannot cross processes."""
+    try:
+        return pickle.dumps(values, pickle.HIGHEST_PROTOCOL)
+    except Exception as error:
+        raise TypeError(
+            f"{what} cannot be pickled ({error}); items crossing process boundaries must "
+            "be picklable"
+        ) from error
+
+
+def _rebuilt(error: BaseException | None, text: str, name: str) -> BaseException:
+    """The worker's error (or a RuntimeError with its traceback if it did not pickle)."""
+    if error is None:
+        return RuntimeError(f"a worker of {name} failed:\n{text}")
+    error.add_note(f"Raised in a worker process of {name}:\n{text}")
+    return error
+
+
+# -- worker side -----------------------------------------------------------------------------
+
+
+def _transfers(inbox: Any) -> Any:
+    """The items the main process sends, with EPOCH_END at epoch ends, until "end"."""
+    while True:
+        message = inbox.get()
+        if message[0] == "items":
+            yield from pickle.loads(message[1])
+        elif message[0] == "epoch":
+            yield EPOCH_END
+        else:
+            return
+
+
+def worker_main(
+    index: int,
+    span: tuple[Any, ...],
+    initializer: Callable[..., object] | None,
+    initargs: tuple[Any, ...],
+    max_failures: Any,
+    name: str,
+    inbox: Any,
+    results: Any,
+) -> None:
+    """One worker: runs ``span`` over the transfers in ``inbox``, outputs to ``results``."""
+    from gristmill._src.engine.streams import IteratorStream, iterate_chunks
+    from gristmill._src.spdl.builder import _Lowering
+
+    try:
+        if initializer is not None:
+            initializer(*initargs)
+        concurrency = sum(getattr(stage, "concurrency", 1) for stage in span)
+        lowering = _Lowering(-1, concurrency + 1, max_failures, None, continuous=True)
+        source = IteratorStream(
+            _transfers(inbox), buffer_size=64, name=f"{name}[{index}]:src", inline=False
+        )
+        lowering.streams.append(source)
+        last, _ = lowering.stages(source, span, False, f"w{index}")
+        produce = iterate_chunks(last)
+        output = f"an output of {name}"
+        try:
+            while True:
+                values = produce()
+                start = 0
+                for i, value in enumerate(values):
+                    if value is EPOCH_END:
+                        if i > start:
+                            results.put(("items", index, _pickled(values[start:i], output)))
+                        results.put(("epoch", index))
+                        start = i + 1
+                if start < len(values):
+                    results.put(("items", index, _pickled(values[start:], output)))
+        except StopIteration:
+            results.put(("end", index))
+        finally:
+            for stream in reversed(lowering.streams):
+                with contextlib.suppress(Exception):
+                    stream.close()
+    except BaseException as error:
+        text = traceback.format_exc()
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # the error does not cross processes: send its text
+            results.put(("error", index, None, text))
+        else:
+            results.put(("error", index, error, text))
+    finally:
+        results.close()
+        results.join_thread()

@@ -1,0 +1,238 @@
+"""to() regions: stages run in worker processes (gristmill behaviour beyond parity)."""
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
+
+FORK = defs.ProcessPoolExecutorConfig(max_workers=2, mp_context="fork")
+
+
+@pytest.fixture(autouse=True)
+def quiet_failures():
+    logging.disable(logging.ERROR)
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.fixture(autouse=True)
+def no_children_left():
+    yield
+    deadline = time.monotonic() + 5
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+
+
+def square(x):
+    return x * x
+
+
+def with_pid(x):
+    return (os.getpid(), x)
+
+
+def region(target=FORK, n=20, buffer_size=1, middle=None, continuous=False):
+    builder = PipelineBuilder().add_source(range(n), continuous=continuous)
+    builder.to(target, buffer_size=buffer_size)
+    if middle is None:
+        builder.pipe(with_pid, concurrency=2)
+    else:
+        middle(builder)
+    return builder.to(defs.MAIN_PROCESS).add_sink(3).build(num_threads=2)
+
+
+def test_stages_run_in_the_workers_and_every_item_comes_back():
+    items = list(region())
+    assert sorted(x for _, x in items) == list(range(20))
+    pids = {pid for pid, _ in items}
+    assert os.getpid() not in pids
+    assert 1 <= len(pids) <= 2
+
+
+def test_the_default_start_method_runs_module_level_stages():
+    target = defs.ProcessPoolExecutorConfig(max_workers=1)  # forkserver (spawn elsewhere)
+    assert sorted(x for _, x in region(target, n=5)) == list(range(5))
+
+
+def test_aggregation_inside_a_region_batches_per_worker():
+    def middle(b):
+        b.pipe(square).aggregate(3)
+
+    batches = list(region(middle=middle, buffer_size=4))
+    assert sorted(x for batch in batches for x in batch) == [x * x for x in range(20)]
+    assert all(1 <= len(batch) <= 3 for batch in batches)
+
+
+@pytest.mark.parametrize("cut", [0, 5, 13])
+def test_a_state_through_a_region_resumes_with_exactly_the_rest(cut):
+    def middle(b):
+        b.pipe(square, concurrency=2)
+
+    first = region(middle=middle)
+    head = [first.get_item(timeout=10) for _ in range(cut)]
+    state = first.get_state()
+    first.stop()
+    second = region(middle=middle, buffer_size=3)
+    second.set_state(state)
+    assert sorted(head + list(second)) == [x * x for x in range(20)]
+
+
+def test_continuous_epochs_do_not_mix_across_workers():
+    pipeline = region(n=10, continuous=True)
+    try:
+        epochs = [sorted(x for _, x in pipeline.get_iterator()) for _ in range(3)]
+    finally:
+        pipeline.stop()
+    assert epochs == [list(range(10))] * 3
+
+
+def fails_on_7(x):
+    if x == 7:
+        raise ValueError("seven")
+    return x
+
+
+def test_a_stage_failure_in_a_worker_fails_the_pipeline():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .to(FORK)
+        .pipe(fails_on_7)
+        .to(defs.MAIN_PROCESS)
+        .add_sink(3)
+        .build(num_threads=2, max_failures=0)
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    (error,) = info.value.exceptions
+    assert "fails_on_7" in str(error)
+    assert "failed 1 times" in str(error)
+
+
+def exits_on_5(x):
+    if x == 5:
+        os._exit(3)
+    return x
+
+
+def test_a_worker_that_dies_is_reported_with_its_exit_code():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .to(FORK)
+        .pipe(exits_on_5)
+        .to(defs.MAIN_PROCESS)
+        .add_sink(3)
+        .build(num_threads=2)
+    )
+    began = time.monotonic()
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert time.monotonic() - began < 5
+    (error,) = info.value.exceptions
+    assert re_search(r"worker \d of .*subprocess_pipeline\(exits_on_5\).* exit code 3", error)
+
+
+def re_search(pattern, error):
+    import re
+
+    return re.search(pattern, str(error))
+
+
+def sleepy(x):
+    time.sleep(0.01)
+    return x
+
+
+def test_stopping_early_stops_the_workers_and_threads():
+    def middle(b):
+        b.pipe(sleepy)
+
+    pipeline = region(middle=middle, n=10_000)
+    for i, _ in enumerate(pipeline):
+        if i == 3:
+            break
+    pipeline.stop()
+    assert not [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
+
+
+def test_killing_a_worker_is_reported():
+    def middle(b):
+        b.pipe(with_pid).pipe(sleepy)
+
+    pipeline = region(middle=middle, n=10_000)
+    pid, _ = pipeline.get_item(timeout=10)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(PipelineFailure, match="pipeline stages failed") as info:
+        list(pipeline)
+    assert "exit code -9" in str(info.value.exceptions[0])
+
+
+def test_unpicklable_stages_are_named_with_the_fix():
+    target = defs.ProcessPoolExecutorConfig(max_workers=1, mp_context="spawn")
+
+    def middle(b):
+        b.pipe(lambda x: x)
+
+    with pytest.raises(PipelineFailure) as info:
+        list(region(target, middle=middle))
+    message = str(info.value.exceptions[0])
+    assert "mp_context='spawn'" in message
+    assert "define their ops at module level" in message
+
+
+def set_marker(value):
+    os.environ["GRISTMILL_TEST_MARKER"] = value
+
+
+def read_marker(x):
+    return os.environ.get("GRISTMILL_TEST_MARKER")
+
+
+def test_the_initializer_runs_in_every_worker():
+    target = defs.ProcessPoolExecutorConfig(
+        max_workers=2, mp_context="fork", initializer=set_marker, initargs=("ready",)
+    )
+
+    def middle(b):
+        b.pipe(read_marker)
+
+    assert list(region(target, middle=middle, n=6)) == ["ready"] * 6
+    assert "GRISTMILL_TEST_MARKER" not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (
+            lambda: PipelineBuilder().to(defs.ProcessPoolExecutorConfig(max_workers=0)),
+            ValueError,
+            "max_workers must be >= 1, got 0",
+        ),
+        (
+            lambda: PipelineBuilder().to(defs.ProcessPoolExecutorConfig(max_workers="2")),
+            TypeError,
+            "max_workers must be an int or None, got '2'",
+        ),
+        (
+            lambda: PipelineBuilder().to(FORK, buffer_size=0),
+            ValueError,
+            "`buffer_size` must be an integer >= 1. Found: 0",
+        ),
+        (
+            lambda: defs.ProcessPoolExecutorConfig(mp_context="telepathy"),
+            ValueError,
+            "mp_context must be one of",
+        ),
+    ],
+)
+def test_bad_region_arguments(make, error, match):
+    with pytest.raises(error, match=match):
+        make()

@@ -154,7 +154,7 @@ def test_a_merged_pipeline_has_no_state_yet():
         defs.PipelineConfig(src=defs.Merge(inputs), pipes=[], sink=defs.SinkConfig(3)),
         num_threads=1,
     )
-    with pytest.raises(NotImplementedError, match="or a Merge of pipelines"):
+    with pytest.raises(NotImplementedError, match="source is a Merge of pipelines has no state"):
         pipeline.get_state()
     assert list(pipeline) == [0, 1, 2]
 

@@ -213,7 +213,7 @@ def test_any_pipeline_resumes_exactly(stages, n, cut, concurrency):
 
 def test_bad_states_and_misuse():
     pipeline = build(range(10), ["map"])
-    with pytest.raises(ValueError, match="a pipeline state must be a dict with keys"):
+    with pytest.raises(ValueError, match="a non-continuous pipeline's state must be a dict with"):
         pipeline.set_state({"next_index": 3})
     good = {"version": 1, "next_position": 2, "delivered_above": [], "partial_outputs": {}}
     with pytest.raises(ValueError, match="version 9 is not 1"):
@@ -232,8 +232,60 @@ def test_bad_states_and_misuse():
     continuous = (
         PipelineBuilder().add_source(range(3), continuous=True).add_sink(3).build(num_threads=1)
     )
-    with pytest.raises(NotImplementedError, match=r"continuous source .* has no state"):
-        continuous.get_state()
+    with pytest.raises(ValueError, match="a continuous pipeline's state must be a dict with"):
+        continuous.set_state(good)  # a state of a non-continuous pipeline
+
+
+def continuous_pipeline(stages, concurrency=1, n=7, order="completion"):
+    builder = PipelineBuilder().add_source(range(n), continuous=True)
+    for name in stages:
+        builder = STAGES[name](builder, concurrency, order)
+    return builder.add_sink(3).build(num_threads=4)
+
+
+def epochs(pipeline, count):
+    return [list(pipeline.get_iterator()) for _ in range(count)]
+
+
+@pytest.mark.parametrize("stages", [["map"], ["filter", "aggregate-map-split"], ["generator"]])
+@pytest.mark.parametrize("cut", [0, 3, 7, 10, 16])
+def test_a_continuous_pipeline_resumes_in_the_same_epoch(stages, cut):
+    expected = epochs(continuous_pipeline(stages), 4)
+    first = continuous_pipeline(stages, concurrency=2)
+    seen: list[list] = [[]]
+    while sum(map(len, seen)) < cut:  # read `cut` items, across epoch ends
+        try:
+            seen[-1].append(first.get_item(timeout=10))
+        except EOFError:
+            seen.append([])
+    state = first.get_state()
+    first.stop()
+    assert state["epochs_ended"] == len(seen) - 1
+    second = continuous_pipeline(stages, concurrency=3)
+    second.set_state(state)
+    rest = [list(second.get_iterator())]  # the rest of the current epoch
+    rest += epochs(second, 4 - len(seen))
+    second.stop()
+    resumed = [*seen[:-1], seen[-1] + rest[0], *rest[1:]]
+    assert [sorted(map(repr, e)) for e in resumed] == [sorted(map(repr, e)) for e in expected]
+
+
+def test_a_state_taken_at_an_epoch_end_resumes_with_the_next_epoch():
+    first = continuous_pipeline(["map"])
+    assert list(first.get_iterator()) == [x * 10 for x in range(7)]
+    state = first.get_state()
+    first.stop()
+    assert state == {
+        "version": 1,
+        "next_position": 7,
+        "delivered_above": [],
+        "partial_outputs": {},
+        "epochs_ended": 1,
+    }
+    second = continuous_pipeline(["map"])
+    second.set_state(state)
+    assert list(second.get_iterator()) == [x * 10 for x in range(7)]  # epoch 2, whole
+    second.stop()
 
 
 def test_a_pipeline_as_an_iter_dataset_composes_and_checkpoints():

@@ -15,9 +15,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import operator
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from gristmill._src.engine.feeds import Chunk, ChunkStream
@@ -49,7 +50,8 @@ class IteratorStream:
     one background thread (a ``BackgroundProducer``). The switch is one-way; ``next()`` is never
     called from two threads at once. ``inline=False`` starts on the thread (async sources).
     ``key_offset()``, if given, is asked once when the iterator opens: an int ``k`` gives
-    item ``i`` the chunk key ``k + i`` (a pipeline's source positions), None no keys.
+    item ``i`` the chunk key ``k + i`` (a pipeline's source positions; an ``EPOCH_END``
+    takes none), None no keys.
     """
 
     def __init__(
@@ -63,7 +65,7 @@ class IteratorStream:
     ) -> None:
         self._iterable = iterable
         self._key_offset = key_offset
-        self._first_key: int | None = None  # set when opened: item i gets key first + i
+        self._next_key: int | None = None  # set when opened: the next item's key
         self._iterator: Iterator[Any] | None = None
         self._counters = StageCounters(name, 1, buffer_size)
         self._buffer_size = buffer_size
@@ -80,13 +82,28 @@ class IteratorStream:
         """The iterator (created on first use). Call with ``_lock`` held."""
         if self._iterator is None:
             if self._key_offset is not None:
-                self._first_key = self._key_offset()
+                self._next_key = self._key_offset()
             self._iterator = iter(self._iterable)
         return self._iterator
 
     def _chunk(self, start: int, values: list[Any], error: BaseException | None) -> Chunk:
-        first = self._first_key
-        keys = None if first is None else range(first + start, first + start + len(values))
+        first = self._next_key
+        if first is None:
+            return Chunk(start, values, error)
+        keys: Sequence[Any]
+        if any(map(operator.is_, values, itertools.repeat(EPOCH_END))):
+            # Epoch ends (a continuous source) take no key: items are numbered across them.
+            keys = []
+            for value in values:
+                if value is EPOCH_END:
+                    keys.append(None)
+                else:
+                    keys.append(first)
+                    first += 1
+        else:
+            keys = range(first, first + len(values))
+            first += len(values)
+        self._next_key = first
         return Chunk(start, values, error, keys)
 
     def _start_thread(self) -> BackgroundProducer:

@@ -77,6 +77,10 @@ class AggregateStream:
             elif chunk is not None and chunk.keys is not None:
                 # Plain values keyed by chunk (one source position each; see tracking).
                 for value, key in zip(chunk.values, chunk.keys, strict=True):
+                    if value is EPOCH_END:  # flush the partial aggregate, then the boundary
+                        self._flush(outputs)
+                        outputs.append(EPOCH_END)
+                        continue
                     if value is SKIP:  # dropped upstream: resolves with the next output
                         covers.dropped.append(key)
                         continue
@@ -139,12 +143,16 @@ class AggregateStream:
         n = collate.n
         i, end = 0, len(values)
         while i < end:
-            # The next dropped item, or the end: found in C (identity, never __eq__).
-            stop = next(
-                itertools.compress(
-                    itertools.count(i), map(operator.is_, values[i:], itertools.repeat(SKIP))
-                ),
-                end,
+            # The next dropped item or epoch end, or the end: found in C (identity only).
+            rest = values[i:]
+            stop = min(
+                next(
+                    itertools.compress(
+                        itertools.count(i), map(operator.is_, rest, itertools.repeat(marker))
+                    ),
+                    end,
+                )
+                for marker in (SKIP, EPOCH_END)
             )
             while i < stop:
                 batch = collate._items
@@ -155,7 +163,11 @@ class AggregateStream:
                 if len(batch) >= n:
                     collate._items = []
                     outputs.append(covers.take(batch))
-            if i < end:  # values[i] is SKIP
+            if i < end and values[i] is EPOCH_END:  # flush the partial batch, then the marker
+                self._flush(outputs)
+                outputs.append(EPOCH_END)
+                i += 1
+            elif i < end:  # values[i] is SKIP
                 covers.dropped.append(keys[i])
                 i += 1
 

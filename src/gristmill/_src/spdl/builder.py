@@ -17,7 +17,6 @@ from typing import Any
 
 from gristmill._src.engine.asyncio_lane import new_event_loop
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
-from gristmill._src.engine.markers import EPOCH_END
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import defs, ops
@@ -28,18 +27,6 @@ from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 from gristmill._src.spdl.regions import RegionStream
 from gristmill._src.spdl.tracking import KeyItems, Path, ResumableSource
 from gristmill._src.spdl.variants import PathVariantsStream
-
-
-class _Continuous:
-    """``source`` re-iterated forever, an ``EPOCH_END`` marker after every pass."""
-
-    def __init__(self, source: Iterable[Any]) -> None:
-        self._source = source
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            yield from self._source
-            yield EPOCH_END
 
 
 class _AsyncSource:
@@ -112,10 +99,8 @@ def build_pipeline(
         if is_async_source:
             source = _AsyncSource(source)
         continuous = bool(cfg.src.continuous)
-        if continuous:
-            source = _Continuous(source)
-        else:
-            source = resumable = ResumableSource(source)  # items keyed by source position
+        # Items keyed by source position (counted across passes when continuous).
+        source = resumable = ResumableSource(source, continuous=continuous)
         # The source is read inline while cheap, else ahead on its own thread by up to 64
         # items; an async source (it waits on I/O) always has its own thread and loop.
         upstream = IteratorStream(

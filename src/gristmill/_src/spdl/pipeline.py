@@ -29,8 +29,8 @@ from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, Path, Resumable
 
 PIPELINE_IDS = itertools.count()
 _NO_STATE = (
-    "a pipeline with a continuous source (or a Merge of pipelines) has no state yet; build "
-    "it per epoch from a non-continuous source to checkpoint it"
+    "a pipeline whose source is a Merge of pipelines has no state yet; checkpoint the input "
+    "pipelines' sources instead, or build one pipeline over a combined source"
 )
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -98,7 +98,7 @@ class Pipeline:
         self._closer = _Closer(last, streams, stage_hooks or [])
         self._resumable = resumable
         self._skip_outputs = skip_outputs if skip_outputs is not None else {}
-        self._tracker = DeliveryTracker()
+        self._tracker = DeliveryTracker(continuous=resumable is not None and resumable.continuous)
         self._pending: collections.deque[Any] = collections.deque()  # a taken chunk's rest
         self._streams = streams
         self._started = False
@@ -182,6 +182,7 @@ class Pipeline:
                 self._pending.extend(self._take(sink, timeout))
             item = self._pending.popleft()
             if item is EPOCH_END:  # a continuous source's pass ended; the next one follows
+                self._tracker.epochs_ended += 1
                 raise EOFError("Reached the end of the pipeline.")
             if isinstance(item, Keyed):
                 self._tracker.resolve(item.cover)  # the caller has it now (or it was dropped)
@@ -232,6 +233,7 @@ class Pipeline:
         self._tracker.restore(state)
         self._resumable.start = self._tracker.watermark
         self._resumable.skip = set(self._tracker.done)
+        self._resumable.epochs_ended = self._tracker.epochs_ended
         self._skip_outputs.clear()
         self._skip_outputs.update(self._tracker.partial)
 

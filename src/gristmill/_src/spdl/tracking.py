@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.engine.feeds import Chunk
-from gristmill._src.engine.markers import SKIP
+from gristmill._src.engine.markers import EPOCH_END, SKIP
 
 STATE_VERSION = 1
 Key = Any  # int | tuple[int, int, int]
@@ -163,10 +163,12 @@ class Covers:
 class DeliveryTracker:
     """The state of what the caller received: a watermark, positions above it, partials."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, continuous: bool = False) -> None:
+        self.continuous = continuous  # states then also count the epoch ends delivered
         self.watermark = 0
         self.done: set[int] = set()
         self.partial: dict[Path, set[int]] = {}  # parent path -> outputs delivered
+        self.epochs_ended = 0
 
     def resolve(self, cover: tuple[Key, ...]) -> None:
         watermark = self.watermark
@@ -204,7 +206,7 @@ class DeliveryTracker:
             self.done.add(p)
 
     def state(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": STATE_VERSION,
             "next_position": self.watermark,
             "delivered_above": sorted(self.done),
@@ -212,14 +214,21 @@ class DeliveryTracker:
                 ".".join(map(str, path)): sorted(js) for path, js in sorted(self.partial.items())
             },
         }
+        if self.continuous:
+            state["epochs_ended"] = self.epochs_ended
+        return state
 
     def restore(self, state: Any) -> None:
         """Adopts ``state`` (validated); raises ValueError naming what is wrong."""
-        expected = ("version", "next_position", "delivered_above", "partial_outputs")
+        expected = ["version", "next_position", "delivered_above", "partial_outputs"]
+        if self.continuous:
+            expected.append("epochs_ended")
         if not isinstance(state, dict) or set(state) != set(expected):
+            kind = "continuous" if self.continuous else "non-continuous"
             raise ValueError(
-                f"a pipeline state must be a dict with keys {list(expected)}, got {state!r}; "
-                "pass a dict returned by Pipeline.get_state()"
+                f"a {kind} pipeline's state must be a dict with keys {expected}, got "
+                f"{state!r}; pass a dict returned by Pipeline.get_state() of a pipeline "
+                "built the same way"
             )
         if state["version"] != STATE_VERSION:
             raise ValueError(
@@ -252,6 +261,8 @@ class DeliveryTracker:
             if not isinstance(js, list):
                 raise ValueError(f"pipeline state 'partial_outputs'[{key!r}] must be a list")
             outputs[path] = {_count(j, "partial_outputs") for j in js}
+        if self.continuous:
+            self.epochs_ended = _count(state["epochs_ended"], "epochs_ended")
         self.watermark, self.done, self.partial = watermark, done, outputs
 
 
@@ -272,12 +283,18 @@ class ResumableSource:
     read from the watermark on; any other iterable (a sampler, a dataset) is iterated from
     the start again and the resolved prefix skipped, so its iteration must be
     deterministic.
+
+    ``continuous=True`` iterates the source again and again, an ``EPOCH_END`` after every
+    pass; positions count items across passes (markers take none). A restore skips the
+    epoch ends the caller already received (``epochs_ended``).
     """
 
-    def __init__(self, source: Iterable[Any]) -> None:
+    def __init__(self, source: Iterable[Any], *, continuous: bool = False) -> None:
         self.source = source
+        self.continuous = continuous
         self.start = 0
         self.skip: set[int] = set()
+        self.epochs_ended = 0
 
     def key_offset(self) -> int | None:
         """The position of the first item if items are plain, else None (they are Keyed)."""
@@ -285,6 +302,8 @@ class ResumableSource:
 
     def __iter__(self) -> Iterator[Any]:
         source, start, skip = self.source, self.start, self.skip
+        if self.continuous:
+            return self._passes()
         if not skip:
             if isinstance(source, (Sequence, np.ndarray)):
                 return map(source.__getitem__, range(start, len(source)))
@@ -301,6 +320,23 @@ class ResumableSource:
         for p, item in enumerate(source):
             if p >= start and p not in skip:
                 yield Keyed(item, (p,))
+
+    def _passes(self) -> Iterator[Any]:
+        """Pass after pass from the restored position on, each followed by EPOCH_END."""
+        source, start, skip, ended = self.source, self.start, self.skip, self.epochs_ended
+        epoch = position = 0
+        if isinstance(source, (Sequence, np.ndarray)) and len(source):
+            # Jump over whole passes, but not over one whose end the caller has not seen.
+            epoch = min(start // len(source), ended)
+            position = epoch * len(source)
+        while True:
+            for item in source:
+                if position >= start and position not in skip:
+                    yield Keyed(item, (position,)) if skip else item
+                position += 1
+            if epoch >= ended:
+                yield EPOCH_END
+            epoch += 1
 
     def close(self) -> None: ...
 
@@ -319,7 +355,10 @@ class KeyItems:
         chunk: Chunk | None = self._upstream.next_chunk()
         if chunk is None or chunk.keys is None:
             return chunk
-        values = [Keyed(v, (k,)) for v, k in zip(chunk.values, chunk.keys, strict=True)]
+        values = [
+            v if k is None else Keyed(v, (k,))  # an epoch end has no key
+            for v, k in zip(chunk.values, chunk.keys, strict=True)
+        ]
         return Chunk(chunk.start, values, chunk.error)
 
     def reset(self, position: int) -> None:

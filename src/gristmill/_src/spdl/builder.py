@@ -24,6 +24,7 @@ from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
+from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 from gristmill._src.spdl.tracking import Path, ResumableSource
 
 
@@ -32,10 +33,12 @@ class _Continuous:
 
     def __init__(self, source: Iterable[Any]) -> None:
         self._source = source
+        self.passes = 0  # EPOCH_END markers made (they are not items: the stats leave them out)
 
     def __iter__(self) -> Iterator[Any]:
         while True:
             yield from self._source
+            self.passes += 1
             yield EPOCH_END
 
 
@@ -86,20 +89,28 @@ def build_pipeline(
     after 100 invocations). Unlike SPDL 0.8.0 the budget is per stage (S1), as its docs say.
     ``task_hook_factory(StageInfo) -> list[TaskHook]`` adds hooks around each pipe stage's
     calls (none by default: ``Pipeline.statistics()`` has the engine's per-stage counters).
-    ``report_stats_interval``, ``queue_class`` and ``use_thread_output_queue`` are accepted
-    for compatibility and have no effect.
+    ``queue_class`` (a subclass of ``AsyncQueue``; ``None``: ``StatsQueue``) observes each
+    stage boundary: its ``stage_hook()`` runs around the pipeline's life, and a
+    ``StatsQueue`` logs the boundary's figures at the end. ``report_stats_interval > 0``
+    (seconds) makes the default ``StatsQueue`` report every interval, and installs SPDL's
+    default ``TaskStatsHook(info, interval)`` on each pipe stage when no
+    ``task_hook_factory`` is given. ``use_thread_output_queue`` is accepted for
+    compatibility and has no effect.
     """
     num_threads = _check_positive(num_threads, "num_threads")
     build_limit = defs.check_max_failures(max_failures, "max_failures")
     pipeline_id = next(PIPELINE_IDS)
+    queues = QueueMonitor(queue_class, report_stats_interval, pipeline_id)
+    task_hook_factory = default_task_hooks(task_hook_factory, queues.interval)
     source = cfg.src.source
     is_async_source = isinstance(source, AsyncIterable) and not isinstance(source, Iterable)
     if is_async_source:
         source = _AsyncSource(source)
     continuous = bool(cfg.src.continuous)
     resumable: ResumableSource | None = None
+    epochs: _Continuous | None = None
     if continuous:
-        source = _Continuous(source)
+        source = epochs = _Continuous(source)
     else:
         source = resumable = ResumableSource(source)  # items keyed by source position
     skip_outputs: dict[Path, set[int]] = {}  # generator outputs a restored state delivered
@@ -109,6 +120,8 @@ def build_pipeline(
     upstream: ChunkStream = IteratorStream(
         source, buffer_size=64, name=str(src_info), inline=not is_async_source
     )
+    markers = None if epochs is None else (lambda: epochs.passes)  # not items
+    queues.observe(src_info, stream_probe(upstream, uncounted=markers))
     streams: list[Any] = [upstream]
     stage_hooks: list[StageHooks] = []
     for offset, stage in enumerate(cfg.pipes, start=1):
@@ -153,6 +166,7 @@ def build_pipeline(
         else:
             raise TypeError(f"unsupported stage config {stage!r}")
         streams.append(upstream)
+        queues.observe(info, stream_probe(upstream))
     sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
     return Pipeline(
         cfg,
@@ -163,6 +177,8 @@ def build_pipeline(
         stage_hooks=stage_hooks,
         resumable=resumable,
         skip_outputs=skip_outputs,
+        queues=queues,
+        sink_info=StageInfo(pipeline_id, str(stage_id + len(cfg.pipes) + 1), "sink"),
     )
 
 

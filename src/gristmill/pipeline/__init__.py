@@ -8,28 +8,40 @@ from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
 from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook
 from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
+from gristmill._src.spdl.profile import ProfileHook, ProfileResult, profile_pipeline
+from gristmill._src.spdl.queues import AsyncQueue, QueuePerfStats, StatsQueue
 from gristmill._src.spdl.rng import RecordRng
 
 _export(
     "gristmill.pipeline",
+    AsyncQueue,
     Pipeline,
     PipelineBuilder,
     PipelineFailure,
     PipelineIterDataset,
+    ProfileHook,
+    ProfileResult,
+    QueuePerfStats,
     RecordRng,
     StageInfo,
+    StatsQueue,
     TaskHook,
     TaskPerfStats,
     TaskStatsHook,
 )
 
 __all__ = [
+    "AsyncQueue",
     "Pipeline",
     "PipelineBuilder",
     "PipelineFailure",
     "PipelineIterDataset",
+    "ProfileHook",
+    "ProfileResult",
+    "QueuePerfStats",
     "RecordRng",
     "StageInfo",
+    "StatsQueue",
     "TaskHook",
     "TaskPerfStats",
     "TaskStatsHook",
@@ -37,4 +49,5 @@ __all__ = [
     "cache_iterator",
     "is_eof",
     "is_epoch_end",
+    "profile_pipeline",
 ]

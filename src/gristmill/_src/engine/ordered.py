@@ -389,7 +389,7 @@ class ChunkRunner:
             self._enable_workers()
             seq = self._ready_seq()
             if seq is None:
-                began = time.perf_counter()
+                self._counters.set_starved(True, time.perf_counter())
                 core.waiting_for = self._next_seq if self._in_order else _ANY
                 generation = core.generation
                 try:
@@ -408,7 +408,7 @@ class ChunkRunner:
                         core.result_ready.wait()
                 finally:
                     core.waiting_for = -1
-                    self._counters.starved_s += time.perf_counter() - began
+                    self._counters.set_starved(False, time.perf_counter())
             task, chunk = core.done.pop(seq)
             core.outstanding.discard(seq)
             core.barriers.discard(seq)
@@ -454,6 +454,11 @@ class ChunkRunner:
     def statistics(self) -> StageStatistics:
         with self._core.lock:
             return self._counters.snapshot()
+
+    @property
+    def counters(self) -> StageCounters:
+        """The live counters (read-only for observers: ``counters.waits()``)."""
+        return self._counters
 
 
 class OrderedChunkRunner(ChunkRunner):

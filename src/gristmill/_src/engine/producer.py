@@ -124,6 +124,7 @@ class _Core:
                 began = time.perf_counter()
                 deadline = None if timeout is None else began + timeout
                 self.consumer_waiting = True
+                self.counters.set_starved(True, began)
                 try:
                     while not self.items and self.end is None:
                         if self.closed:
@@ -139,7 +140,7 @@ class _Core:
                             self.not_empty.wait(remaining)
                 finally:
                     self.consumer_waiting = False
-                    self.counters.starved_s += time.perf_counter() - began
+                    self.counters.set_starved(False, time.perf_counter())
             self.taken = True
             if self.items:
                 taken = list(self.items)

@@ -2,7 +2,9 @@
 
 Counters are updated per chunk (never per element), so their cost per element is the cost
 of one chunk update divided by the chunk size. Percentiles come from a bounded reservoir of
-recent per-chunk task times.
+recent per-chunk task times. Waits (the consumer starved for output, the stage blocked on a
+full buffer) are recorded per wait, with the most recent durations kept, so observers such
+as the SPDL dialect's ``StatsQueue`` can report their distribution.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,6 +49,10 @@ class StageStatistics:
     """Seconds the stage's consumer waited because the stage had no output ready."""
     blocked_s: float
     """Seconds its finished, undelivered output filled the buffer (waiting on the consumer)."""
+    starved_waits: int
+    """Times the consumer had to wait for the stage (each wait counted once, however long)."""
+    blocked_waits: int
+    """Times the stage's output filled its buffer (each such period counted once)."""
     buffer_size: int
     """The stage's buffer bound, in elements."""
     mean_buffer_occupancy: float
@@ -54,6 +61,23 @@ class StageStatistics:
     """Seconds since the stage started."""
     throughput: float
     """Elements delivered per second of wall time."""
+    recent_starved_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
+    """Durations of the most recent consumer waits (at most 1024, oldest first; an ongoing
+    wait is not included until it ends)."""
+    recent_blocked_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
+    """Durations of the most recent blocked periods (at most 1024, oldest first)."""
+
+
+class Waits(NamedTuple):
+    """A stage's delivered elements and wait counters, cheap to read (no percentiles)."""
+
+    elements_out: int
+    starved_s: float
+    starved_waits: int
+    recent_starved_s: tuple[float, ...]
+    blocked_s: float
+    blocked_waits: int
+    recent_blocked_s: tuple[float, ...]
 
 
 class StageCounters:
@@ -61,11 +85,15 @@ class StageCounters:
 
     __slots__ = (
         "_blocked_since",
+        "_blocked_times",
         "_occupancy_samples",
         "_occupancy_sum",
         "_started",
+        "_starved_since",
+        "_starved_times",
         "_task_times",
         "blocked_s",
+        "blocked_waits",
         "buffer_size",
         "busy_s",
         "concurrency",
@@ -74,6 +102,7 @@ class StageCounters:
         "executor",
         "name",
         "starved_s",
+        "starved_waits",
         "tasks",
     )
 
@@ -88,7 +117,12 @@ class StageCounters:
         self.busy_s = 0.0
         self.starved_s = 0.0
         self.blocked_s = 0.0
+        self.starved_waits = 0
+        self.blocked_waits = 0
         self._blocked_since: float | None = None
+        self._starved_since: float | None = None
+        self._blocked_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
+        self._starved_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
         self._task_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
         self._occupancy_sum = 0
         self._occupancy_samples = 0
@@ -109,14 +143,45 @@ class StageCounters:
         if blocked and self._blocked_since is None:
             self._blocked_since = now
         elif not blocked and self._blocked_since is not None:
-            self.blocked_s += now - self._blocked_since
+            seconds = now - self._blocked_since
+            self.blocked_s += seconds
+            self.blocked_waits += 1
+            self._blocked_times.append(seconds)
             self._blocked_since = None
 
-    def snapshot(self) -> StageStatistics:
+    def set_starved(self, starved: bool, now: float) -> None:
+        """The consumer starts (True) or stops (False) waiting for the stage's output."""
+        if starved and self._starved_since is None:
+            self._starved_since = now
+        elif not starved and self._starved_since is not None:
+            seconds = now - self._starved_since
+            self.starved_s += seconds
+            self.starved_waits += 1
+            self._starved_times.append(seconds)
+            self._starved_since = None
+
+    def waits(self) -> Waits:
+        """Elements delivered and the waits so far (a wait in progress counts so far).
+
+        Safe to call from another thread: each field is read once.
+        """
         now = time.perf_counter()
-        blocked = self.blocked_s
-        if self._blocked_since is not None:
-            blocked += now - self._blocked_since
+        blocked_since, starved_since = self._blocked_since, self._starved_since
+        blocked = self.blocked_s + (now - blocked_since if blocked_since is not None else 0.0)
+        starved = self.starved_s + (now - starved_since if starved_since is not None else 0.0)
+        return Waits(
+            self.elements_out,
+            starved,
+            self.starved_waits,
+            tuple(self._starved_times),
+            blocked,
+            self.blocked_waits,
+            tuple(self._blocked_times),
+        )
+
+    def snapshot(self) -> StageStatistics:
+        waits = self.waits()
+        now = time.perf_counter()
         times = np.fromiter(self._task_times, dtype=np.float64)
         p50, p99 = np.percentile(times, [50, 99]).tolist() if times.size else (0.0, 0.0)
         wall = now - self._started
@@ -132,14 +197,18 @@ class StageCounters:
             p50_task_s=p50,
             p99_task_s=p99,
             mean_element_s=self.busy_s / self.elements_in if self.elements_in else 0.0,
-            starved_s=self.starved_s,
-            blocked_s=blocked,
+            starved_s=waits.starved_s,
+            blocked_s=waits.blocked_s,
+            starved_waits=waits.starved_waits,
+            blocked_waits=waits.blocked_waits,
             buffer_size=self.buffer_size,
             mean_buffer_occupancy=(
                 self._occupancy_sum / self._occupancy_samples if self._occupancy_samples else 0.0
             ),
             wall_s=wall,
             throughput=self.elements_out / wall if wall > 0 else 0.0,
+            recent_starved_s=waits.recent_starved_s,
+            recent_blocked_s=waits.recent_blocked_s,
         )
 
 

@@ -229,6 +229,11 @@ class IteratorStream:
     def statistics(self) -> Any:
         return self._counters.snapshot()
 
+    @property
+    def counters(self) -> StageCounters:
+        """The live counters (read-only for observers: ``counters.waits()``)."""
+        return self._counters
+
 
 _CLOSE_WAIT_S = 0.1
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import fractions
 from collections.abc import AsyncIterable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from gristmill._src.engine.asyncio_lane import new_event_loop
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
@@ -24,6 +24,7 @@ from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.fanin import MergeStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
+from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 from gristmill._src.spdl.regions import RegionStream
 from gristmill._src.spdl.tracking import KeyItems, Path, ResumableSource
 from gristmill._src.spdl.variants import PathVariantsStream
@@ -83,6 +84,8 @@ def build_pipeline(
     build_limit = defs.check_max_failures(max_failures, "max_failures")
     defs.check_regions(cfg.pipes)
     pipeline_id = next(PIPELINE_IDS)
+    queues = QueueMonitor(queue_class, report_stats_interval, pipeline_id)
+    task_hook_factory = default_task_hooks(task_hook_factory, queues.interval)
     src_info = StageInfo(pipeline_id, str(stage_id), "src")
     resumable: ResumableSource | None = None
     upstream: ChunkStream
@@ -110,8 +113,17 @@ def build_pipeline(
             inline=not is_async_source,
             key_offset=None if resumable is None else resumable.key_offset,
         )
+    markers = None
+    if resumable is not None and resumable.continuous:
+        markers = resumable.passes_made  # epoch ends are not items: the stats leave them out
+    queues.observe(src_info, stream_probe(upstream, uncounted=markers))
     lowering = _Lowering(
-        pipeline_id, num_threads, build_limit, task_hook_factory, continuous=continuous
+        pipeline_id,
+        num_threads,
+        build_limit,
+        task_hook_factory,
+        continuous=continuous,
+        queues=queues,
     )
     lowering.streams.append(upstream)
     # While stages map one to one, source positions travel as chunk keys (no per-item
@@ -129,7 +141,12 @@ def build_pipeline(
         stage_hooks=lowering.stage_hooks,
         resumable=resumable,
         skip_outputs=lowering.skip_outputs,
+        queues=queues,
+        sink_info=StageInfo(pipeline_id, str(stage_id + len(cfg.pipes) + 1), "sink"),
     )
+
+
+_S = TypeVar("_S")
 
 
 class _Lowering:
@@ -137,7 +154,8 @@ class _Lowering:
 
     ``streams`` collects every stream built (the pipeline closes them and reports their
     statistics), ``stage_hooks`` the task hooks, ``skip_outputs`` the generator outputs a
-    restored state delivered (filled by ``Pipeline.set_state``).
+    restored state delivered (filled by ``Pipeline.set_state``); ``queues`` (if given)
+    observes every stage's output boundary (SPDL's stats queues).
     """
 
     def __init__(
@@ -148,8 +166,10 @@ class _Lowering:
         task_hook_factory: Any,
         *,
         continuous: bool,
+        queues: QueueMonitor | None = None,
     ) -> None:
         self.pipeline_id = pipeline_id
+        self.queues = queues
         self.num_threads = num_threads
         self.build_limit = build_limit
         self.task_hook_factory = task_hook_factory
@@ -186,12 +206,18 @@ class _Lowering:
             self.streams.append(upstream)
         return upstream, chunk_keyed
 
+    def _observed(self, info: StageInfo, stream: _S) -> _S:
+        """``stream``, its output boundary observed by the stats queues (if any)."""
+        if self.queues is not None:
+            self.queues.observe(info, stream_probe(stream))
+        return stream
+
     def _region(
         self, upstream: ChunkStream, span: tuple[Any, ...], placement: Any, sid: str
     ) -> ChunkStream:
         names = "+".join(getattr(stage, "name", type(stage).__name__) for stage in span)
         info = StageInfo(self.pipeline_id, sid, f"subprocess_pipeline({names})")
-        return RegionStream(
+        region = RegionStream(
             upstream,
             span,
             placement.target,
@@ -199,6 +225,7 @@ class _Lowering:
             max_failures=self.build_limit,
             name=str(info),
         )
+        return self._observed(info, region)
 
     def _stage(
         self, upstream: ChunkStream, stage: Any, chunk_keyed: bool, sid: str
@@ -233,13 +260,13 @@ class _Lowering:
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
             )
-            return runner, chunk_keyed
+            return self._observed(info, runner), chunk_keyed
         if isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             aggregate = AggregateStream(
                 upstream, copy.deepcopy(stage.op), drop_last=stage.drop_last, name=str(info)
             )
-            return aggregate, False  # aggregates are Keyed values
+            return self._observed(info, aggregate), False  # aggregates are Keyed values
         if isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:
@@ -252,7 +279,7 @@ class _Lowering:
                 annotate_errors=False,
                 inline_beyond_buffer=True,
             )
-            return runner, False
+            return self._observed(info, runner), False
         if isinstance(stage, defs.PathVariantsConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:  # outputs arrive in completion order: each carries its keys
@@ -270,7 +297,7 @@ class _Lowering:
                 batched=stage.batched,
                 name=str(info),
             )
-            return variants, False
+            return self._observed(info, variants), False
         raise TypeError(f"unsupported stage config {stage!r}")
 
 

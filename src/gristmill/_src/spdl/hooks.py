@@ -5,7 +5,8 @@ exception of the op passes through it; an exception of the hook drops the item),
 ``stage_hook()`` one around the stage's life. Hooks run only when ``build`` is given a
 ``task_hook_factory``: by default a stage pays nothing for them (``Pipeline.statistics()``
 has the engine's per-stage counters). For a sync op the context managers are driven on a
-per-thread event loop of the worker thread; for an async op, on the stage's loop.
+per-thread event loop of the worker thread (or directly, without a loop, when every hook is
+a ``TaskStatsHook``: they never suspend); for an async op, on the stage's loop.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import inspect
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
+
+from gristmill._src.spdl.queues import format_seconds
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -71,17 +75,7 @@ class TaskStatsHook(TaskHook):
         try:
             yield
         finally:
-            stats = self._stats(self._num_tasks, self._num_failures, self._total_time)
-            logger.info(
-                "[%s] Completed %d tasks (%d failed). Ave task time: %.1f ms. P90: %.1f ms. "
-                "P99: %.1f ms.",
-                self.info,
-                stats.num_tasks,
-                stats.num_failures,
-                stats.ave_time * 1e3,
-                stats.p90_time * 1e3,
-                stats.p99_time * 1e3,
-            )
+            self._log_stats(self._stats(self._num_tasks, self._num_failures, self._total_time))
 
     @contextlib.asynccontextmanager
     async def task_hook(self, input_item: Any = None) -> AsyncIterator[None]:
@@ -101,7 +95,9 @@ class TaskStatsHook(TaskHook):
                     self._times.append(elapsed)
                 lap = self._lap_due()
             if lap is not None:
-                self.interval_stats_callback(lap)
+                reported = self.interval_stats_callback(lap)
+                if inspect.isawaitable(reported):  # SPDL's is a coroutine; a plain def works too
+                    await reported
 
     def _stats(self, tasks: int, failures: int, total: float) -> TaskPerfStats:
         successes = tasks - failures
@@ -127,9 +123,24 @@ class TaskStatsHook(TaskHook):
             self._num_tasks - tasks, self._num_failures - failures, self._total_time - total
         )
 
-    def interval_stats_callback(self, stats: TaskPerfStats) -> None:
-        """Called with each interval's stats (``interval > 0``); logs them by default."""
-        logger.info("[%s] Interval: %s", self.info, stats)
+    async def interval_stats_callback(self, stats: TaskPerfStats) -> None:
+        """Called with each interval's stats (``interval > 0``); logs them by default.
+
+        Override it (``async def`` as in SPDL, or a plain ``def``) to send them elsewhere.
+        """
+        self._log_stats(stats)
+
+    def _log_stats(self, stats: TaskPerfStats) -> None:
+        """One line in SPDL's format, on the ``gristmill.pipeline`` logger (INFO)."""
+        logger.info(
+            "[%s]\tCompleted %5d tasks (%3d failed). Ave task time: %s. P90: %s. P99: %s.",
+            self.info,
+            stats.num_tasks,
+            stats.num_failures,
+            format_seconds(stats.ave_time),
+            format_seconds(stats.p90_time),
+            format_seconds(stats.p99_time),
+        )
 
 
 class StageHooks:
@@ -142,6 +153,8 @@ class StageHooks:
         self._entered = False
         self._exited = False
         self._loops: dict[int, asyncio.AbstractEventLoop] = {}  # per worker thread; closed here
+        # TaskStatsHook's task hooks never suspend: drive them without an event loop.
+        self._direct = all(_never_suspends(hook) for hook in self.hooks)
 
     def _thread_loop(self) -> asyncio.AbstractEventLoop:
         """This worker thread's loop for driving the hooks (created once, closed by close)."""
@@ -204,6 +217,8 @@ class StageHooks:
                     await stack.enter_async_context(hook.task_hook(item))
                 return op(item)
 
+        if self._direct:
+            return complete_now(invoke())
         return self._thread_loop().run_until_complete(invoke())
 
     async def call_async(self, op: Callable[[Any], Any], item: Any) -> Any:
@@ -213,3 +228,29 @@ class StageHooks:
             for hook in self.hooks:
                 await stack.enter_async_context(hook.task_hook(item))
             return await op(item)
+
+
+def _never_suspends(hook: TaskHook) -> bool:
+    """Whether ``hook.task_hook`` is TaskStatsHook's own (it awaits nothing that suspends)."""
+    if not isinstance(hook, TaskStatsHook):
+        return False
+    cls = type(hook)
+    return (
+        cls.task_hook is TaskStatsHook.task_hook
+        and cls.interval_stats_callback is TaskStatsHook.interval_stats_callback
+    )
+
+
+T = TypeVar("T")
+
+
+def complete_now(awaitable: Awaitable[T]) -> T:
+    """The result of an awaitable that finishes without suspending (no event loop needed)."""
+    steps = awaitable.__await__()
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    steps.close()
+    raise RuntimeError("gristmill: a hook expected never to suspend did; this is a bug")

@@ -25,6 +25,7 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate_chunks
+from gristmill._src.spdl.queue_monitor import ItemCount, QueueMonitor, counters_probe
 from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, Path, ResumableSource
 
 PIPELINE_IDS = itertools.count()
@@ -55,12 +56,15 @@ class PipelineFailure(ExceptionGroup):
 
 class _Closer:
     """Stops a pipeline's threads: the stages first (waking the sink), then the sink; then
-    exits the stages' hooks."""
+    exits the stages' hooks, then the queue objects' (the counters are final by then)."""
 
-    def __init__(self, last: ChunkStream, streams: list[Any], stage_hooks: list[Any]) -> None:
+    def __init__(
+        self, last: ChunkStream, streams: list[Any], stage_hooks: list[Any], queues: Any
+    ) -> None:
         self.last = last
         self.streams = streams
         self.stage_hooks = stage_hooks
+        self.queues = queues
         self.sink: BackgroundProducer | None = None
 
     def shutdown(self) -> None:
@@ -73,6 +77,11 @@ class _Closer:
                 hooks.close()
             except Exception:  # a failing stage hook must not stop the others
                 logger.exception("gristmill: a stage hook failed while exiting")
+        if self.queues is not None:
+            try:
+                self.queues.close()
+            except Exception:
+                logger.exception("gristmill: a queue's stage hook failed while exiting")
 
 
 class Pipeline:
@@ -91,15 +100,24 @@ class Pipeline:
         stage_hooks: list[Any] | None = None,
         resumable: ResumableSource | None = None,
         skip_outputs: dict[Path, set[int]] | None = None,
+        queues: QueueMonitor | None = None,
+        sink_info: StageInfo | None = None,
     ) -> None:
         self._config = config
         self._sink_buffer = sink_buffer
         self._counters = StageCounters(f"{name}:sink", 1, sink_buffer)
-        self._closer = _Closer(last, streams, stage_hooks or [])
+        self._pending: collections.deque[Any] = collections.deque()  # a taken chunk's rest
+        self._taken = ItemCount()  # items taken from the sink (markers left out once seen)
+        if queues is not None:
+            queues.observe(
+                sink_info or StageInfo(int(name), "sink", "sink"),
+                counters_probe(self._counters, self._taken, self._pending),
+                buffer_size=sink_buffer,
+            )
+        self._closer = _Closer(last, streams, stage_hooks or [], queues)
         self._resumable = resumable
         self._skip_outputs = skip_outputs if skip_outputs is not None else {}
         self._tracker = DeliveryTracker(continuous=resumable is not None and resumable.continuous)
-        self._pending: collections.deque[Any] = collections.deque()  # a taken chunk's rest
         self._streams = streams
         self._started = False
         self._stopped = False
@@ -117,6 +135,13 @@ class Pipeline:
         if self._started:
             raise RuntimeError("The pipeline was already started.")
         self._started = True
+        if self._closer.queues is not None:
+            try:
+                self._closer.queues.start()  # their stage hooks, before any thread runs
+            except Exception as error:
+                self._failure = _failure(error)
+                self._failure_seen = True
+                raise self._failure from None
         self._closer.sink = BackgroundProducer(
             iterate_chunks(self._closer.last),
             buffer_size=self._sink_buffer,
@@ -179,14 +204,18 @@ class Pipeline:
         assert sink is not None
         while True:
             if not self._pending:
-                self._pending.extend(self._take(sink, timeout))
+                taken = self._take(sink, timeout)
+                self._pending.extend(taken)  # first: a concurrent reading never overcounts
+                self._taken.value += len(taken)
             item = self._pending.popleft()
             if item is EPOCH_END:  # a continuous source's pass ended; the next one follows
                 self._tracker.epochs_ended += 1
+                self._taken.value -= 1  # a marker, not an item
                 raise EOFError("Reached the end of the pipeline.")
             if isinstance(item, Keyed):
                 self._tracker.resolve(item.cover)  # the caller has it now (or it was dropped)
                 if item.value is SKIP:
+                    self._taken.value -= 1
                     continue
                 return item.value
             return item

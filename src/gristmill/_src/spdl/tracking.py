@@ -295,6 +295,10 @@ class ResumableSource:
         self.start = 0
         self.skip: set[int] = set()
         self.epochs_ended = 0
+        self._markers_made = 0  # EPOCH_END markers (not items: the stats leave them out)
+
+    def passes_made(self) -> int:
+        return self._markers_made
 
     def key_offset(self) -> int | None:
         """The position of the first item if items are plain, else None (they are Keyed)."""
@@ -335,6 +339,7 @@ class ResumableSource:
                     yield Keyed(item, (position,)) if skip else item
                 position += 1
             if epoch >= ended:
+                self._markers_made += 1
                 yield EPOCH_END
             epoch += 1
 

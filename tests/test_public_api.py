@@ -73,6 +73,8 @@ EXPECTED = {
         "cache_iterator",
         "is_eof",
         "is_epoch_end",
+        "iterate_in_subprocess",
+        "run_pipeline_in_subprocess",
     ],
     "gristmill.pipeline.defs": [
         "Aggregate",

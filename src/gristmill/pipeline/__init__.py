@@ -9,6 +9,8 @@ from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook
 from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
 from gristmill._src.spdl.rng import RecordRng
+from gristmill._src.spdl.subprocess import iterate_in_subprocess
+from gristmill._src.spdl.subprocess_pipeline import run_pipeline_in_subprocess
 
 _export(
     "gristmill.pipeline",
@@ -37,4 +39,6 @@ __all__ = [
     "cache_iterator",
     "is_eof",
     "is_epoch_end",
+    "iterate_in_subprocess",
+    "run_pipeline_in_subprocess",
 ]

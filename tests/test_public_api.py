@@ -78,7 +78,9 @@ EXPECTED = {
         "cache_iterator",
         "is_eof",
         "is_epoch_end",
+        "iterate_in_subprocess",
         "profile_pipeline",
+        "run_pipeline_in_subprocess",
     ],
     "gristmill.pipeline.defs": [
         "MAIN_PROCESS",

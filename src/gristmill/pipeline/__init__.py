@@ -11,6 +11,8 @@ from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
 from gristmill._src.spdl.profile import ProfileHook, ProfileResult, profile_pipeline
 from gristmill._src.spdl.queues import AsyncQueue, QueuePerfStats, StatsQueue
 from gristmill._src.spdl.rng import RecordRng
+from gristmill._src.spdl.subprocess import iterate_in_subprocess
+from gristmill._src.spdl.subprocess_pipeline import run_pipeline_in_subprocess
 
 _export(
     "gristmill.pipeline",
@@ -49,5 +51,7 @@ __all__ = [
     "cache_iterator",
     "is_eof",
     "is_epoch_end",
+    "iterate_in_subprocess",
     "profile_pipeline",
+    "run_pipeline_in_subprocess",
 ]

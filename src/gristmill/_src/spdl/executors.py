@@ -52,7 +52,9 @@ def on_executor(
 ) -> Callable[[Any], Any]:
     """``op`` as a blocking call on ``executor`` (a list of outputs for a generator op)."""
     target: Callable[[Any], Any] = functools.partial(materialize, op) if generator else op
-    if isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+    if isinstance(executor, concurrent.futures.ProcessPoolExecutor) or getattr(
+        executor, "runs_in_processes", False
+    ):
         target = functools.partial(located, target)
     submit = executor.submit
 

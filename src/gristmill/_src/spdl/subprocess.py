@@ -1,0 +1,254 @@
+"""``iterate_in_subprocess``: iterate an iterable built and run in a worker process.
+
+``fn()`` runs once in the worker; every ``iter()`` of the returned object asks the worker for
+one more pass over what ``fn()`` returned. Items come back pickled through a pipe, at most
+``buffer_size`` ahead of the consumer (``subprocess_worker`` is the worker's side,
+``subprocess_handle`` the parent's).
+
+The worker stops (asked, then SIGTERM, then SIGKILL) on ``close()``, when an error or a
+timeout ends it, on KeyboardInterrupt while waiting, when the iterable is garbage-collected
+(through the engine's reaper, never inside a finaliser) and at interpreter exit (a
+``multiprocessing`` exit finaliser, which runs before ``multiprocessing`` joins children).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import numbers
+import pickle
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from gristmill._src.core import validation
+from gristmill._src.engine import reaper
+from gristmill._src.spdl import subprocess_worker as proto
+from gristmill._src.spdl.subprocess_handle import WorkerHandle
+
+T = TypeVar("T")
+
+
+class _SubprocessIterable(Iterable[T]):
+    """What ``iterate_in_subprocess`` returns: each ``iter()`` is one pass in the worker.
+
+    Only the newest iterator can be read (an older one raises). ``close()`` stops the
+    worker; so does garbage collection.
+    """
+
+    def __init__(self, worker: WorkerHandle) -> None:
+        self._worker = worker
+        self._finalizer = weakref.finalize(self, reaper.reap, worker)
+        self._finalizer.atexit = False  # the multiprocessing exit hook stops it then
+
+    def __iter__(self) -> Iterator[T]:
+        worker = self._worker
+        worker.check_open()
+        worker.generation += 1
+        worker.send(proto.ITERATE + str(worker.generation).encode())
+        return self._items(worker.generation)
+
+    def _items(self, generation: int) -> Iterator[T]:
+        # The generator holds ``self``: the worker lives while an iterator is read.
+        worker = self._worker
+        finished = False
+        try:
+            while True:
+                if worker.generation != generation:
+                    raise RuntimeError(
+                        "this iterator was superseded by a later iter() of the same "
+                        "subprocess iterable; only the newest iterator can be read"
+                    )
+                worker.check_open()
+                kind, payload = worker.receive(generation, "producing items")
+                if kind == proto.ITEM:
+                    yield payload
+                    continue
+                finished = True
+                if kind == proto.ERROR:
+                    raise worker.child_error(payload)
+                return
+        finally:
+            abandoned = not finished and worker.generation == generation
+            if abandoned and worker.closed_reason is None:
+                worker.send(proto.ABANDON + str(generation).encode())
+
+    def close(self) -> None:
+        """Stops the worker process now (idempotent); iterating afterwards raises."""
+        if self._finalizer.detach() is not None:
+            self._worker.shutdown()
+
+    def __repr__(self) -> str:
+        state = "running" if self._worker.closed_reason is None else "closed"
+        return f"<subprocess iterable: worker pid {self._worker.pid}, {state}>"
+
+
+def iterate_in_subprocess(
+    fn: Callable[[], Iterable[T]],
+    *,
+    buffer_size: int = 3,
+    initializer: Callable[[], Any] | Sequence[Callable[[], Any]] | None = None,
+    mp_context: str | multiprocessing.context.BaseContext | None = None,
+    timeout: float | None = None,
+    daemon: bool = False,
+    arena: None = None,
+) -> Iterable[T]:
+    """Runs ``fn()`` once in a worker process; each ``iter()`` iterates its result there.
+
+    The worker is started (``spawn`` unless ``mp_context`` names another start method or is
+    a multiprocessing context), runs the ``initializer`` callables, calls ``fn()`` and
+    waits; this function returns once ``fn()`` has returned. Every ``iter()`` of the result
+    asks the worker for a fresh ``iter()`` of that object, so a list (or a continuous
+    pipeline) is iterated again, while a generator returned by ``fn`` is empty the second
+    time, as in SPDL. Items travel pickled, at most ``buffer_size`` ahead of the consumer.
+    Leaving a pass early drops the items sent ahead; the next ``iter()`` starts a new pass
+    (a single-use iterator, such as a generator, continues from where the worker stopped).
+    Only the newest iterator can be read: an older one raises ``RuntimeError``.
+
+    Args:
+        fn: a picklable function of no arguments returning an iterable (a module-level
+            function; bind arguments with ``functools.partial``).
+        buffer_size: how many items may wait for the consumer (>= 1).
+        initializer: a picklable callable, or a sequence of them, run in the worker first.
+        mp_context: ``"spawn"`` (default), ``"forkserver"``, ``"fork"`` or a context.
+        timeout: seconds without any item before the worker is terminated and a
+            ``TimeoutError`` (also a ``RuntimeError``) is raised; None waits for ever.
+        daemon: start the worker as a daemon process.
+        arena: shared-memory transport; not supported yet, only None.
+
+    Returns:
+        An iterable with ``close()``; the worker stops on ``close()``, on garbage
+        collection, on KeyboardInterrupt while waiting and at interpreter exit.
+
+    Raises:
+        RuntimeError: the worker failed (in an initializer, in ``fn``, in ``iter()``, while
+            fetching or pickling an item: the message names the phase and the worker's
+            error, chained with its traceback) or died; the iterable is then closed.
+        TypeError: ``fn`` or an initializer cannot be pickled.
+
+    >>> from functools import partial
+    >>> numbers = iterate_in_subprocess(partial(range, 3))
+    >>> list(numbers), list(numbers)
+    ([0, 1, 2], [0, 1, 2])
+    >>> numbers.close()
+    """
+    validation.check_callable(fn, "fn", hint="a function of no arguments returning an iterable")
+    return launch(
+        fn,
+        "fn",
+        (),
+        buffer_size=buffer_size,
+        initializer=initializer,
+        mp_context=mp_context,
+        timeout=timeout,
+        daemon=daemon,
+        arena=arena,
+    )
+
+
+def launch(
+    fn: Callable[[], Iterable[T]],
+    what: str,
+    first_initializers: Sequence[Callable[[], Any]],
+    *,
+    buffer_size: int,
+    initializer: Any,
+    mp_context: Any,
+    timeout: Any,
+    daemon: Any,
+    arena: Any,
+) -> Iterable[T]:
+    """Validates the common arguments, starts the worker and waits for ``fn()`` to return.
+
+    ``what`` names ``fn`` in a pickling error; ``first_initializers`` run before the user's.
+    """
+    buffer_size = validation.check_positive_int(buffer_size, "buffer_size")
+    initializers = [*first_initializers, *_check_initializers(initializer)]
+    context = _context(mp_context)
+    timeout = _check_timeout(timeout)
+    daemon = validation.check_bool(daemon, "daemon")
+    if arena is not None:
+        raise NotImplementedError(
+            f"arena={arena!r}: the shared-memory transport is not implemented yet (gristmill "
+            "issue 6); pass arena=None, and items travel pickled through a pipe"
+        )
+    try:
+        worker = WorkerHandle(
+            context, (fn, initializers), buffer_size=buffer_size, timeout=timeout, daemon=daemon
+        )
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        # multiprocessing pickles the arguments (unless it forks), so objects made to be
+        # shared with a child (locks, queues, values) reach it as well
+        unpicklable = _unpicklable(context, fn, what, initializers, error)
+        if unpicklable is None:
+            raise
+        raise unpicklable from error
+    activity = "starting (running the initializer and fn())"
+    kind, message = worker.receive(0, activity)
+    if kind == proto.ERROR:
+        raise worker.child_error(message)
+    return _SubprocessIterable(worker)
+
+
+def _check_initializers(initializer: Any) -> list[Callable[[], Any]]:
+    if initializer is None:
+        return []
+    initializers = [initializer] if callable(initializer) else initializer
+    if isinstance(initializers, (str, bytes)) or not isinstance(initializers, Sequence):
+        initializers = [initializer]
+    for init in initializers:
+        validation.check_callable(
+            init, "initializer", hint="a callable or a sequence of callables, run in the worker"
+        )
+    return list(initializers)
+
+
+def _context(mp_context: Any) -> multiprocessing.context.BaseContext:
+    if mp_context is None:
+        return multiprocessing.get_context("spawn")
+    if isinstance(mp_context, multiprocessing.context.BaseContext):
+        return mp_context
+    methods = multiprocessing.get_all_start_methods()
+    if isinstance(mp_context, str) and mp_context in methods:
+        return multiprocessing.get_context(mp_context)
+    raise ValueError(
+        f"mp_context must be one of {methods} or a multiprocessing context, got "
+        f"{mp_context!r}; the default (None) is 'spawn'"
+    )
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    seconds = float(timeout)
+    if not seconds > 0:  # also rejects NaN
+        raise ValueError(
+            f"timeout must be > 0 seconds, got {timeout!r}; pass None to wait for ever"
+        )
+    return seconds
+
+
+def _unpicklable(
+    context: multiprocessing.context.BaseContext,
+    fn: Any,
+    what: str,
+    initializers: list[Callable[[], Any]],
+    error: Exception,
+) -> TypeError | None:
+    """The TypeError naming what could not be pickled to start the worker, or None when the
+    objects pickle and ``error`` came from elsewhere."""
+    for name, obj in [(what, fn), *(("initializer", init) for init in initializers)]:
+        try:
+            pickle.dumps(obj, -1)
+        except Exception:
+            shown = repr(obj)
+            shown = shown if len(shown) <= 200 else shown[:200] + "..."
+            return TypeError(
+                f"{name} must be picklable to reach the worker subprocess (start method "
+                f"{context.get_start_method()!r}), but pickling {shown} failed: "
+                f"{type(error).__name__}: {error}; use a module-level function (not a lambda "
+                "or a local function) and bind its arguments with functools.partial"
+            )
+    return None

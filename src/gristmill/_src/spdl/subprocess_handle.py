@@ -1,0 +1,203 @@
+"""The parent's handle on an ``iterate_in_subprocess`` worker process.
+
+It starts the process, reads its messages (``subprocess_worker`` describes the protocol),
+turns what went wrong in the worker into exceptions, and stops it. It never polls: it waits
+on the data pipe and the process's sentinel together, so a crashed worker is noticed at once,
+and the inactivity ``timeout`` is the wait's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.context
+import multiprocessing.util
+import os
+import pickle
+import signal
+import threading
+import weakref
+from multiprocessing.connection import wait
+from typing import Any
+
+from gristmill._src.engine import reaper
+from gristmill._src.spdl import subprocess_worker as proto
+
+_GRACE_S = 1.0  # how long a stopping worker may take before SIGTERM, then SIGKILL
+_LIVE: weakref.WeakSet[WorkerHandle] = weakref.WeakSet()
+_exit_hook_pid: int | None = None
+
+
+class WorkerTimeoutError(TimeoutError, RuntimeError):
+    """The worker produced nothing within ``timeout``; it was terminated.
+
+    A ``TimeoutError``, and also a ``RuntimeError`` (what SPDL raises in this case).
+    """
+
+
+class ChildTraceback(Exception):
+    """The traceback of an exception raised in the worker process (a ``__cause__``)."""
+
+    def __str__(self) -> str:
+        return "\n--- in the worker subprocess ---\n" + str(self.args[0]).rstrip()
+
+
+class WorkerHandle:
+    """The parent's handle on one worker process: its pipes, the pass being read, shutdown."""
+
+    def __init__(
+        self,
+        context: multiprocessing.context.BaseContext,
+        payload: Any,
+        *,
+        buffer_size: int,
+        timeout: float | None,
+        daemon: bool,
+    ) -> None:
+        _register_exit_hook()
+        reaper.ensure_started()
+        commands_in, self._commands = context.Pipe(duplex=False)
+        self._data, data_out = context.Pipe(duplex=False)
+        self._process = context.Process(  # type: ignore[attr-defined]
+            target=proto.worker_main,
+            args=(payload, commands_in, data_out, buffer_size),
+            name="gristmill-subprocess",
+            daemon=daemon,
+        )
+        try:
+            self._process.start()
+        except BaseException:
+            self._commands.close()
+            self._data.close()
+            raise
+        finally:  # the worker has its own copies; ours would hide its exit from us
+            commands_in.close()
+            data_out.close()
+        self.pid = int(self._process.pid or 0)
+        self._timeout = timeout
+        self.generation = 0  # the pass being read (0: waiting for fn())
+        self.closed_reason: str | None = None
+        self._lock = threading.Lock()  # the reaper and the exit hook may race to shut down
+        _LIVE.add(self)
+
+    def send(self, command: bytes) -> None:
+        with contextlib.suppress(OSError):  # a dead worker is reported by the next receive
+            self._commands.send_bytes(command)
+
+    def receive(self, generation: int, activity: str) -> tuple[str, Any]:
+        """The next message of pass ``generation`` as ``(kind, payload)``; messages of an
+        abandoned pass are dropped. A dead worker, a timeout or an interrupt shuts it down."""
+        try:
+            while True:
+                kind, message_generation, payload = self._receive_one(activity)
+                if message_generation == generation:
+                    return kind, payload
+        except KeyboardInterrupt:
+            self.shutdown("interrupted (KeyboardInterrupt)", graceful=False)
+            raise
+
+    def _receive_one(self, activity: str) -> tuple[str, int, Any]:
+        if not wait([self._data, self._process.sentinel], self._timeout):
+            timeout = self._timeout
+            error = WorkerTimeoutError(
+                f"The worker subprocess (pid {self.pid}) produced nothing for {timeout} "
+                f"seconds while {activity} (timeout={timeout!r}), so it was terminated; pass "
+                "a larger timeout, or timeout=None to wait for ever"
+            )
+            self.shutdown(f"no item for {timeout} seconds", graceful=False)
+            raise error
+        try:
+            raw = self._data.recv_bytes() if self._data.poll() else None
+        except EOFError:
+            raw = None
+        if raw is None:  # the process ended and left nothing more to read
+            raise self._died(activity)
+        self.send(proto.CREDIT)
+        try:
+            message: tuple[str, int, Any] = pickle.loads(raw)
+        except Exception as err:
+            text = (
+                f"The worker subprocess (pid {self.pid}) sent a message the parent cannot "
+                f"unpickle while {activity}: {type(err).__name__}: {err}; items must be "
+                "instances of classes importable in the parent"
+            )
+            self.shutdown("a message could not be unpickled")
+            raise RuntimeError(text) from err
+        return message
+
+    def _died(self, activity: str) -> RuntimeError:
+        self._process.join(_GRACE_S)
+        code = self._process.exitcode
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                how += f", killed by {signal.Signals(-code).name}"
+        self.shutdown(f"it died: {how}")
+        hint = "crashed or was killed (out of memory?)"
+        if self.generation == 0:
+            hint += ", or could not unpickle fn or an initializer (see its traceback above)"
+        return RuntimeError(
+            f"The worker subprocess (pid {self.pid}) died ({how}) while {activity}; it "
+            f"{hint}. This iterable is closed: create a new one to start again"
+        )
+
+    def child_error(self, payload: Any) -> RuntimeError:
+        """The RuntimeError for an error the worker reported; shuts the worker down."""
+        phase, type_name, message, text, pickled = payload
+        summary = f"The worker subprocess failed while {phase}: {type_name}: {message}"
+        self.shutdown(f"it failed while {phase}")
+        cause: BaseException = ChildTraceback(text)
+        if pickled is not None:
+            with contextlib.suppress(Exception):
+                original = pickle.loads(pickled)
+                if isinstance(original, BaseException):
+                    original.__cause__, cause = cause, original
+        error = RuntimeError(summary)
+        error.__cause__ = cause
+        return error
+
+    def check_open(self) -> None:
+        if self.closed_reason is not None:
+            raise RuntimeError(
+                f"The worker subprocess (pid {self.pid}) was shut down ({self.closed_reason}),"
+                " so it cannot iterate again; create a new iterable"
+            )
+
+    def shutdown(self, reason: str = "closed", *, graceful: bool = True) -> None:
+        """Stops the worker (asked, then SIGTERM, then SIGKILL) and closes the pipes;
+        idempotent."""
+        # Held throughout: a second caller (the exit hook while the reaper stops this
+        # worker) waits until the process is reaped, instead of racing to join it.
+        with self._lock:
+            if self.closed_reason is not None:
+                return
+            self.closed_reason = reason
+            try:
+                if graceful:
+                    self.send(proto.STOP)
+                    self._process.join(_GRACE_S)
+                if self._process.exitcode is None:
+                    self._process.terminate()
+                    self._process.join(_GRACE_S)
+                if self._process.exitcode is None:
+                    self._process.kill()
+                    self._process.join()
+                with contextlib.suppress(ValueError):  # someone else reaped it first
+                    self._process.close()
+            finally:
+                self._commands.close()
+                self._data.close()
+                _LIVE.discard(self)
+
+
+def _register_exit_hook() -> None:
+    """Stops the live workers at interpreter exit, before ``multiprocessing`` joins its
+    children (which would wait for ever on a worker waiting for commands)."""
+    global _exit_hook_pid
+    if _exit_hook_pid != os.getpid():  # a forked process starts without the hook
+        multiprocessing.util.Finalize(None, _shutdown_all, exitpriority=10)
+        _exit_hook_pid = os.getpid()
+
+
+def _shutdown_all() -> None:
+    for worker in list(_LIVE):
+        worker.shutdown("the interpreter is exiting")

@@ -1,0 +1,450 @@
+"""iterate_in_subprocess / run_pipeline_in_subprocess: passes, errors, cleanup, RNG copy.
+
+Worker processes are started with ``spawn`` (the default) unless a test needs a fast start
+(``fork``: a timeout shorter than a spawn would otherwise cover the start too).
+"""
+
+import functools
+import gc
+import math
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gristmill.pipeline import (
+    PipelineBuilder,
+    PipelineFailure,
+    iterate_in_subprocess,
+    run_pipeline_in_subprocess,
+)
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))  # so that spawned workers import the helpers by name
+import subprocess_fns as fns  # noqa: E402
+
+
+def gone(pid, within=5.0):
+    """Whether process ``pid`` no longer exists (waiting up to ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        multiprocessing.active_children()  # reaps any finished child of ours
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def our_children():
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+@pytest.fixture
+def no_new_children():
+    """Fails the test if it leaves a child process behind (the shared workers aside)."""
+    before = our_children()
+    yield
+    assert our_children() <= before
+
+
+@pytest.fixture(scope="module")
+def six():
+    """One worker shared by the tests of passes: fn returns ``[0, 1, 2, 3, 4, 5]``."""
+    iterable = iterate_in_subprocess(functools.partial(list, range(6)))
+    yield iterable
+    iterable.close()
+
+
+# -- passes ----------------------------------------------------------------------------------
+
+
+def test_each_iter_is_a_fresh_pass_over_what_fn_returned(six):
+    assert list(six) == [0, 1, 2, 3, 4, 5]
+    assert list(six) == [0, 1, 2, 3, 4, 5]
+
+
+def test_breaking_out_early_then_iterating_again_starts_a_full_pass(six):
+    for x in six:
+        if x == 1:
+            break
+    assert list(six) == [0, 1, 2, 3, 4, 5]
+
+
+def test_an_older_iterator_cannot_be_read_once_a_newer_one_exists(six):
+    first = iter(six)
+    assert next(first) == 0
+    assert list(six) == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(RuntimeError, match="superseded by a later iter"):
+        next(first)
+
+
+def test_a_generator_returned_by_fn_is_empty_on_the_second_pass():
+    iterable = iterate_in_subprocess(functools.partial(iter, [1, 2, 3]))
+    assert list(iterable) == [1, 2, 3]
+    assert list(iterable) == []
+    iterable.close()
+
+
+def test_initializers_run_in_the_worker_in_order_before_fn_and_daemon_is_passed():
+    iterable = iterate_in_subprocess(
+        fns.facts, initializer=[fns.set_marker, fns.extend_marker], daemon=True
+    )
+    assert list(iterable) == ["set+extended", True, False]
+    assert fns.MARKER not in os.environ  # only the worker ran them
+    iterable.close()
+
+
+def test_the_worker_runs_at_most_buffer_size_items_ahead():
+    counter = multiprocessing.get_context("spawn").Value("i", 0)
+    iterable = iterate_in_subprocess(functools.partial(fns.counting, counter, 100), buffer_size=2)
+    iterator = iter(iterable)
+    for taken in (1, 2):
+        assert next(iterator) == taken - 1
+        # taken + buffer_size sent or in the pipe, plus one produced and waiting for room
+        expected = taken + 2 + 1
+        deadline = time.monotonic() + 5
+        while counter.value < expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # room for a (wrong) extra item to show up
+        assert counter.value == expected
+    iterable.close()
+
+
+FORK_WITH_THREADS = pytest.mark.filterwarnings(  # Python >= 3.12 warns; the tests' threads idle
+    "ignore:This process .* is multi-threaded:DeprecationWarning"
+)
+
+
+@FORK_WITH_THREADS
+@pytest.mark.parametrize("mp_context", ["fork", multiprocessing.get_context("fork")])
+def test_fork_needs_no_pickling_and_a_context_object_is_accepted(mp_context):
+    iterable = iterate_in_subprocess(lambda: [1, 2], mp_context=mp_context)
+    assert list(iterable) == [1, 2]
+    iterable.close()
+
+
+# -- errors in the worker --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fn", "initializer", "phase", "cause"),
+    [
+        (
+            fns.raise_value_error,
+            None,
+            r"calling fn\(\) to create the iterable: ValueError: fn failed on purpose",
+            ValueError,
+        ),
+        (
+            functools.partial(list, range(3)),
+            fns.raise_os_error,
+            "running the initializer raise_os_error: OSError: initializer failed on purpose",
+            OSError,
+        ),
+    ],
+    ids=["fn", "initializer"],
+)
+@pytest.mark.usefixtures("no_new_children")
+def test_a_failure_before_iteration_raises_runtime_error_naming_the_phase(
+    fn, initializer, phase, cause
+):
+    with pytest.raises(RuntimeError, match=phase) as info:
+        iterate_in_subprocess(fn, initializer=initializer)
+    original = info.value.__cause__
+    assert type(original) is cause
+    assert "failed on purpose" in str(original.__cause__)  # the worker's traceback text
+    assert "Traceback" in str(original.__cause__)
+
+
+@pytest.mark.parametrize(
+    ("fn", "phase", "cause"),
+    [
+        (
+            fns.failing_iterable,
+            "fetching the next item: KeyError: 'iteration failed on purpose'",
+            KeyError,
+        ),
+        (fns.unpicklable_items, "pickling an item for the parent", TypeError),
+    ],
+    ids=["iteration", "unpicklable-item"],
+)
+@pytest.mark.usefixtures("no_new_children")
+def test_a_failure_while_iterating_comes_after_the_items_before_it(fn, phase, cause):
+    iterable = iterate_in_subprocess(fn)
+    items = []
+    with pytest.raises(RuntimeError, match=phase) as info:
+        items.extend(iterable)
+    assert items[0] == 1
+    assert type(info.value.__cause__) is cause
+    with pytest.raises(RuntimeError, match=r"was shut down \(it failed while"):
+        iter(iterable)
+
+
+def test_a_raising_pipeline_reaches_the_parent_as_runtime_error_from_pipeline_failure():
+    config = (
+        PipelineBuilder()
+        .add_source(range(6))
+        .pipe(fns.fail_on_3, output_order="input")
+        .add_sink(3)
+        .get_config()
+    )
+    iterable = run_pipeline_in_subprocess(config, num_threads=1, max_failures=0)
+    items = []
+    with pytest.raises(RuntimeError, match="fetching the next item: PipelineFailure") as info:
+        items.extend(iterable)
+    assert items == [0, 1, 2]
+    assert isinstance(info.value.__cause__, PipelineFailure)
+
+
+@FORK_WITH_THREADS
+def test_an_inactivity_timeout_raises_timeout_error_and_stops_the_worker():
+    iterable = iterate_in_subprocess(fns.pid_then_stall, timeout=0.5, mp_context="fork")
+    iterator = iter(iterable)
+    pid = next(iterator)
+    with pytest.raises(TimeoutError, match=r"produced nothing for 0.5 seconds .*timeout=None"):
+        next(iterator)
+    assert gone(pid)
+    with pytest.raises(RuntimeError, match=r"was shut down \(no item for 0.5 seconds"):
+        iter(iterable)
+
+
+@FORK_WITH_THREADS
+def test_the_timeout_error_is_also_a_runtime_error_as_upstream_raises():
+    iterable = iterate_in_subprocess(fns.pid_then_stall, timeout=0.3, mp_context="fork")
+    iterator = iter(iterable)
+    next(iterator)
+    with pytest.raises(RuntimeError):
+        next(iterator)
+
+
+def test_a_killed_worker_raises_runtime_error_naming_the_exit_code_within_5_s():
+    iterable = iterate_in_subprocess(fns.pid_then_stall)
+    iterator = iter(iterable)
+    pid = next(iterator)
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"died \(exit code -9, killed by SIGKILL\)"):
+        next(iterator)
+    assert time.monotonic() - started < 5
+    with pytest.raises(RuntimeError, match=r"was shut down \(it died"):
+        iter(iterable)
+
+
+# -- cleanup ---------------------------------------------------------------------------------
+
+
+def test_breaking_out_and_dropping_the_iterable_stops_the_worker():
+    for pid in iterate_in_subprocess(fns.pids_forever):  # noqa: B007 (the pid is used below)
+        break
+    gc.collect()
+    assert gone(pid)
+    assert pid not in our_children()
+
+
+def test_close_stops_the_worker_at_once_and_iterating_afterwards_raises():
+    iterable = iterate_in_subprocess(fns.pids_forever)
+    pid = next(iter(iterable))
+    iterable.close()
+    iterable.close()  # idempotent
+    assert gone(pid, within=0)
+    with pytest.raises(RuntimeError, match=r"was shut down \(closed\)"):
+        iter(iterable)
+
+
+def test_keyboard_interrupt_while_waiting_stops_the_worker():
+    iterable = iterate_in_subprocess(fns.pid_then_stall)
+    iterator = iter(iterable)
+    pid = next(iterator)
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(iterator)
+    timer.join()
+    assert gone(pid, within=0)
+    with pytest.raises(RuntimeError, match="KeyboardInterrupt"):
+        iter(iterable)
+
+
+def test_interpreter_exit_stops_a_worker_that_is_still_referenced():
+    script = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(SUPPORT)!r}, {str(Path(fns.__file__).parents[2] / 'src')!r}]\n"
+        "from gristmill.pipeline import iterate_in_subprocess\n"
+        "import subprocess_fns as fns\n"
+        "iterable = iterate_in_subprocess(fns.pids_forever)\n"
+        "iterator = iter(iterable)\n"
+        "print(next(iterator), flush=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert gone(int(result.stdout))
+
+
+# -- run_pipeline_in_subprocess ---------------------------------------------------------------
+
+
+def test_a_finite_pipeline_is_rebuilt_for_every_pass():
+    config = (
+        PipelineBuilder()
+        .add_source(range(6))
+        .pipe(fns.times_ten, output_order="input")
+        .aggregate(4)
+        .add_sink(3)
+        .get_config()
+    )
+    iterable = run_pipeline_in_subprocess(config, num_threads=2)
+    assert list(iterable) == [[0, 10, 20, 30], [40, 50]]
+    assert list(iterable) == [[0, 10, 20, 30], [40, 50]]
+    iterable.close()
+
+
+def test_pipe_pools_are_made_afresh_in_the_worker():
+    from concurrent.futures import ProcessPoolExecutor
+
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="mine") as threads,
+        ProcessPoolExecutor(1) as processes,
+    ):
+        config = (
+            PipelineBuilder()
+            .add_source(range(4))
+            .pipe(fns.pool_thread_name, output_order="input", executor=threads)
+            .pipe(fns.parent_pid, output_order="input", executor=processes)
+            .add_sink(3)
+            .get_config()
+        )
+        iterable = run_pipeline_in_subprocess(config, num_threads=2)
+        items = list(iterable)
+        iterable.close()
+    # A thread pool of the worker's own (default names), and a process pool whose processes
+    # are the worker's children, not ours.
+    assert [name for (_, (name, _)) in items] == ["ThreadPoolExecutor-0"] * 4
+    assert all(parent != os.getpid() for parent, _ in items)
+    assert [x for (_, (_, x)) in items] == [0, 1, 2, 3]
+
+
+def test_a_continuous_pipeline_yields_one_epoch_per_pass():
+    config = PipelineBuilder().add_source(range(5), continuous=True).aggregate(2).add_sink(3)
+    iterable = run_pipeline_in_subprocess(config.get_config(), num_threads=1)
+    assert [list(iterable) for _ in range(3)] == [[[0, 1], [2, 3], [4]]] * 3
+    iterable.close()
+
+
+def test_a_builder_is_accepted_with_a_deprecation_warning():
+    builder = PipelineBuilder().add_source(range(3)).add_sink(3)
+    with pytest.warns(DeprecationWarning, match=r"builder.get_config\(\)"):
+        iterable = run_pipeline_in_subprocess(builder, num_threads=1)
+    assert list(iterable) == [0, 1, 2]
+    iterable.close()
+
+
+def test_the_parents_global_random_states_are_copied_into_the_worker():
+    random.seed(1234)
+    np.random.seed(99)
+    config = (
+        PipelineBuilder()
+        .add_source(range(3))
+        .pipe(fns.draw, output_order="input")
+        .add_sink(3)
+        .get_config()
+    )
+    iterable = run_pipeline_in_subprocess(config, num_threads=1)
+    drawn = list(iterable)
+    iterable.close()
+    parent_next = [(i, random.random(), float(np.random.random()), False) for i in range(3)]
+    assert drawn == parent_next  # torch (not imported here) is not imported there either
+
+
+def test_torchs_cpu_generator_is_copied_when_torch_is_imported():
+    pytest.importorskip("torch")
+    script = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(SUPPORT)!r}, {str(Path(fns.__file__).parents[2] / 'src')!r}]\n"
+        "import torch\n"
+        "from gristmill.pipeline import PipelineBuilder, run_pipeline_in_subprocess\n"
+        "import subprocess_fns as fns\n"
+        "torch.manual_seed(7)\n"
+        "config = PipelineBuilder().add_source(range(2)).pipe(fns.torch_draw,"
+        " output_order='input').add_sink(3).get_config()\n"
+        "drawn = list(run_pipeline_in_subprocess(config, num_threads=1))\n"
+        "print(drawn == [float(torch.rand(1)) for _ in range(2)])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip() == "True", result.stderr
+
+
+# -- bad arguments ---------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_new_children")
+def test_a_function_that_cannot_be_pickled_is_named_in_a_type_error():
+    with pytest.raises(TypeError, match=r"fn must be picklable .*'spawn'.*<lambda>"):
+        iterate_in_subprocess(lambda: [1])
+    with pytest.raises(TypeError, match=r"initializer must be picklable .*<lambda>"):
+        iterate_in_subprocess(fns.facts, initializer=[fns.set_marker, lambda: None])
+
+
+def test_a_config_that_cannot_be_pickled_is_named_in_a_type_error():
+    config = PipelineBuilder().add_source(range(3)).pipe(lambda x: x).add_sink(3).get_config()
+    with pytest.raises(TypeError, match=r"config \(its source, ops .*must be picklable"):
+        run_pipeline_in_subprocess(config, num_threads=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"buffer_size": 0}, ValueError, "buffer_size must be >= 1, got 0"),
+        ({"buffer_size": -2}, ValueError, "buffer_size must be >= 1, got -2"),
+        ({"buffer_size": 1.5}, TypeError, "buffer_size must be an int >= 1, got 1.5"),
+        ({"timeout": -1}, ValueError, "timeout must be > 0 seconds, got -1; pass None"),
+        ({"timeout": 0}, ValueError, "timeout must be > 0 seconds, got 0"),
+        ({"timeout": math.nan}, ValueError, "timeout must be > 0 seconds, got nan"),
+        ({"timeout": "1"}, TypeError, "timeout must be a number of seconds or None, got '1'"),
+        ({"mp_context": "thread"}, ValueError, r"mp_context must be one of .*got 'thread'"),
+        ({"daemon": 1}, TypeError, "daemon must be a bool, got 1"),
+        ({"initializer": 5}, TypeError, "initializer must be callable .*got 5"),
+        ({"initializer": [fns.set_marker, "x"]}, TypeError, "initializer must be callable"),
+        ({"arena": object()}, NotImplementedError, r"gristmill issue 6\); pass arena=None"),
+    ],
+)
+def test_bad_arguments_name_the_parameter_and_value(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        iterate_in_subprocess(fns.facts, **kwargs)
+
+
+def test_fn_must_be_callable():
+    with pytest.raises(TypeError, match=r"fn must be callable .*got \[1\]"):
+        iterate_in_subprocess([1])
+
+
+@pytest.mark.parametrize(
+    ("config", "kwargs", "error", "message"),
+    [
+        (range(3), {"num_threads": 1}, TypeError, "config must be a PipelineConfig .*range"),
+        (None, {"num_threads": 0}, ValueError, "`num_threads` must be an integer >= 1"),
+        (None, {"num_threads": 1, "max_failures": 0.5}, TypeError, "max_failures must be"),
+        (None, {"num_threads": 1, "buffer_size": 0}, ValueError, "buffer_size must be >= 1"),
+    ],
+)
+def test_run_pipeline_bad_arguments_name_the_parameter_and_value(config, kwargs, error, message):
+    if config is None:
+        config = PipelineBuilder().add_source(range(3)).add_sink(3).get_config()
+    with pytest.raises(error, match=message):
+        run_pipeline_in_subprocess(config, **kwargs)

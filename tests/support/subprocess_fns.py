@@ -1,0 +1,123 @@
+"""Functions the subprocess tests send to worker processes.
+
+They live in their own module, put on ``sys.path`` by the tests that use them, so that a
+``spawn`` worker can import them by name (test modules are imported by pytest's importlib
+mode under names a worker cannot import).
+"""
+
+import os
+import random
+import sys
+import threading
+import time
+
+import numpy as np
+
+MARKER = "GRISTMILL_SUBPROCESS_TEST_MARKER"
+
+
+def set_marker():
+    os.environ[MARKER] = "set"
+
+
+def extend_marker():
+    os.environ[MARKER] += "+extended"
+
+
+def facts():
+    """What the worker looks like from inside: [marker, daemon, torch imported]."""
+    import multiprocessing
+
+    daemon = multiprocessing.current_process().daemon
+    return [os.environ.get(MARKER), daemon, "torch" in sys.modules]
+
+
+def raise_value_error():
+    raise ValueError("fn failed on purpose")
+
+
+def raise_os_error():
+    raise OSError("initializer failed on purpose")
+
+
+class FailingIterable:
+    """Yields 1 and 2, then fails."""
+
+    def __iter__(self):
+        yield 1
+        yield 2
+        raise KeyError("iteration failed on purpose")
+
+
+def failing_iterable():
+    return FailingIterable()
+
+
+def unpicklable_items():
+    return [1, threading.Lock()]
+
+
+def _pid_then_stall():
+    yield os.getpid()
+    time.sleep(60)
+    yield "never"
+
+
+def pid_then_stall():
+    """The worker's pid, then nothing for a minute."""
+    return _pid_then_stall()
+
+
+def _pids_forever():
+    while True:
+        yield os.getpid()
+
+
+def pids_forever():
+    return _pids_forever()
+
+
+class Counting:
+    """``range(n)``, counting every item produced in the shared ``counter``."""
+
+    def __init__(self, counter, n):
+        self.counter = counter
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            with self.counter.get_lock():
+                self.counter.value += 1
+            yield i
+
+
+def counting(counter, n):
+    return Counting(counter, n)
+
+
+def times_ten(x):
+    return x * 10
+
+
+def fail_on_3(x):
+    if x == 3:
+        raise ValueError("3 fails on purpose")
+    return x
+
+
+def draw(x):
+    return (x, random.random(), float(np.random.random()), "torch" in sys.modules)
+
+
+def torch_draw(x):
+    import torch
+
+    return float(torch.rand(1))
+
+
+def pool_thread_name(x):
+    return threading.current_thread().name.split("_")[0], x
+
+
+def parent_pid(x):
+    return os.getppid(), x

@@ -236,3 +236,22 @@ def test_the_initializer_runs_in_every_worker():
 def test_bad_region_arguments(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+def test_unpicklable_stages_start_no_process():
+    import subprocess
+
+    before = set(
+        subprocess.run(["pgrep", "-f", "spawn_main"], capture_output=True, text=True).stdout.split()
+    )
+    target = defs.ProcessPoolExecutorConfig(max_workers=2, mp_context="spawn")
+
+    def middle(b):
+        b.pipe(lambda x: x)
+
+    with pytest.raises(PipelineFailure):
+        list(region(target, middle=middle))
+    after = set(
+        subprocess.run(["pgrep", "-f", "spawn_main"], capture_output=True, text=True).stdout.split()
+    )
+    assert after <= before  # no child left waiting for the stages it could not be sent

@@ -101,6 +101,22 @@ class RegionStream:
                 return
             self._started = True
             context: Any = multiprocessing.get_context(start_method(self._target.mp_context))
+            if context.get_start_method() != "fork":
+                # Pickled for the workers: check it here, before a child starts and waits
+                # for data that never comes.
+                try:
+                    pickle.dumps((self._span, self._target.initializer, self._target.initargs))
+                except Exception as error:
+                    self._fail(
+                        TypeError(
+                            f"could not start the workers of {self._name}: {error}. With "
+                            f"mp_context={context.get_start_method()!r} the region's stages "
+                            "are pickled: define their ops at module level (or pass "
+                            "mp_context='fork')"
+                        )
+                    )
+                    self._finished = set(range(self._workers))
+                    return
             self._results = context.Queue()
             for index in range(self._workers):
                 inbox = context.Queue(_QUEUE_DEPTH)
@@ -119,19 +135,7 @@ class RegionStream:
                     name=f"gristmill[{self._name}]-worker{index}",
                     daemon=True,
                 )
-                try:
-                    process.start()
-                except Exception as error:  # e.g. an op that cannot be pickled
-                    self._fail(
-                        TypeError(
-                            f"could not start the workers of {self._name}: {error}. With "
-                            f"mp_context={context.get_start_method()!r} the region's stages "
-                            "are pickled: define their ops at module level (or pass "
-                            "mp_context='fork')"
-                        )
-                    )
-                    self._finished = set(range(self._workers))
-                    return
+                process.start()
                 self._inputs.append(inbox)
                 self._processes.append(process)
             for target, suffix in ((self._dispatch, "dispatch"), (self._collect, "collect")):

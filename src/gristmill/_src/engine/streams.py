@@ -50,8 +50,8 @@ class IteratorStream:
     one background thread (a ``BackgroundProducer``). The switch is one-way; ``next()`` is never
     called from two threads at once. ``inline=False`` starts on the thread (async sources).
     ``key_offset()``, if given, is asked once when the iterator opens: an int ``k`` gives
-    item ``i`` the chunk key ``k + i`` (a pipeline's source positions; an ``EPOCH_END``
-    takes none), None no keys.
+    item ``i`` the chunk key ``k + i`` (a pipeline's source positions; with ``epochs=True``
+    the iterable may yield ``EPOCH_END``, which takes none), None no keys.
     """
 
     def __init__(
@@ -62,9 +62,11 @@ class IteratorStream:
         name: str,
         inline: bool = True,
         key_offset: Callable[[], int | None] | None = None,
+        epochs: bool = False,
     ) -> None:
         self._iterable = iterable
         self._key_offset = key_offset
+        self._epochs = epochs  # the iterable yields EPOCH_END markers (they take no key)
         self._next_key: int | None = None  # set when opened: the next item's key
         self._iterator: Iterator[Any] | None = None
         self._counters = StageCounters(name, 1, buffer_size)
@@ -91,7 +93,7 @@ class IteratorStream:
         if first is None:
             return Chunk(start, values, error)
         keys: Sequence[Any]
-        if any(map(operator.is_, values, itertools.repeat(EPOCH_END))):
+        if self._epochs and any(map(operator.is_, values, itertools.repeat(EPOCH_END))):
             # Epoch ends (a continuous source) take no key: items are numbered across them.
             keys = []
             for value in values:

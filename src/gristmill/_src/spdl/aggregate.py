@@ -42,9 +42,17 @@ class AggregateStream:
     """
 
     def __init__(
-        self, upstream: ChunkStream, aggregator: Aggregator, *, drop_last: bool, name: str
+        self,
+        upstream: ChunkStream,
+        aggregator: Aggregator,
+        *,
+        drop_last: bool,
+        name: str,
+        epochs: bool = False,
     ) -> None:
         self._upstream = upstream
+        # The stream may carry EPOCH_END (a continuous source): cut keyed chunks there too.
+        self._markers = (SKIP, EPOCH_END) if epochs else (SKIP,)
         self._aggregator = aggregator
         self._drop_last = drop_last
         self._done = False
@@ -152,7 +160,7 @@ class AggregateStream:
                     ),
                     end,
                 )
-                for marker in (SKIP, EPOCH_END)
+                for marker in self._markers
             )
             while i < stop:
                 batch = collate._items

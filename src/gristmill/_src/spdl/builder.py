@@ -112,6 +112,7 @@ def build_pipeline(
             name=str(src_info),
             inline=not is_async_source,
             key_offset=None if resumable is None else resumable.key_offset,
+            epochs=continuous,
         )
     markers = None
     if resumable is not None and resumable.continuous:
@@ -264,7 +265,11 @@ class _Lowering:
         if isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             aggregate = AggregateStream(
-                upstream, copy.deepcopy(stage.op), drop_last=stage.drop_last, name=str(info)
+                upstream,
+                copy.deepcopy(stage.op),
+                drop_last=stage.drop_last,
+                name=str(info),
+                epochs=continuous,
             )
             return self._observed(info, aggregate), False  # aggregates are Keyed values
         if isinstance(stage, defs.DisaggregateConfig):

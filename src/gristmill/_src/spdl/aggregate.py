@@ -18,7 +18,7 @@ from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.defs import Collate
-from gristmill._src.spdl.tracking import Covers, Keyed
+from gristmill._src.spdl.tracking import Covers, Keyed, KeyedBatch
 
 
 def covers_take(covers: Covers, output: Any) -> Any:
@@ -164,6 +164,12 @@ class AggregateStream:
             )
             while i < stop:
                 batch = collate._items
+                if not batch and not covers and stop - i >= n and type(keys) is range:
+                    # A whole batch of consecutive positions: its cover is a range (the
+                    # caller resolves it in O(1)), its members implicit.
+                    outputs.append(KeyedBatch(values[i : i + n], keys[i : i + n], None))
+                    i += n
+                    continue
                 take = min(n - len(batch), stop - i)
                 batch.extend(values[i : i + take])
                 covers.keys.extend(keys[i : i + take])

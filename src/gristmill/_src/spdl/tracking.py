@@ -32,11 +32,11 @@ Key = Any  # int | tuple[int, int, int]
 
 
 class Keyed:
-    """A value and the source keys it covers."""
+    """A value and the source keys it covers (a tuple, or a ``range`` of positions)."""
 
     __slots__ = ("cover", "value")
 
-    def __init__(self, value: Any, cover: tuple[Key, ...]) -> None:
+    def __init__(self, value: Any, cover: Sequence[Key]) -> None:
         self.value = value
         self.cover = cover
 
@@ -51,13 +51,13 @@ class KeyedBatch(Keyed):
     __slots__ = ("_members",)
 
     def __init__(
-        self, value: Any, cover: tuple[Key, ...], members: list[tuple[Key, ...]] | None
+        self, value: Any, cover: Sequence[Key], members: list[Sequence[Key]] | None
     ) -> None:
         super().__init__(value, cover)
         self._members = members
 
     @property
-    def members(self) -> list[tuple[Key, ...]]:
+    def members(self) -> list[Sequence[Key]]:
         if self._members is None:
             return [(key,) for key in self.cover]
         return self._members
@@ -125,7 +125,7 @@ class Covers:
     """
 
     def __init__(self) -> None:
-        self.members: list[tuple[Key, ...]] = []
+        self.members: list[Sequence[Key]] = []
         self.keys: list[Key] = []
         self.dropped: list[Key] = []
 
@@ -137,7 +137,7 @@ class Covers:
                 raise AssertionError("an aggregate's inputs are Keyed items or keyed chunks")
             count = len(keys)
             cover = tuple(dropped + keys) if dropped else tuple(keys)
-            batch_members = None
+            batch_members: list[Sequence[Key]] | None = None
             if dropped:  # dropped items resolve with the first member
                 batch_members = [(*dropped, keys[0]), *zip(keys[1:])]
         else:
@@ -170,10 +170,13 @@ class DeliveryTracker:
         self.partial: dict[Path, set[int]] = {}  # parent path -> outputs delivered
         self.epochs_ended = 0
 
-    def resolve(self, cover: tuple[Key, ...]) -> None:
+    def resolve(self, cover: Sequence[Key]) -> None:
         watermark = self.watermark
-        if cover and cover == tuple(range(watermark, watermark + len(cover))):
-            # The common case, in C: the next positions in order, one key each.
+        if type(cover) is range:  # a whole batch of consecutive positions: O(1)
+            consecutive = cover.step == 1 and cover.start == watermark
+        else:  # the common case otherwise, in C: the next positions in order
+            consecutive = cover == tuple(range(watermark, watermark + len(cover)))
+        if cover and consecutive:
             self.watermark = watermark + len(cover)
             done = self.done
             while self.watermark in done:

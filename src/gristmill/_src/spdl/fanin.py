@@ -15,7 +15,6 @@ early return is fine); when it raises, the stage fails with its error.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import threading
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from gristmill._src.engine.feeds import Chunk
 from gristmill._src.engine.markers import EOF, EPOCH_END
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl.merged import MergedOutput
 
 INPUT_BUFFER = 8
 _JOIN_TIMEOUT_S = 1.0
@@ -71,8 +71,9 @@ class MergeStream:
         self._info = info
         self._name = str(info)
         self._counters = StageCounters(self._name, len(config.pipeline_configs), 1)
-        self._cond = threading.Condition()
-        self._merged: collections.deque[Any] = collections.deque()
+        self._output = MergedOutput(self._name, self._counters)
+        self._cond = self._output.cond
+        self._merged = self._output.items
         self._pipelines: list[Any] = []
         self._threads: list[threading.Thread] = []
         self._inputs_done = 0
@@ -80,7 +81,6 @@ class MergeStream:
         self._error: BaseException | None = None
         self._arrivals = 0
         self._generation = 0
-        self._position = 0
         self._closed = False
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -238,24 +238,15 @@ class MergeStream:
 
     def next_chunk(self) -> Chunk | None:
         self.start()
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise RunnerClosedError(f"stage {self._name!r} is closed")
-                if self._merged:
-                    values = list(self._merged)
-                    self._merged.clear()
-                    start, self._position = self._position, self._position + len(values)
-                    self._counters.delivered(len(values), len(values))
-                    return Chunk(start, values)
-                if self._error is not None:
-                    error, self._error = self._error, None
-                    self._op_done = True
-                    self._inputs_done = len(self._pipelines)
-                    return Chunk(self._position, [], error)
-                if self._finished():
-                    return None
-                self._cond.wait()
+        return self._output.next_chunk(self._outcome)
+
+    def _outcome(self) -> tuple[bool, BaseException | None]:
+        """The first error, else whether every input (or the op) is done. ``_cond`` held."""
+        error, self._error = self._error, None
+        if error is not None:
+            self._op_done = True
+            self._inputs_done = len(self._pipelines)
+        return self._finished(), error
 
     def reset(self, position: int) -> None:
         raise ValueError("a merged source cannot be repositioned")
@@ -263,7 +254,7 @@ class MergeStream:
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+        self._output.close()
         for pipeline in self._pipelines:
             with contextlib.suppress(Exception):
                 pipeline.stop()

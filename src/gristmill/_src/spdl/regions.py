@@ -20,7 +20,6 @@ a RuntimeError naming the worker and its exit code. Closing terminates the worke
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import multiprocessing
 import os
@@ -35,6 +34,7 @@ from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl.merged import MergedOutput
 
 _POLL_S = 0.1
 _JOIN_TIMEOUT_S = 2.0
@@ -76,15 +76,15 @@ class RegionStream:
         self._name = name
         self._workers = target.max_workers or os.cpu_count() or 1
         self._counters = StageCounters(name, self._workers, buffer_size)
-        self._cond = threading.Condition()
-        self._merged: collections.deque[Any] = collections.deque()
+        self._output = MergedOutput(name, self._counters)
+        self._cond = self._output.cond
+        self._merged = self._output.items
         # Messages of workers waiting at an epoch end, replayed once every worker is there.
         self._held: list[list[Any]] = [[] for _ in range(self._workers)]
         self._at_epoch_end: set[int] = set()
         self._finished: set[int] = set()
         self._dispatch_error: BaseException | None = None
         self._error: BaseException | None = None
-        self._position = 0
         self._processes: list[Any] = []
         self._inputs: list[Any] = []
         self._results: Any = None
@@ -274,28 +274,19 @@ class RegionStream:
 
     def next_chunk(self) -> Chunk | None:
         self.start()
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise RunnerClosedError(f"stage {self._name!r} is closed")
-                if self._merged:
-                    values = list(self._merged)
-                    self._merged.clear()
-                    start, self._position = self._position, self._position + len(values)
-                    self._counters.delivered(len(values), len(values))
-                    return Chunk(start, values)
-                error = self._error
-                if error is None and len(self._finished) == self._workers:
-                    error, self._dispatch_error = self._dispatch_error, None
-                    if error is None:
-                        return None
-                if error is not None:
-                    self._error = None
-                    self._finished = set(range(self._workers))
-                    if not hasattr(error, "_gristmill_stage"):
-                        error._gristmill_stage = self._name  # type: ignore[attr-defined]
-                    return Chunk(self._position, [], error)
-                self._cond.wait(_POLL_S)
+        return self._output.next_chunk(self._outcome, _POLL_S)
+
+    def _outcome(self) -> tuple[bool, BaseException | None]:
+        """A worker's error at once; the dispatcher's once every worker ended. ``_cond``
+        held."""
+        error = self._error
+        finished = len(self._finished) == self._workers
+        if error is None and finished:
+            error, self._dispatch_error = self._dispatch_error, None
+        if error is not None:
+            self._error = None
+            self._finished = set(range(self._workers))
+        return finished, error
 
     def reset(self, position: int) -> None:
         raise ValueError("a to() region cannot be repositioned")
@@ -305,7 +296,7 @@ class RegionStream:
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify_all()
+        self._output.close()
         self._upstream.close()
         for inbox in self._inputs:
             with contextlib.suppress(Exception):

@@ -30,6 +30,7 @@ from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.tracking import Keyed, KeyedBatch
 
 LOOKAHEAD = 64
@@ -141,8 +142,9 @@ class PathVariantsStream:
         self._inlets = [_Inlet(self._gate) for _ in range(num_paths)]
         self._outlets = [build_path(i, inlet) for i, inlet in enumerate(self._inlets)]
         self._counters = StageCounters(name, num_paths, LOOKAHEAD)
-        self._cond = threading.Condition()
-        self._merged: collections.deque[Any] = collections.deque()  # outputs, in arrival order
+        self._output = MergedOutput(name, self._counters)
+        self._cond = self._output.cond
+        self._merged = self._output.items  # outputs, in arrival order
         self._pending: list[collections.deque[Any]] = [collections.deque() for _ in self._outlets]
         self._paths_done = 0
         self._dispatch_error: BaseException | None = None
@@ -150,7 +152,6 @@ class PathVariantsStream:
         self._path_error: BaseException | None = None
         self._epoch_arrivals = 0
         self._epoch_generation = 0
-        self._position = 0
         self._threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
         self._closed = False
@@ -332,27 +333,18 @@ class PathVariantsStream:
 
     def next_chunk(self) -> Chunk | None:
         self.start()
-        with self._cond:
-            while True:
-                if self._closed:
-                    raise RunnerClosedError(f"stage {self._name!r} is closed")
-                if self._merged:
-                    values = list(self._merged)
-                    self._merged.clear()
-                    start, self._position = self._position, self._position + len(values)
-                    self._counters.delivered(len(values), len(values))
-                    return Chunk(start, values)
-                error = self._path_error
-                if error is None and self._paths_done == len(self._outlets):
-                    error = self._dispatch_error
-                    if error is None:
-                        return None
-                if error is not None:
-                    self._path_error = self._dispatch_error = None
-                    self._paths_done = len(self._outlets)
-                    self._dispatch_done = True
-                    return Chunk(self._position, [], error)
-                self._cond.wait()
+        return self._output.next_chunk(self._outcome)
+
+    def _outcome(self) -> tuple[bool, BaseException | None]:
+        """A path's error at once; the router's once every path drained. ``_cond`` held."""
+        error = self._path_error
+        finished = self._paths_done == len(self._outlets)
+        if error is None and finished:
+            error = self._dispatch_error
+        if error is not None:
+            self._path_error = self._dispatch_error = None
+            self._paths_done = len(self._outlets)
+        return finished, error
 
     def reset(self, position: int) -> None:
         raise ValueError("a path_variants stage cannot be repositioned")
@@ -360,7 +352,7 @@ class PathVariantsStream:
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+        self._output.close()
         self._inlets[0].close()  # closes the shared gate: wakes the dispatcher and paths
         self._upstream.close()
         for outlet in self._outlets:

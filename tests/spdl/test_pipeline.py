@@ -125,6 +125,18 @@ def test_stopping_or_dropping_a_running_pipeline_stops_every_thread(how):
     assert wait_for_no_threads()
 
 
+def two_arguments(item, scale):
+    return item * scale
+
+
+async def an_async_op(item):
+    return item
+
+
+async def an_async_generator(item):
+    yield item
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -145,6 +157,25 @@ def test_stopping_or_dropping_a_running_pipeline_stops_every_thread(how):
             lambda b: b.pipe(abs, executor=object()),
             TypeError,
             "`executor` must be a concurrent.futures.Executor",
+        ),
+        (
+            lambda b: b.pipe(two_arguments),
+            TypeError,
+            r"op 'two_arguments' must take exactly one argument, the item; its signature is "
+            r"two_arguments\(item, scale\)",
+        ),
+        (lambda b: b.pipe(lambda: 1), TypeError, "must take exactly one argument"),
+        (
+            lambda b: b.pipe(
+                an_async_op, executor=__import__("concurrent.futures").futures.ThreadPoolExecutor(1)
+            ),
+            ValueError,
+            "`executor` cannot be used with an async op",
+        ),
+        (
+            lambda b: b.pipe(an_async_generator, output_order="input"),
+            ValueError,
+            'output_order="input" is not supported for async generators',
         ),
     ],
 )
@@ -265,3 +296,40 @@ def test_a_concurrent_stage_runs_its_first_items_concurrently():
         .build(num_threads=4)
     )
     assert sorted(pipeline) == [0, 1, 2, 3]
+
+
+def read_until_timeout(pipeline, timeout):
+    items = []
+    while True:
+        try:
+            items.append(pipeline.get_item(timeout=timeout))
+        except TimeoutError as error:
+            return items, error
+
+
+def test_a_stage_that_hangs_times_out_and_stop_still_returns():
+    release = threading.Event()
+
+    def hangs(x):
+        if x == 2:
+            release.wait(30)  # stuck until the test lets it go
+        return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(5))
+        .pipe(hangs, output_order="input")
+        .add_sink(2)
+        .build(num_threads=2)
+    )
+    # Items 0 and 1 arrive (1 may wait with 2: work moves in chunks sized from its measured
+    # cost, and a call cannot be abandoned midway); then the next read times out.
+    first = pipeline.get_item(timeout=5)
+    items, error = read_until_timeout(pipeline, timeout=0.2)
+    assert [first, *items] in ([0], [0, 1])
+    assert str(error) == "The next item is not available after 0.2 sec."
+    began = time.monotonic()
+    pipeline.stop()  # returns although a call is stuck (a Python call cannot be interrupted)
+    assert time.monotonic() - began < 5
+    release.set()  # the stuck call returns; then nothing is left running
+    assert wait_for_no_threads()

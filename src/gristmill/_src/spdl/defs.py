@@ -253,6 +253,7 @@ def Pipe(  # noqa: N802 (upstream's factory names)
         op = op.__getitem__  # a container (dict, list, tuple): indexing is the op
     if not callable(op):
         raise TypeError(f"op must be callable or a container with __getitem__, got {op!r}")
+    _check_one_argument(op)
     is_async = inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(
         getattr(op, "__call__", None)  # noqa: B004 (an object with an async __call__)
     )
@@ -269,6 +270,23 @@ def Pipe(  # noqa: N802 (upstream's factory names)
         max_failures=check_max_failures(max_failures, "max_failures"),
         executor=executor,
     )
+
+
+def _check_one_argument(op: Callable[..., Any]) -> None:
+    """Raises TypeError if ``op`` cannot be called with the item alone (SPDL would fail, log
+    and drop every item)."""
+    try:
+        signature = inspect.signature(op)
+    except (TypeError, ValueError):  # some builtins have no signature: nothing to check
+        return
+    try:
+        signature.bind(object())
+    except TypeError:
+        raise TypeError(
+            f"op {op_name(op)!r} must take exactly one argument, the item; its signature is "
+            f"{op_name(op)}{signature}. Bind the others first, e.g. functools.partial(op, ...) "
+            "or lambda item: op(item, ...)"
+        ) from None
 
 
 def Aggregate(  # noqa: N802

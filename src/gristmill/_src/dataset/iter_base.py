@@ -81,6 +81,28 @@ class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
         """Returns ``func(self, *args, **kwargs)``."""
         return func(self, *args, **kwargs)
 
+    def mp_prefetch(
+        self,
+        options: Any = None,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+        sequential_slice: bool = False,
+    ) -> IterDataset[T]:
+        """Runs the pipeline's reads in worker processes (``options.num_workers``, default
+        10; 0 returns ``self``); the output and the state are this dataset's, for any worker
+        count (see ``gristmill._src.dataset.prefetch.mp_prefetch``)."""
+        from gristmill._src.dataset.prefetch import mp_prefetch
+
+        return mp_prefetch(self, options, worker_init_fn, sequential_slice)
+
+    def prefetch(self, multiprocessing_options: Any) -> IterDataset[T]:
+        """Deprecated alias of :meth:`mp_prefetch` (as upstream)."""
+        import warnings
+
+        warnings.warn(
+            "IterDataset.prefetch is deprecated; use mp_prefetch", DeprecationWarning, stacklevel=2
+        )
+        return self.mp_prefetch(multiprocessing_options)
+
     def seed(self, seed: int) -> IterDataset[T]:
         """Sets the default seed of every random op downstream."""
         return op("iter.seed")(self, seed)  # type: ignore[no-any-return]

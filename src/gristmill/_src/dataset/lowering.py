@@ -19,7 +19,12 @@ from gristmill._src.core import specs, transforms
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.iter_ops import FilterIterDataset, MapIterDataset
-from gristmill._src.dataset.to_iter import FusedOps, PrefetchDatasetIterator, PrefetchIterDataset
+from gristmill._src.dataset.to_iter import (
+    FusedOps,
+    PrefetchDatasetIterator,
+    PrefetchIterDataset,
+    ProcessBackend,
+)
 
 _FUSABLE: dict[type[Any], str] = {MapIterDataset: "map", FilterIterDataset: "filter"}
 
@@ -37,11 +42,13 @@ class FusedPrefetchIterDataset(IterDataset[Any]):
         ops: FusedOps,
         options: ReadOptions,
         replaces: IterDataset[Any],
+        processes: ProcessBackend | None = None,
     ) -> None:
         super().__init__(source._parent)
         self._source = source
         self._ops = ops
         self._options = options
+        self._processes = processes
         self._replaces = replaces  # the top node of the fused chain: same elements
 
     @property
@@ -50,15 +57,21 @@ class FusedPrefetchIterDataset(IterDataset[Any]):
 
     def __iter__(self) -> PrefetchDatasetIterator:
         return PrefetchDatasetIterator(
-            self._parent, self._options, self._source._allow_nones, self._ops
+            self._parent, self._options, self._source._allow_nones, self._ops, self._processes
         )
 
     def __str__(self) -> str:
         return f"FusedPrefetchIterDataset(read_options={self._options}, ops={self._ops.name!r})"
 
 
-def lower(ds: IterDataset[Any], num_threads: int, buffer_size: int) -> IterDataset[Any]:
-    """``ds`` with its read stage on >= ``num_threads`` threads; ``ds`` if nothing applies.
+def lower(
+    ds: IterDataset[Any],
+    num_threads: int,
+    buffer_size: int,
+    processes: ProcessBackend | None = None,
+) -> IterDataset[Any]:
+    """``ds`` with its read stage on >= ``num_threads`` threads (or on the worker processes
+    of ``processes``); ``ds`` if nothing applies.
 
     Only a linear chain of gristmill nodes is rewritten; anything else (several parents,
     a user subclass) is returned as is.
@@ -86,7 +99,7 @@ def lower(ds: IterDataset[Any], num_threads: int, buffer_size: int) -> IterDatas
         for (kind, _), n in zip(ops, above[:fused], strict=True)
     )
     options = source._read_options
-    threads = max(num_threads, options.num_threads)
+    threads = num_threads if processes is not None else max(num_threads, options.num_threads)
     lowered: IterDataset[Any] = FusedPrefetchIterDataset(
         source,
         FusedOps(ops, name, labels),
@@ -95,6 +108,7 @@ def lower(ds: IterDataset[Any], num_threads: int, buffer_size: int) -> IterDatas
             prefetch_buffer_size=max(buffer_size, options.prefetch_buffer_size, threads),
         ),
         above[fused - 1] if fused else source,
+        processes,
     )
     for node in above[fused:]:
         node._default_seed  # noqa: B018 (derived from the original graph; the copy keeps it)

@@ -79,16 +79,23 @@ def stage_name(ds: MapDataset[Any], *, functions: bool = True) -> str:
     return " → ".join(reversed(names))
 
 
-def _reader(ds: MapDataset[Any]) -> Any:
-    """``read(a, b)`` for the engine; refers to the dataset only (not the iterator)."""
-    get, read = ds._get, ds._read
+class _RangeReader:
+    """``read(a, b)`` for the engine; refers to the dataset only (not the iterator), and
+    pickles with it (worker processes read with their own copy)."""
 
-    def read_range(start: int, stop: int) -> list[Any]:
+    __slots__ = ("_dataset",)
+
+    def __init__(self, dataset: MapDataset[Any]) -> None:
+        self._dataset = dataset
+
+    def __call__(self, start: int, stop: int) -> list[Any]:
         if stop - start == 1:
-            return [get(start)]
-        return read(np.arange(start, stop, dtype=np.int64))
+            return [self._dataset._get(start)]
+        return self._dataset._read(np.arange(start, stop, dtype=np.int64))
 
-    return read_range
+
+def _reader(ds: MapDataset[Any]) -> Any:
+    return _RangeReader(ds)
 
 
 class Dropped:
@@ -105,6 +112,24 @@ class Dropped:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProcessBackend:
+    """A read stage run in worker processes (``mp_prefetch``): how to start them."""
+
+    num_workers: int
+    worker_init_fn: Callable[[int, int], Any] | None = None
+    mp_context: str | None = None
+
+    def runner_options(self) -> dict[str, Any]:
+        return {
+            "executor": "processes",
+            "process_options": {
+                "worker_init_fn": self.worker_init_fn,
+                "mp_context": self.mp_context,
+            },
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class FusedOps:
     """IterDataset ``map`` / ``filter`` functions run inside the read stage, in order."""
 
@@ -113,20 +138,28 @@ class FusedOps:
     labels: tuple[str, ...] = ()  # each op's name in messages, e.g. "filter(is_even)"
 
     def function(self, allow_nones: bool) -> Callable[[Any], Any]:
-        ops = [(kind, fn, Dropped(stage)) for stage, (kind, fn) in enumerate(self.ops, 1)]
-        hole = Dropped(0)
+        return _FusedFunction(self.ops, allow_nones)
 
-        def apply_ops(x: Any) -> Any:
-            if x is None and not allow_nones:
-                return hole  # a hole the iterator skips, as without fusion
-            for kind, fn, dropped in ops:
-                if kind == "map":
-                    x = fn(x)
-                elif not fn(x):
-                    return dropped
-            return x
 
-        return apply_ops
+class _FusedFunction:
+    """The fused ops over one element (picklable: worker processes apply their copy)."""
+
+    __slots__ = ("_allow_nones", "_hole", "_ops")
+
+    def __init__(self, ops: tuple[tuple[str, Callable[[Any], Any]], ...], allow_nones: bool):
+        self._ops = [(kind, fn, Dropped(stage)) for stage, (kind, fn) in enumerate(ops, 1)]
+        self._allow_nones = allow_nones
+        self._hole = Dropped(0)
+
+    def __call__(self, x: Any) -> Any:
+        if x is None and not self._allow_nones:
+            return self._hole  # a hole the iterator skips, as without fusion
+        for kind, fn, dropped in self._ops:
+            if kind == "map":
+                x = fn(x)
+            elif not fn(x):
+                return dropped
+        return x
 
 
 class PrefetchDatasetIterator(DatasetIterator[Any]):
@@ -138,9 +171,11 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         read_options: ReadOptions,
         allow_nones: bool,
         fused: FusedOps | None = None,
+        processes: ProcessBackend | None = None,
     ) -> None:
         super().__init__()
         self._fused = fused
+        self._processes = processes  # reads run in worker processes (mp_prefetch)
         self._dataset = parent
         self._length = len(parent)
         self._options = read_options
@@ -172,6 +207,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 buffer_size=self._options.prefetch_buffer_size,
                 name=self._stage_name,
                 fn=None if self._fused is None else self._fused.function(self._allow_nones),
+                **(self._processes.runner_options() if self._processes is not None else {}),
             )
             self._runner = runner
             # Bound to the runner, not to this iterator: no reference cycle, so dropping the

@@ -32,7 +32,7 @@ from typing import Any
 
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, ReadFn, Task
-from gristmill._src.engine.policy import ChunkPolicy
+from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
@@ -239,14 +239,28 @@ def _stop_all_at_exit() -> None:
         core.shutdown()
 
 
-def _make_core(executor: str, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+PROCESS_HANDOFF_S = 300e-6
+"""One task sent to a worker process and its results back (pipe, pickling), with margin."""
+
+
+def _make_core(
+    executor: str,
+    feed: Feed,
+    counters: StageCounters,
+    policy: ChunkPolicy,
+    process_options: dict[str, Any] | None = None,
+) -> Core:
     if executor == "threads":
         return Core(feed, counters, policy)
     if executor == "asyncio":
         from gristmill._src.engine.asyncio_lane import AsyncCore
 
         return AsyncCore(feed, counters, policy)
-    raise ValueError(f"executor must be 'threads' or 'asyncio', got {executor!r}")
+    if executor == "processes":
+        from gristmill._src.engine.process_lane import ProcessCore
+
+        return ProcessCore(feed, counters, policy, **(process_options or {}))
+    raise ValueError(f"executor must be 'threads', 'asyncio' or 'processes', got {executor!r}")
 
 
 class ChunkRunner:
@@ -264,21 +278,25 @@ class ChunkRunner:
         annotate_errors: bool = True,
         inline_beyond_buffer: bool = False,
         threads_first: bool = False,
+        process_options: dict[str, Any] | None = None,
     ) -> None:
         if output_order not in OUTPUT_ORDERS:
             raise ValueError(f"output_order must be one of {OUTPUT_ORDERS}, got {output_order!r}")
         self._name = name
         self._annotate_errors = annotate_errors
         self._in_order = output_order == "input"
+        processes = executor == "processes"
         self._policy = ChunkPolicy(
             workers,
             buffer_size,
-            always_offload=executor == "asyncio",
+            always_offload=executor in ("asyncio", "processes"),
             inline_beyond_buffer=inline_beyond_buffer,
             threads_first=threads_first,
+            handoff_s=PROCESS_HANDOFF_S if processes else HANDOFF_S,
+            cost_sized_offload=processes,
         )
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
-        self._core = _make_core(executor, feed, self._counters, self._policy)
+        self._core = _make_core(executor, feed, self._counters, self._policy, process_options)
         self._next_seq = 0  # sequence number of the next task to deliver (input order)
         reaper.ensure_started()
         self._finalizer = weakref.finalize(self, reaper.reap, self._core)
@@ -477,7 +495,14 @@ class OrderedChunkRunner(ChunkRunner):
         buffer_size: int,
         name: str,
         fn: Callable[[Any], Any] | None = None,
+        executor: str = "threads",
+        process_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
-            RangeFeed(read, start, stop, fn), workers=workers, buffer_size=buffer_size, name=name
+            RangeFeed(read, start, stop, fn),
+            workers=workers,
+            buffer_size=buffer_size,
+            name=name,
+            executor=executor,
+            process_options=process_options,
         )

@@ -37,10 +37,17 @@ class ChunkPolicy:
         always_offload: bool = False,
         inline_beyond_buffer: bool = False,
         threads_first: bool = False,
+        handoff_s: float = HANDOFF_S,
+        cost_sized_offload: bool = False,
     ) -> None:
         self._costs: collections.deque[float] = collections.deque(maxlen=_WINDOW)
         self.always_offload = always_offload
         """Never inline: the work needs the executor (an event loop for async functions)."""
+        self.handoff_s = handoff_s
+        """What one hand-off to the executor costs (a worker process costs ~10x a thread)."""
+        self.cost_sized_offload = cost_sized_offload
+        """With ``always_offload``: size tasks from the measured cost (a process pool) rather
+        than a fixed quarter of the buffer (an event loop)."""
         self.threads_first = threads_first
         """Before the first measurement, run on the workers (if there are several) rather
         than probing one element inline: for stages declared concurrent (a pipeline's
@@ -54,7 +61,7 @@ class ChunkPolicy:
         """Applies new knobs (the autotuner's or the user's); takes effect at the next chunk."""
         self.workers = workers
         self.buffer_size = buffer_size
-        if self.always_offload:
+        if self.always_offload and not self.cost_sized_offload:
             # One event loop runs every element of a task concurrently: a task's size does
             # not limit parallelism, only the hand-offs count. Four tasks fill the buffer.
             self.thread_chunk_cap = max(1, buffer_size // ASYNC_TASKS_PER_BUFFER)
@@ -88,12 +95,12 @@ class ChunkPolicy:
         return cost * self.thread_chunk_cap * MAX_OVERHEAD >= HANDOFF_S
 
     def thread_chunk(self) -> int:
-        if self.always_offload:
+        if self.always_offload and not self.cost_sized_offload:
             return self.thread_chunk_cap
         cost = self.cost
         if cost is None:
             return 1  # nothing measured yet (threads_first): probe on every worker at once
-        wanted = math.ceil(HANDOFF_S / (MAX_OVERHEAD * max(cost, 1e-9)))
+        wanted = math.ceil(self.handoff_s / (MAX_OVERHEAD * max(cost, 1e-9)))
         return max(1, min(wanted, self.thread_chunk_cap))
 
     def inline_chunk(self) -> int:

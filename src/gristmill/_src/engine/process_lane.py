@@ -1,0 +1,212 @@
+"""The process executor: a stage's reads run in worker processes.
+
+A :class:`ProcessCore` starts ``workers`` processes (forkserver by default: safe in a
+process that runs threads) and sends each, once, the stage's *work* — the fused read of a
+``RangeFeed`` (a MapDataset chain and the element functions after it). One proxy thread per
+worker claims tasks exactly as a worker thread does, sends the worker the task's index range
+through a pipe and files the chunk it sends back, so the runner's reorder window keeps index
+order and the output never depends on the number of workers.
+
+A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
+with its text) plus the worker's formatted traceback, located at its element like any read
+failure. A worker that dies is reported within ``_POLL_S`` as a RuntimeError naming the
+worker and its exit code. Closing stops the workers: asked, then terminated, then killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import pickle
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, Task
+from gristmill._src.engine.ordered import _LIVE, Claimed, Core
+from gristmill._src.engine.policy import ChunkPolicy
+from gristmill._src.engine.stats import StageCounters
+
+_POLL_S = 0.1
+_JOIN_TIMEOUT_S = 2.0
+
+
+def start_method(requested: str | None) -> str:
+    """``requested``, else forkserver where the platform has it, else spawn."""
+    methods = multiprocessing.get_all_start_methods()
+    if requested is not None:
+        if requested not in methods:
+            raise ValueError(f"mp_context must be one of {methods}, got {requested!r}")
+        return requested
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited while it had work."""
+
+
+def _worker_main(
+    index: int,
+    count: int,
+    work: bytes,
+    worker_init_fn: Callable[[int, int], Any] | None,
+    conn: Any,
+) -> None:
+    """One worker: runs the tasks it receives (index ranges) until told to stop."""
+    try:
+        if worker_init_fn is not None:
+            worker_init_fn(index, count)
+        feed: RangeFeed = pickle.loads(work)
+    except BaseException as error:
+        _send_failure(conn, 0, error)
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if message is None:
+            return
+        start, size = message
+        try:
+            chunk = feed.run(Task(start, size))
+        except BaseException as error:  # run() returns failures; this is a bug or an exit
+            _send_failure(conn, start, error)
+            return
+        if chunk.error is not None:
+            _send_failure(conn, chunk.start, chunk.error, chunk.values)
+            continue
+        try:
+            conn.send(("ok", chunk.values))
+        except Exception as error:  # a value that cannot be pickled
+            _send_failure(conn, start, error)
+
+
+def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ()) -> None:
+    text = "".join(traceback.format_exception(error))
+    try:
+        payload = pickle.dumps(error)
+    except Exception:
+        payload = None
+    with contextlib.suppress(Exception):
+        conn.send(("error", list(values), payload, text))
+
+
+class ProcessCore(Core):
+    """A runner core whose executor is a set of worker processes (one proxy thread each)."""
+
+    executor = "processes"
+
+    def __init__(
+        self,
+        feed: Feed,
+        counters: StageCounters,
+        policy: ChunkPolicy,
+        *,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+        mp_context: str | None = None,
+    ) -> None:
+        super().__init__(feed, counters, policy)
+        if not isinstance(feed, RangeFeed):
+            raise TypeError("the process executor runs index-range reads (a RangeFeed)")
+        self._worker_init_fn = worker_init_fn
+        self._context: Any = multiprocessing.get_context(start_method(mp_context))
+        self._processes: list[Any] = []
+        self._conns: list[Any] = []
+        self._started = False
+
+    def start_workers(self, count: int, name: str) -> None:
+        """Starts the worker processes and their proxy threads once. Lock held."""
+        if self._started:
+            return
+        self._started = True
+        feed = self.feed
+        assert isinstance(feed, RangeFeed)
+        work = RangeFeed(feed.read, 0, 0, feed.fn)  # what a worker needs: read and fn
+        try:
+            payload = pickle.dumps(work)
+        except Exception as error:
+            raise TypeError(
+                f"the pipeline of {name!r} cannot be sent to worker processes: {error}. "
+                "Its sources and transformations must be picklable (module-level functions "
+                "and classes); open files and connections lazily in the worker"
+            ) from error
+        for index in range(count):
+            parent, child = self._context.Pipe()
+            process = self._context.Process(
+                target=_worker_main,
+                args=(index, count, payload, self._worker_init_fn, child),
+                name=f"gristmill[{name}]-worker{index}",
+                daemon=True,
+            )
+            process.start()
+            child.close()
+            self._processes.append(process)
+            self._conns.append(parent)
+        for index in range(count):
+            thread = threading.Thread(
+                target=self._proxy, args=(index,), name=f"gristmill[{name}]-{index}", daemon=True
+            )
+            self.threads.append(thread)
+            thread.start()
+        _LIVE.add(self)
+
+    def _proxy(self, index: int) -> None:
+        """Claims tasks for worker ``index``, has it run them, files the chunks."""
+        conn, process = self._conns[index], self._processes[index]
+        while (claimed := self.claim()) is not None:
+            began = time.perf_counter()
+            chunk = self._run_remote(conn, process, index, claimed)
+            self.file(claimed, chunk, time.perf_counter() - began)
+            del claimed, chunk
+
+    def _run_remote(self, conn: Any, process: Any, index: int, claimed: Claimed) -> Chunk:
+        task = claimed[2]
+        try:
+            conn.send((task.start, task.size))
+            while not conn.poll(_POLL_S):
+                if self.closed:
+                    return Chunk(task.start, [], RuntimeError("the stage was closed"))
+                if not process.is_alive():
+                    return Chunk(task.start, [], self._died(index, process))
+            reply = conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            process.join(_POLL_S)
+            return Chunk(task.start, [], self._died(index, process))
+        if reply[0] == "ok":
+            return Chunk(task.start, reply[1], task.upstream_error)
+        _, values, payload, text = reply
+        error: BaseException
+        try:
+            error = pickle.loads(payload) if payload is not None else RuntimeError(text)
+        except Exception:
+            error = RuntimeError(text)
+        error.add_note(f"Raised in worker process {index}:\n{text.rstrip()}")
+        return Chunk(task.start, values, error)
+
+    def _died(self, index: int, process: Any) -> WorkerDiedError:
+        return WorkerDiedError(
+            f"worker process {index} (pid {process.pid}) of this stage was terminated "
+            f"unexpectedly with exit code {process.exitcode}"
+        )
+
+    def retire_workers(self) -> None:
+        """Never needed: a process stage always runs on its workers."""
+
+    def stop_executor(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.send(None)
+        for process in self._processes:
+            process.join(_POLL_S)
+            if process.is_alive():
+                process.terminate()
+                process.join(_JOIN_TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+                process.join(_JOIN_TIMEOUT_S)
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.close()

@@ -1,0 +1,159 @@
+"""mp_prefetch: reads in worker processes; output and state never depend on the worker count."""
+
+import gc
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gristmill as gm
+
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))  # so that worker processes import the helpers by name
+import mp_fns as fns  # noqa: E402
+
+
+def options(n, buffer=1):
+    return gm.MultiprocessingOptions(num_workers=n, per_worker_buffer_size=buffer)
+
+
+def as_lists(ds):
+    return [np.asarray(x).tolist() for x in ds]
+
+
+@pytest.fixture(autouse=True)
+def no_children_left():
+    yield
+    gc.collect()  # an iterator held by a traceback cycle releases its workers when collected
+    deadline = time.monotonic() + 5
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+
+
+PIPELINES = {
+    "batch-before": lambda: gm.MapDataset.range(12).to_iter_dataset().batch(2),
+    "map-filter-batch": lambda: (
+        gm.MapDataset.range(40).map(fns.times_ten).to_iter_dataset().filter(fns.keep_odd).batch(3)
+    ),
+    "iter-map-then-batch": lambda: (
+        gm.MapDataset.range(30).shuffle(seed=3).to_iter_dataset().map(fns.times_ten).batch(4)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_output_does_not_depend_on_the_worker_count(name):
+    """Grain 0.2.18 batches per worker (google/grain#953): N=2 gives [[0, 2], [1, 3], …]."""
+    expected = as_lists(PIPELINES[name]())
+    for n in (1, 2, 3):
+        assert as_lists(PIPELINES[name]().mp_prefetch(options(n))) == expected, n
+    sliced = PIPELINES[name]().mp_prefetch(options(2), sequential_slice=True)
+    assert as_lists(sliced) == expected
+
+
+def test_reads_run_in_the_workers():
+    ds = gm.MapDataset.range(64).map(fns.pid_and).to_iter_dataset()
+    pids = {pid for pid, _ in ds.mp_prefetch(options(2))}
+    assert os.getpid() not in pids
+    assert 1 <= len(pids) <= 2
+
+
+@pytest.mark.parametrize(("n", "m"), [(2, 3), (3, 0), (0, 2), (1, 2)])
+def test_a_state_restores_under_another_worker_count(n, m):
+    def build(workers):
+        ds = gm.MapDataset.range(50).map(fns.times_ten).to_iter_dataset().batch(4)
+        return ds.mp_prefetch(options(workers)) if workers else ds
+
+    expected = as_lists(build(0))
+    it = iter(build(n))
+    head = [np.asarray(next(it)).tolist() for _ in range(5)]
+    state = it.get_state()
+    it.close()
+    other = iter(build(m))
+    other.set_state(state)
+    assert head + as_lists(other) == expected
+
+
+def test_a_worker_exception_is_raised_with_the_worker_traceback():
+    ds = gm.MapDataset.range(10).map(fns.fail_on_5).to_iter_dataset().mp_prefetch(options(2))
+    it = iter(ds)
+    got = []
+    with pytest.raises(ValueError, match="bad element 5") as info:
+        got.extend(it)
+    assert got == [0, 1, 2, 3, 4]
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "Raised in worker process" in notes
+    assert "fail_on_5" in notes
+    it.close()
+
+
+def test_a_worker_that_dies_is_reported_with_its_exit_code():
+    ds = gm.MapDataset.range(40).map(fns.exit_on_7).to_iter_dataset().mp_prefetch(options(2))
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker process \d \(pid \d+\) .* exit code 3"):
+        list(ds)
+    assert time.monotonic() - began < 5
+
+
+def test_a_killed_worker_is_reported():
+    ds = gm.MapDataset.range(10**6).map(fns.pid_and).to_iter_dataset().mp_prefetch(options(2))
+    it = iter(ds)
+    pid, _ = next(it)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="exit code -9"):
+        list(it)
+    it.close()
+
+
+def test_an_early_break_leaves_no_process_or_thread():
+    ds = gm.MapDataset.range(10**6).map(fns.busy).to_iter_dataset().mp_prefetch(options(2))
+    it = iter(ds)
+    for _ in range(5):
+        next(it)
+    it.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
+
+
+def test_an_unpicklable_transform_is_named():
+    ds = gm.MapDataset.range(4).map(lambda x: x).to_iter_dataset().mp_prefetch(options(1))
+    with pytest.raises(TypeError, match="cannot be sent to worker processes"):
+        list(ds)
+
+
+def test_worker_init_fn_runs_in_every_worker():
+    ds = gm.MapDataset.range(20).map(fns.worker_tag).to_iter_dataset()
+    tags = set(ds.mp_prefetch(options(2), worker_init_fn=fns.record_init))
+    assert tags <= {"0/2", "1/2"}
+    assert tags
+
+
+def test_zero_workers_is_the_dataset_itself_and_bad_options_are_named():
+    ds = gm.MapDataset.range(3).to_iter_dataset()
+    assert ds.mp_prefetch(options(0)) is ds
+    with pytest.raises(TypeError, match=r"options must be a gristmill\.MultiprocessingOptions"):
+        ds.mp_prefetch(3)
+    with pytest.raises(TypeError, match="worker_init_fn must be callable"):
+        ds.mp_prefetch(options(1), worker_init_fn=3)
+
+
+def test_a_pipeline_without_to_iter_dataset_runs_here_with_a_warning():
+    ds = gm.experimental.LimitIterDataset(gm.MapDataset.range(5).to_iter_dataset(), 3)
+
+    class Opaque(gm.IterDataset):
+        def __init__(self):
+            super().__init__()
+
+        def __iter__(self):
+            return iter(ds)
+
+    with pytest.warns(UserWarning, match="nothing can run in worker processes"):
+        prefetched = Opaque().mp_prefetch(options(2))
+    assert list(prefetched) == [0, 1, 2]

@@ -1,0 +1,42 @@
+"""Module-level functions for mp_prefetch tests (worker processes import them by name)."""
+
+import os
+
+
+def times_ten(x):
+    return x * 10
+
+
+def keep_odd(x):
+    return x % 2 == 1
+
+
+def pid_and(x):
+    return (os.getpid(), x)
+
+
+def fail_on_5(x):
+    if x == 5:
+        raise ValueError(f"bad element {x}")
+    return x
+
+
+def exit_on_7(x):
+    if x == 7:
+        os._exit(3)
+    return x
+
+
+def busy(x):
+    total = 0
+    for i in range(2000):
+        total += i
+    return x
+
+
+def record_init(index, count):
+    os.environ["GRISTMILL_WORKER"] = f"{index}/{count}"
+
+
+def worker_tag(x):
+    return os.environ.get("GRISTMILL_WORKER")

@@ -157,3 +157,35 @@ def test_a_pipeline_without_to_iter_dataset_runs_here_with_a_warning():
     with pytest.warns(UserWarning, match="nothing can run in worker processes"):
         prefetched = Opaque().mp_prefetch(options(2))
     assert list(prefetched) == [0, 1, 2]
+
+
+@pytest.mark.parity
+def test_one_to_one_pipelines_match_grain():
+    import grain.python as grain
+
+    def build(m):
+        return (
+            m.MapDataset.range(24)
+            .shuffle(seed=5)
+            .map(fns.times_ten)
+            .random_map(fns.jitter, seed=7)
+            .to_iter_dataset()
+        )
+
+    expected = list(build(grain))
+    theirs = list(build(grain).mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
+    ours = list(build(gm).mp_prefetch(options(2)))
+    assert theirs == expected  # 1:1 pipelines keep the order upstream too
+    assert ours == expected
+
+
+def test_ctrl_c_reaching_the_workers_does_not_stop_them():
+    ds = gm.MapDataset.range(10**6).map(fns.slow_pid_and).to_iter_dataset()
+    it = iter(ds.mp_prefetch(options(2)))
+    pids = set()
+    while len(pids) < 2:  # both workers are running their loop
+        pids.add(next(it)[0])
+    for pid in pids:
+        os.kill(pid, signal.SIGINT)  # as a terminal's Ctrl-C: the workers ignore it
+    assert len([next(it) for _ in range(50)]) == 50
+    it.close()

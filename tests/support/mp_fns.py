@@ -40,3 +40,12 @@ def record_init(index, count):
 
 def worker_tag(x):
     return os.environ.get("GRISTMILL_WORKER")
+
+
+def jitter(x, rng):
+    return int(x + rng.integers(0, 5))
+
+
+def slow_pid_and(x):
+    busy(x)
+    return (os.getpid(), x)

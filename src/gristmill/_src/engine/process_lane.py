@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -55,6 +56,8 @@ def _worker_main(
     conn: Any,
 ) -> None:
     """One worker: runs the tasks it receives (index ranges) until told to stop."""
+    # Ctrl-C reaches the whole process group: the parent decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if worker_init_fn is not None:
             worker_init_fn(index, count)

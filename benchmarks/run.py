@@ -37,7 +37,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 # Modules under benchmarks/ that define WORKLOADS; add new families here.
-WORKLOAD_MODULES = ("workloads_mapdataset", "workloads_engine", "workloads_checkpoint")
+WORKLOAD_MODULES = (
+    "workloads_mapdataset",
+    "workloads_engine",
+    "workloads_checkpoint",
+    "workloads_processes",
+)
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")
 BASELINE, SUBJECT, LIMIT = "grain", "gristmill", "limit"

@@ -44,6 +44,23 @@ def start_method(requested: str | None) -> str:
     return "forkserver" if "forkserver" in methods else "spawn"
 
 
+_PRELOAD = ["numpy", "gristmill._src.engine.process_lane"]
+
+
+def _preload_in_forkserver(context: Any) -> None:
+    """Adds numpy and the worker's module to what the fork server imports once (before it
+    starts), so each worker forked from it starts without importing them (~0.2 s)."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return  # already running: its preloads are fixed
+    current = list(getattr(server, "_preload_modules", ["__main__"]))
+    missing = [name for name in _PRELOAD if name not in current]
+    if missing:
+        context.set_forkserver_preload(current + missing)
+
+
 class WorkerDiedError(RuntimeError):
     """A worker process exited while it had work."""
 
@@ -115,7 +132,10 @@ class ProcessCore(Core):
         if not isinstance(feed, RangeFeed):
             raise TypeError("the process executor runs index-range reads (a RangeFeed)")
         self._worker_init_fn = worker_init_fn
-        self._context: Any = multiprocessing.get_context(start_method(mp_context))
+        method = start_method(mp_context)
+        self._context: Any = multiprocessing.get_context(method)
+        if method == "forkserver":
+            _preload_in_forkserver(self._context)
         self._processes: list[Any] = []
         self._conns: list[Any] = []
         self._started = False

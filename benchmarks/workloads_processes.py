@@ -1,0 +1,150 @@
+"""Process workloads: GIL-bound Python transforms in 2 worker processes.
+
+- ``mp_python_transform``: ``MapDataset.range(n).map(f).to_iter_dataset().batch(32)
+  .mp_prefetch(2 workers)`` where ``f`` is ~0.7 ms of pure-Python arithmetic (holds the
+  GIL: threads cannot help). Peers: grain (the same code), the PyTorch ``DataLoader``
+  (``num_workers=2``, batch 32) and spdl (``pipe(f, executor=ProcessPoolExecutor(2),
+  concurrency=2).aggregate(32)``). The limit is the serial loop, timed, ÷ 2 (the ideal).
+- ``mp_images_batch64``: 2,000 dicts of 224x224x3 uint8 arrays, batch 64, 2 workers; the
+  limit is stacking them in the main process.
+
+Every run starts its worker processes (``iter()`` is timed), and the first output includes
+that start. ``STRICT = False``: CI has no torch or spdl.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workload import Case, Workload, grain_api
+from workloads_engine import (
+    _case,
+    _image_records,
+    _MapStyle,
+    _per_contender,
+    _spdl_case,
+    _stack_records,
+    _torch_case,
+)
+
+STRICT = False
+_WORKERS = 2
+_LOOP = 13_000  # ~0.7 ms of pure-Python arithmetic per element on the reference VM
+
+
+def _python_work(i: int) -> int:
+    total = 0
+    for k in range(_LOOP):
+        total += k ^ i
+    return i + (total & 1)
+
+
+def _mp_options(gm: Any) -> Any:
+    return gm.MultiprocessingOptions(num_workers=_WORKERS)
+
+
+# --- mp_python_transform ------------------------------------------------------------------
+
+
+def _python_dataset(gm: Any, *, n: int, batch_size: int) -> Case:
+    ds = (
+        gm.MapDataset.range(n)
+        .map(_python_work)
+        .to_iter_dataset()
+        .batch(batch_size)
+        .mp_prefetch(_mp_options(gm))
+    )
+    return _case(lambda: iter(ds), n)
+
+
+def _python_torch(*, n: int, batch_size: int) -> Case:
+    return _torch_case(
+        _MapStyle(_python_work, range(n)), n, batch_size=batch_size, num_workers=_WORKERS
+    )
+
+
+def _python_spdl(*, n: int, batch_size: int) -> Case:
+    import concurrent.futures
+
+    pool = concurrent.futures.ProcessPoolExecutor(_WORKERS)
+
+    def stages(b: Any) -> Any:
+        return b.pipe(_python_work, executor=pool, concurrency=_WORKERS).aggregate(batch_size)
+
+    return _spdl_case(range(n), stages, n, _WORKERS, np.asarray)
+
+
+def _python_limit(*, n: int, batch_size: int) -> Case:
+    def start() -> Any:
+        for lo in range(0, n, batch_size):
+            yield np.asarray([_python_work(i) for i in range(lo, min(lo + batch_size, n))])
+
+    return _case(start, n, scale=1 / _WORKERS)
+
+
+# --- mp_images_batch64 ----------------------------------------------------------------------
+
+
+def _images_dataset(gm: Any, *, n: int, batch_size: int) -> Case:
+    ds = (
+        gm.MapDataset.source(_image_records(n))
+        .to_iter_dataset()
+        .batch(batch_size)
+        .mp_prefetch(_mp_options(gm))
+    )
+    return _case(lambda: iter(ds), n)
+
+
+def _images_torch(*, n: int, batch_size: int) -> Case:
+    from workloads_engine import _identity
+
+    return _torch_case(
+        _MapStyle(_identity, _image_records(n)), n, batch_size=batch_size, num_workers=_WORKERS
+    )
+
+
+def _images_limit(*, n: int, batch_size: int) -> Case:
+    records = _image_records(n)
+
+    def start() -> Any:
+        for lo in range(0, n, batch_size):
+            yield _stack_records(records[lo : lo + batch_size])
+
+    return _case(start, n)
+
+
+WORKLOADS = (
+    Workload(
+        name="mp_python_transform",
+        summary="range(n).map(~0.7 ms pure Python).to_iter_dataset().batch(32)"
+        ".mp_prefetch(2 workers)",
+        params={"n": 2_000, "batch_size": 32},
+        quick_params={"n": 256, "batch_size": 32},
+        warmup=False,
+        builders=_per_contender(
+            {
+                **grain_api(_python_dataset),
+                "spdl": _python_spdl,
+                "torch": _python_torch,
+                "limit": _python_limit,
+            }
+        ),
+    ),
+    Workload(
+        name="mp_images_batch64",
+        summary="source(2,000 {'image': uint8[224,224,3], 'label'}).to_iter_dataset()"
+        ".batch(64).mp_prefetch(2 workers)",
+        params={"n": 2_000, "batch_size": 64},
+        quick_params={"n": 256, "batch_size": 64},
+        warmup=False,
+        builders=_per_contender(
+            {
+                **grain_api(_images_dataset),
+                "torch": _images_torch,
+                "limit": _images_limit,
+            }
+        ),
+    ),
+)

@@ -49,3 +49,15 @@ def jitter(x, rng):
 def slow_pid_and(x):
     busy(x)
     return (os.getpid(), x)
+
+
+def big_array(i):
+    import numpy as np
+
+    return {"image": np.full((128, 128, 3), i % 251, np.uint8), "label": i}
+
+
+def big_array_then_exit(i):
+    if i == 40:
+        os._exit(5)
+    return big_array(i)

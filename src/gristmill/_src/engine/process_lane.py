@@ -7,6 +7,12 @@ worker claims tasks exactly as a worker thread does, sends the worker the task's
 through a pipe and files the chunk it sends back, so the runner's reorder window keeps index
 order and the output never depends on the number of workers.
 
+Results travel pickled (protocol 5); array buffers of at least ``SHM_MIN_BYTES`` go
+out of band into POSIX shared-memory segments (``/dev/shm``), which the parent maps without
+copying and unlinks at once, so a segment lives exactly as long as the arrays that use it.
+Segments are named after the stage and the worker; whatever is left when the stage stops (a
+worker killed mid-write, results never read after an early close) is unlinked then.
+
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
 with its text) plus the worker's formatted traceback, located at its element like any read
 failure. A worker that dies is reported within ``_POLL_S`` as a RuntimeError naming the
@@ -16,7 +22,11 @@ worker and its exit code. Closing stops the workers: asked, then terminated, the
 from __future__ import annotations
 
 import contextlib
+import glob
+import itertools
+import mmap
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -71,8 +81,10 @@ def _worker_main(
     work: bytes,
     worker_init_fn: Callable[[int, int], Any] | None,
     conn: Any,
+    shm_prefix: str | None = None,
 ) -> None:
     """One worker: runs the tasks it receives (index ranges) until told to stop."""
+    segments = itertools.count()
     # Ctrl-C reaches the whole process group: the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -99,9 +111,57 @@ def _worker_main(
             _send_failure(conn, chunk.start, chunk.error, chunk.values)
             continue
         try:
-            conn.send(("ok", chunk.values))
+            conn.send(("ok", *_encode(chunk.values, shm_prefix, segments)))
         except Exception as error:  # a value that cannot be pickled
             _send_failure(conn, start, error)
+
+
+SHM_DIR = "/dev/shm"
+SHM_MIN_BYTES = 64 * 1024
+"""Arrays (numpy buffers) at least this large travel through shared memory, not the pipe."""
+
+
+def _encode(values: list[Any], prefix: str | None, segments: Any) -> tuple[bytes, list[Any]]:
+    """``values`` pickled (protocol 5), large buffers moved into shared-memory segments
+    named ``prefix-<n>``: returns the pickle and the segments' (name, size)."""
+    refs: list[tuple[str, int]] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if prefix is None or raw.nbytes < SHM_MIN_BYTES:
+            return True  # small: in the pickle itself
+        name = f"{prefix}-{next(segments)}"
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, raw.nbytes)
+            with mmap.mmap(fd, raw.nbytes) as segment:
+                segment[:] = raw
+        finally:
+            os.close(fd)
+        refs.append((name, raw.nbytes))
+        return False
+
+    return pickle.dumps(values, protocol=5, buffer_callback=out_of_band), refs
+
+
+def _decode(payload: bytes, refs: list[tuple[str, int]]) -> list[Any]:
+    """The values ``_encode`` sent; arrays map the segments (zero copy), which are unlinked
+    at once (the mapping lives as long as the arrays do)."""
+    buffers = []
+    for name, size in refs:
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            buffers.append(mmap.mmap(fd, size))
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    values: list[Any] = pickle.loads(payload, buffers=buffers)
+    return values
+
+
+def shm_available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
 def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ()) -> None:
@@ -139,6 +199,10 @@ class ProcessCore(Core):
         self._processes: list[Any] = []
         self._conns: list[Any] = []
         self._started = False
+        # Shared-memory segments of this stage are named `<prefix>-w<worker>-<n>`; whatever
+        # is left when the stage stops (a worker killed mid-write, results never read) is
+        # unlinked then.
+        self._shm_prefix = f"gristmill-{os.getpid()}-{id(self):x}" if shm_available() else None
 
     def start_workers(self, count: int, name: str) -> None:
         """Starts the worker processes and their proxy threads once. Lock held."""
@@ -158,9 +222,10 @@ class ProcessCore(Core):
             ) from error
         for index in range(count):
             parent, child = self._context.Pipe()
+            prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
             process = self._context.Process(
                 target=_worker_main,
-                args=(index, count, payload, self._worker_init_fn, child),
+                args=(index, count, payload, self._worker_init_fn, child, prefix),
                 name=f"gristmill[{name}]-worker{index}",
                 daemon=True,
             )
@@ -199,7 +264,11 @@ class ProcessCore(Core):
             process.join(_POLL_S)
             return Chunk(task.start, [], self._died(index, process))
         if reply[0] == "ok":
-            return Chunk(task.start, reply[1], task.upstream_error)
+            try:
+                values = _decode(reply[1], reply[2])
+            except Exception as decode_error:
+                return Chunk(task.start, [], decode_error)
+            return Chunk(task.start, values, task.upstream_error)
         _, values, payload, text = reply
         error: BaseException
         try:
@@ -233,3 +302,7 @@ class ProcessCore(Core):
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.close()
+        if self._shm_prefix is not None:
+            for path in glob.glob(os.path.join(SHM_DIR, f"{self._shm_prefix}-*")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)

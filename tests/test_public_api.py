@@ -16,6 +16,8 @@ EXPECTED = {
         "MultiprocessingOptions",
         "Record",
         "RecordMetadata",
+        "DataLoader",
+        "load",
         "checkpoint",
         "constants",
         "experimental",

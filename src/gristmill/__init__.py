@@ -23,10 +23,12 @@ from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.loader.data_loader import DataLoader, load
 from gristmill._src.public import export as _export
 
 _export(
     "gristmill",
+    DataLoader,
     MapDataset,
     IterDataset,
     DatasetIterator,
@@ -46,6 +48,8 @@ __all__ = [
     "MultiprocessingOptions",
     "Record",
     "RecordMetadata",
+    "DataLoader",
+    "load",
     "checkpoint",
     "constants",
     "experimental",

@@ -25,6 +25,9 @@ from gristmill._src.core.transforms import (
 )
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.loader.data_loader import DataLoader, load
+from gristmill._src.loader.samplers import IndexSampler, SequentialSampler
+from gristmill._src.loader.sharding import NoSharding, ShardOptions
 from gristmill._src.sources.base import RandomAccessDataSource, RangeDataSource
 
 # Grain's pre-dataset names for the same classes.
@@ -34,6 +37,12 @@ FilterTransform = Filter
 MapWithIndexTransform = MapWithIndex
 
 __all__ = [
+    "DataLoader",
+    "IndexSampler",
+    "NoSharding",
+    "SequentialSampler",
+    "ShardOptions",
+    "load",
     "MapDataset",
     "IterDataset",
     "DatasetIterator",

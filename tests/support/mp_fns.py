@@ -61,3 +61,13 @@ def big_array_then_exit(i):
     if i == 40:
         os._exit(5)
     return big_array(i)
+
+
+import gristmill as _gm  # noqa: E402
+
+
+class PlusHundred(_gm.transforms.Map):
+    """A module-level Map transformation (worker processes import it by name)."""
+
+    def map(self, x):
+        return x + 100

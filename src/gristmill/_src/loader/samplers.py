@@ -173,6 +173,24 @@ class IndexSampler:
             f"{self._num_records} records); use at most num_records shards"
         )
 
+    def _records_in_shard(self) -> int:
+        """How many records this shard reads in all: its block once per epoch (the
+        DataLoader reads element ``i`` at global index ``i * shard_count + shard_index``)."""
+        if self._num_epochs is None:
+            return sys.maxsize
+        return self._block * self._num_epochs
+
+    def _metadata_unchecked(self, index: int) -> RecordMetadata:
+        """``self[index]`` without the length check (see :meth:`_records_in_shard`)."""
+        if not self._block:
+            raise self._empty_shard(index)
+        epoch, position = divmod(index // self._shard_count, self._block)
+        if self._perm is not None:
+            position = self._perm.one(epoch, position)
+        return RecordMetadata(
+            index=index, record_key=self._start + position, rng=_record_rng(self._seed, index)
+        )
+
     def __getitem__(self, index: int) -> RecordMetadata:
         index = validation.check_index(index)
         if index < 0 or (self._max_index is not None and index >= self._max_index):

@@ -39,7 +39,12 @@ EXPECTED = {
         "Transformation",
         "Transformations",
     ],
-    "gristmill.sources": ["RandomAccessDataSource", "RangeDataSource"],
+    "gristmill.sources": ["RandomAccessDataSource", "RangeDataSource", "SharedMemoryDataSource"],
+    "gristmill.multiprocessing": [
+        "MultiprocessingOptions",
+        "SharedMemoryArray",
+        "SharedMemoryArrayMetadata",
+    ],
     "gristmill.checkpoint": ["CheckpointHandler", "StateMismatchError", "to_grain_state"],
     "gristmill.testing": ["assert_equal_output_after_checkpoint"],
     "gristmill.samplers": ["IndexSampler", "SequentialSampler", "Sampler"],

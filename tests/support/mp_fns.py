@@ -71,3 +71,19 @@ class PlusHundred(_gm.transforms.Map):
 
     def map(self, x):
         return x + 100
+
+
+def shm_batch(records):
+    """A batch_fn that returns its batch in a SharedMemoryArray (as Grain users do)."""
+    from gristmill.multiprocessing import SharedMemoryArray
+
+    out = SharedMemoryArray((len(records), 4), dtype="int64")
+    for i, r in enumerate(records):
+        out[i] = r
+    out.unlink_on_del()
+    return out
+
+
+def read_shared(args):
+    source, index = args
+    return source[index]

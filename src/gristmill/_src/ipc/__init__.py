@@ -1,0 +1,1 @@
+"""Inter-process helpers: shared-memory arrays and data sources."""

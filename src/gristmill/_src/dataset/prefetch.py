@@ -200,6 +200,10 @@ def mp_prefetch(
     0.2.18 the output never depends on the number of workers or ``sequential_slice``
     (google/grain#953, #1129), and a state restores under any worker count, or none.
     ``worker_init_fn(worker_index, num_workers)`` runs first in each worker.
+
+    Each worker receives the read stage pickled once: sources and functions must be
+    picklable (module level); a source holding an open file or connection should pickle
+    only its path (``__getstate__``) and reopen lazily in the worker.
     """
     from gristmill._src.core.options import MultiprocessingOptions
     from gristmill._src.dataset.lowering import lower

@@ -71,6 +71,18 @@ def _preload_in_forkserver(context: Any) -> None:
         context.set_forkserver_preload(current + missing)
 
 
+def stop_process(process: Any, grace_s: float = _POLL_S) -> None:
+    """Waits ``grace_s`` for ``process`` (already asked to stop), then terminates it, then
+    kills it; returns once it is gone (or after ~4 s)."""
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
+        process.join(_JOIN_TIMEOUT_S)
+    if process.is_alive():
+        process.kill()
+        process.join(_JOIN_TIMEOUT_S)
+
+
 class WorkerDiedError(RuntimeError):
     """A worker process exited while it had work."""
 
@@ -292,13 +304,7 @@ class ProcessCore(Core):
             with contextlib.suppress(Exception):
                 conn.send(None)
         for process in self._processes:
-            process.join(_POLL_S)
-            if process.is_alive():
-                process.terminate()
-                process.join(_JOIN_TIMEOUT_S)
-            if process.is_alive():
-                process.kill()
-                process.join(_JOIN_TIMEOUT_S)
+            stop_process(process)
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.close()

@@ -195,14 +195,7 @@ class IndexSampler:
         index = validation.check_index(index)
         if index < 0 or (self._max_index is not None and index >= self._max_index):
             raise _out_of_range(self, index, self._max_index)
-        if not self._block:
-            raise self._empty_shard(index)
-        epoch, position = divmod(index // self._shard_count, self._block)
-        if self._perm is not None:
-            position = self._perm.one(epoch, position)
-        return RecordMetadata(
-            index=index, record_key=self._start + position, rng=_record_rng(self._seed, index)
-        )
+        return self._metadata_unchecked(index)
 
     def _getitems(self, indices: Sequence[int] | np.ndarray) -> list[RecordMetadata]:
         """``[self[g] for g in indices]``, with the key arithmetic vectorised."""

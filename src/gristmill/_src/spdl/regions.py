@@ -33,6 +33,7 @@ from typing import Any
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
+from gristmill._src.engine.process_lane import stop_process
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.merged import MergedOutput
 
@@ -306,13 +307,7 @@ class RegionStream:
             if thread is not current and thread.ident is not None:
                 thread.join(_JOIN_TIMEOUT_S)
         for process in self._processes:
-            process.join(_POLL_S)
-            if process.is_alive():
-                process.terminate()
-                process.join(_JOIN_TIMEOUT_S)
-            if process.is_alive():
-                process.kill()
-                process.join(_JOIN_TIMEOUT_S)
+            stop_process(process)
         for channel in (*self._inputs, self._results):
             if channel is not None:
                 channel.cancel_join_thread()

@@ -252,3 +252,58 @@ def test_states_with_workers_match_grain_for_one_to_one_pipelines():
     assert [int(x) for x in restored] == [int(x) for x in theirs]
     for it in (ours, restored):
         it.close()
+
+
+def test_checkpoints_through_the_handler_and_async_save_load(tmp_path):
+    import asyncio
+
+    def build():
+        return gm.DataLoader(
+            data_source=list(range(30)),
+            sampler=gm.samplers.IndexSampler(30, shuffle=True, seed=6, num_epochs=1),
+            operations=[gm.transforms.Batch(4)],
+        )
+
+    full = [listify(b) for b in build()]
+    it = iter(build())
+    head = [listify(next(it)) for _ in range(3)]
+    gm.checkpoint.CheckpointHandler().save(tmp_path / "a", it)
+    asyncio.run(it.save(tmp_path / "b"))
+    it.close()
+    for directory in ("a", "b"):
+        restored = iter(build())
+        if directory == "a":
+            gm.checkpoint.CheckpointHandler().restore(tmp_path / directory, restored)
+        else:
+            asyncio.run(restored.load(tmp_path / directory))
+        assert head + [listify(b) for b in restored] == full
+        restored.close()
+    saved = json.loads((tmp_path / "a" / "process_0-of-1.json").read_text())
+    assert saved["version"] == 2
+
+
+def test_a_flat_map_loader_resumes_inside_an_expansion():
+    class Twice(gm.transforms.FlatMap):
+        max_fan_out = 2
+
+        def flat_map(self, x):
+            return [x, x + 1000]
+
+    def build():
+        return gm.DataLoader(
+            data_source=list(range(8)),
+            sampler=gm.samplers.SequentialSampler(8),
+            operations=[Twice()],
+        )
+
+    full = list(build())
+    assert full[:4] == [0, 1000, 1, 1001]
+    for cut in (1, 3, 8):
+        it = iter(build())
+        head = [next(it) for _ in range(cut)]
+        state = it.get_state()
+        it.close()
+        again = iter(build())
+        again.set_state(state)
+        assert head + list(again) == full
+        again.close()

@@ -275,6 +275,29 @@ class DataLoaderIterator:
     def start_prefetch(self) -> None:
         self._iterator.start_prefetch()
 
+    async def save(self, directory: Any) -> None:
+        """Writes ``get_state()`` (its JSON) to ``directory/process_{i}-of-{n}.json``; the state
+        is taken when called, the file written on a worker thread (a coroutine)."""
+        import asyncio
+
+        from gristmill._src.checkpoint import files
+        from gristmill._src.dataset.iter_base import _await_directory
+
+        state = self.get_state()
+        path = await _await_directory(directory)
+        await asyncio.to_thread(files.write_state, path, state)
+
+    async def load(self, directory: Any) -> None:
+        """Restores the state :meth:`save` wrote in ``directory`` (a coroutine)."""
+        import asyncio
+
+        from gristmill._src.checkpoint import files
+        from gristmill._src.dataset.iter_base import _await_directory
+
+        path = await _await_directory(directory)
+        text = await asyncio.to_thread(files.read_state_text, path)
+        self.set_state(text.encode())
+
     def close(self) -> None:
         self._iterator.close()
 
@@ -283,7 +306,13 @@ class DataLoaderIterator:
         state = self._iterator.get_state()
         return _innermost_next_index(state)
 
+    def _native(self) -> bool:
+        """A FlatMap splits records: the dataset's own state is used, as upstream does."""
+        return any(isinstance(op, transforms.FlatMap) for op in self._loader._operations)
+
     def get_state(self) -> bytes:
+        if self._native():
+            return json.dumps(self._iterator.get_state(), indent=4).encode()
         loader = self._loader
         consumed = self._records_consumed()
         workers = loader._worker_count
@@ -312,6 +341,9 @@ class DataLoaderIterator:
             raise ValueError(
                 f"a DataLoader state must be the JSON bytes of get_state(), got {state!r:.80}"
             ) from error
+        if self._native():
+            self._iterator.set_state(data)
+            return
         expected = {
             "version",
             "last_seen_indices",

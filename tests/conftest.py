@@ -1,6 +1,7 @@
 """Suite-wide guard (no test may leave a gristmill thread running) and shared fixtures."""
 
 import gc
+import logging
 import threading
 import time
 
@@ -20,6 +21,14 @@ def no_leaked_threads():
         time.sleep(0.01)
     leaked = gristmill_threads()
     assert not leaked, f"threads still running after the test: {[t.name for t in leaked]}"
+
+
+@pytest.fixture
+def quiet_failure_logs():
+    """Silences ERROR logs for a test: pipelines log every failed item (as SPDL's do)."""
+    logging.disable(logging.ERROR)
+    yield
+    logging.disable(logging.NOTSET)
 
 
 class ConcurrencyProbe:

@@ -91,6 +91,10 @@ def test_a_shared_data_source_is_read_by_index_and_by_other_processes():
 
 
 def test_bad_shapes_are_named():
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(TypeError, match=r"shape must be a sequence of non-negative ints"):
         SharedMemoryArray(("a",))
-    assert np.asarray(SharedMemoryArray((0,))).shape == (0,)
+    with pytest.raises(ValueError, match=r"negative dimensions, got \(2, -1\)"):
+        SharedMemoryArray((2, -1))
+    empty = SharedMemoryArray((0,))
+    assert np.asarray(empty).shape == (0,)
+    empty.unlink_on_del()

@@ -3,7 +3,6 @@ and inputs is timing: the same multiset, and each path's own order), the same ba
 errors and config validation."""
 
 import asyncio
-import logging
 import re
 
 import pytest
@@ -13,15 +12,8 @@ import spdl.pipeline.defs as spdl_defs
 import gristmill.pipeline as gm_pipeline
 import gristmill.pipeline.defs as gm_defs
 
-pytestmark = pytest.mark.parity
+pytestmark = [pytest.mark.parity, pytest.mark.usefixtures("quiet_failure_logs")]
 LIBS = {"gristmill": (gm_pipeline, gm_defs), "spdl": (spdl_pipeline, spdl_defs)}
-
-
-@pytest.fixture(autouse=True)
-def quiet_failures():
-    logging.disable(logging.ERROR)
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def parity(x):

@@ -3,7 +3,6 @@ order: same multiset), same failure semantics and messages (except the S1 budget
 
 import asyncio
 import fractions
-import logging
 import re
 
 import pytest
@@ -11,15 +10,8 @@ import spdl.pipeline as spdl_pipeline
 
 import gristmill.pipeline as gm_pipeline
 
-pytestmark = pytest.mark.parity
+pytestmark = [pytest.mark.parity, pytest.mark.usefixtures("quiet_failure_logs")]
 MODULES = {"gristmill": gm_pipeline, "spdl": spdl_pipeline}
-
-
-@pytest.fixture(autouse=True)
-def quiet_failures():
-    logging.disable(logging.ERROR)  # failed items are logged at ERROR by both
-    yield
-    logging.disable(logging.NOTSET)
 
 
 def times10(x):

@@ -1,18 +1,12 @@
 """path_variants and Merge beyond parity: states through path variants, failures, cleanup."""
 
-import logging
 import time
 
 import pytest
 
 from gristmill.pipeline import PipelineBuilder, PipelineFailure, build_pipeline, defs
 
-
-@pytest.fixture(autouse=True)
-def quiet_failures():
-    logging.disable(logging.ERROR)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_failure_logs")
 
 
 def parity(x):

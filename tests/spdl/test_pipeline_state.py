@@ -3,7 +3,6 @@ order, through filters, failures, aggregate, disaggregate and generators — und
 concurrency and thread counts."""
 
 import json
-import logging
 
 import pytest
 from hypothesis import given, settings
@@ -13,12 +12,7 @@ import gristmill as gm
 from gristmill.pipeline import PipelineBuilder
 from gristmill.source import DistributedRandomSampler
 
-
-@pytest.fixture(autouse=True)
-def quiet_failures():
-    logging.disable(logging.ERROR)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_failure_logs")
 
 
 def times10(x):

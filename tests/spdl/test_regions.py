@@ -1,6 +1,5 @@
 """to() regions: stages run in worker processes (gristmill behaviour beyond parity)."""
 
-import logging
 import multiprocessing
 import os
 import signal
@@ -11,14 +10,9 @@ import pytest
 
 from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
 
+pytestmark = pytest.mark.usefixtures("quiet_failure_logs")
+
 FORK = defs.ProcessPoolExecutorConfig(max_workers=2, mp_context="fork")
-
-
-@pytest.fixture(autouse=True)
-def quiet_failures():
-    logging.disable(logging.ERROR)
-    yield
-    logging.disable(logging.NOTSET)
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import operator
 from collections.abc import Iterable, Sequence
 from multiprocessing import shared_memory
 from typing import Any
@@ -52,7 +53,14 @@ class SharedMemoryArray(np.ndarray):
     _unlink: bool
 
     def __new__(cls, shape: Iterable[int], dtype: npt.DTypeLike = float) -> SharedMemoryArray:
-        shape = tuple(int(d) for d in shape)
+        try:
+            shape = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise TypeError(
+                f"shape must be a sequence of non-negative ints, got {shape!r}; e.g. (64, 224)"
+            ) from None
+        if any(d < 0 for d in shape):
+            raise ValueError(f"shape must not have negative dimensions, got {shape!r}")
         dtype = np.dtype(dtype)
         size = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
         segment = shared_memory.SharedMemory(create=True, size=size)

@@ -21,7 +21,6 @@ a RuntimeError naming the worker and its exit code. Closing terminates the worke
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import pickle
 import queue
@@ -33,27 +32,13 @@ from typing import Any
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
-from gristmill._src.engine.process_lane import stop_process
+from gristmill._src.engine.process_lane import stop_process, worker_context
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.merged import MergedOutput
 
 _POLL_S = 0.1
 _JOIN_TIMEOUT_S = 2.0
 _QUEUE_DEPTH = 2  # transfers waiting per worker
-
-
-def start_method(requested: str | None) -> str:
-    """The start method for workers: the requested one, else forkserver (spawn if absent)."""
-    if requested is not None:
-        if requested not in multiprocessing.get_all_start_methods():
-            raise ValueError(
-                f"mp_context must be one of {multiprocessing.get_all_start_methods()}, "
-                f"got {requested!r}"
-            )
-        return requested
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        return "forkserver"
-    return "spawn"
 
 
 class RegionStream:
@@ -101,7 +86,7 @@ class RegionStream:
             if self._started or self._closed:
                 return
             self._started = True
-            context: Any = multiprocessing.get_context(start_method(self._target.mp_context))
+            context = worker_context(self._target.mp_context, [__name__])
             if context.get_start_method() != "fork":
                 # Pickled for the workers: check it here, before a child starts and waits
                 # for data that never comes.

@@ -87,3 +87,19 @@ def shm_batch(records):
 def read_shared(args):
     source, index = args
     return source[index]
+
+
+def image_checksum(x):
+    return (int(x["image"].sum()), x["label"], os.getpid())
+
+
+def brighter(x):
+    return {"image": x["image"] + 1, "label": x["label"]}
+
+
+def fail_once_at_5(marker, x):
+    """Fails the first time it sees 5 (``marker``: a path that records it, across workers)."""
+    if x == 5 and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise ValueError(f"transient failure at {x}")
+    return x

@@ -82,9 +82,12 @@ def lower(
         if (
             not isinstance(node, IterDataset)
             or len(node.parents) != 1
+            or not isinstance(node.parents[0], IterDataset)
             or not type(node).__module__.startswith("gristmill.")
         ):
-            return ds
+            if processes is None:
+                return ds
+            return _lower_stream(ds, node, above, buffer_size, processes)
         above.append(node)
         node = node.parents[0]
     source: PrefetchIterDataset = node
@@ -92,17 +95,12 @@ def lower(
     fused = 0
     while fused < len(above) and type(above[fused]) in _FUSABLE:
         fused += 1
-    ops = tuple((_FUSABLE[type(n)], n._fn) for n in above[:fused])  # type: ignore[attr-defined]
-    name = "".join(f" → {kind}({_name_of(fn)})" for kind, fn in ops)
-    labels = tuple(
-        f"{kind}({transforms.describe(n._transform)})"  # type: ignore[attr-defined]
-        for (kind, _), n in zip(ops, above[:fused], strict=True)
-    )
+    fused_ops = _fused_ops(above[:fused])
     options = source._read_options
     threads = num_threads if processes is not None else max(num_threads, options.num_threads)
     lowered: IterDataset[Any] = FusedPrefetchIterDataset(
         source,
-        FusedOps(ops, name, labels),
+        fused_ops,
         ReadOptions(
             num_threads=threads,
             prefetch_buffer_size=max(buffer_size, options.prefetch_buffer_size, threads),
@@ -110,9 +108,53 @@ def lower(
         above[fused - 1] if fused else source,
         processes,
     )
-    for node in above[fused:]:
+    return _reattach(lowered, above[fused:])
+
+
+def _fused_ops(nodes: list[IterDataset[Any]]) -> FusedOps:
+    """The functions of fusable ``nodes`` (bottom-up), as one stage's ops."""
+    ops = tuple((_FUSABLE[type(n)], n._fn) for n in nodes)  # type: ignore[attr-defined]
+    name = "".join(f" → {kind}({_name_of(fn)})" for kind, fn in ops)
+    labels = tuple(
+        f"{kind}({transforms.describe(n._transform)})"  # type: ignore[attr-defined]
+        for (kind, _), n in zip(ops, nodes, strict=True)
+    )
+    return FusedOps(ops, name, labels)
+
+
+def _reattach(lowered: IterDataset[Any], nodes: list[IterDataset[Any]]) -> IterDataset[Any]:
+    """Copies of ``nodes`` (bottom-up) stacked on ``lowered``."""
+    for node in nodes:
         node._default_seed  # noqa: B018 (derived from the original graph; the copy keeps it)
         clone = copy.copy(node)
         clone._parents = (lowered,)
         lowered = clone
     return lowered
+
+
+def _lower_stream(
+    ds: IterDataset[Any],
+    head: Any,
+    above: list[IterDataset[Any]],
+    buffer_size: int,
+    processes: ProcessBackend,
+) -> IterDataset[Any]:
+    """A chain with no index-based read: its lowest run of ``map`` / ``filter`` nodes runs
+    on the worker processes over the elements of everything below it (the *head*, iterated
+    here); ``ds`` if the chain has no such run or ``head`` is not an IterDataset."""
+    if not isinstance(head, IterDataset):
+        return ds
+    from gristmill._src.dataset.stream_stage import StreamStageIterDataset
+
+    above = above[::-1]  # bottom-up
+    first = next((i for i, n in enumerate(above) if type(n) in _FUSABLE), None)
+    if first is None:
+        return ds
+    last = first
+    while last < len(above) and type(above[last]) in _FUSABLE:
+        last += 1
+    base = above[first - 1] if first else head  # the original nodes below the run
+    lowered = StreamStageIterDataset(
+        base, _fused_ops(above[first:last]), processes, buffer_size, above[last - 1]
+    )
+    return _reattach(lowered, above[last:])

@@ -196,7 +196,10 @@ def mp_prefetch(
 
     The chain's read stage (its last ``to_iter_dataset`` and the ``map`` / ``filter`` ops
     right after it) runs in ``options.num_workers`` processes, fed chunks of indices and
-    merged in index order; the rest (batching, …) runs ahead on one thread here. Unlike Grain
+    merged in index order; the rest (batching, …) runs ahead on one thread here. A chain
+    with no ``to_iter_dataset`` (an interleave of files, a user's IterDataset) runs its
+    lowest ``map`` / ``filter`` ops in the processes instead, fed chunks of the elements of
+    everything below them, which is iterated here. Unlike Grain
     0.2.18 the output never depends on the number of workers or ``sequential_slice``
     (google/grain#953, #1129), and a state restores under any worker count, or none.
     ``worker_init_fn(worker_index, num_workers)`` runs first in each worker.
@@ -229,9 +232,9 @@ def mp_prefetch(
     lowered = lower(ds, workers, buffer_size, backend)
     if lowered is ds:
         warnings.warn(
-            "mp_prefetch: the pipeline has no to_iter_dataset() in a linear chain of "
-            "gristmill datasets, so nothing can run in worker processes; it runs in this "
-            "process, ahead on one thread",
+            "mp_prefetch: the pipeline has no to_iter_dataset() and no map() / filter() in "
+            "a linear chain of gristmill datasets, so nothing can run in worker processes; "
+            "it runs in this process, ahead on one thread",
             UserWarning,
             stacklevel=3,
         )

@@ -1,17 +1,19 @@
 """The process executor: a stage's reads run in worker processes.
 
 A :class:`ProcessCore` starts ``workers`` processes (forkserver by default: safe in a
-process that runs threads) and sends each, once, the stage's *work* — the fused read of a
-``RangeFeed`` (a MapDataset chain and the element functions after it). One proxy thread per
-worker claims tasks exactly as a worker thread does, sends the worker the task's index range
-through a pipe and files the chunk it sends back, so the runner's reorder window keeps index
-order and the output never depends on the number of workers.
+process that runs threads) and sends each, once, the stage's *work*: for a ``RangeFeed``, its
+fused read (a MapDataset chain and the element functions after it); for a ``StreamFeed``, its
+element function. One proxy thread per worker claims tasks exactly as a worker thread does,
+sends the worker the task (an index range, or the task's input values) through a pipe and
+files the chunk it sends back, so the runner's reorder window keeps input order and the
+output never depends on the number of workers.
 
-Results travel pickled (protocol 5); array buffers of at least ``SHM_MIN_BYTES`` go
-out of band into POSIX shared-memory segments (``/dev/shm``), which the parent maps without
-copying and unlinks at once, so a segment lives exactly as long as the arrays that use it.
-Segments are named after the stage and the worker; whatever is left when the stage stops (a
-worker killed mid-write, results never read after an early close) is unlinked then.
+Values travel pickled (protocol 5) both ways; array buffers of at least ``SHM_MIN_BYTES`` go
+out of band into POSIX shared-memory segments (``/dev/shm``), which the receiver maps
+without copying and unlinks at once, so a segment lives exactly as long as the arrays that
+use it. Segments are named after the stage, the worker and the direction; whatever is left
+when the stage stops (a worker killed mid-task, results never read after an early close) is
+unlinked then.
 
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
 with its text) plus the worker's formatted traceback, located at its element like any read
@@ -33,9 +35,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
-from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, Task
+from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters
@@ -98,14 +100,18 @@ def _worker_main(
     conn: Any,
     shm_prefix: str | None = None,
 ) -> None:
-    """One worker: runs the tasks it receives (index ranges) until told to stop."""
+    """One worker: runs the tasks it receives until told to stop.
+
+    ``work`` unpickles to a ``RangeFeed`` (tasks are index ranges ``(start, size)``) or to an
+    element function (tasks are ``(start, size, payload, segments)``: the input values).
+    """
     segments = itertools.count()
     # Ctrl-C reaches the whole process group: the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if worker_init_fn is not None:
             worker_init_fn(index, count)
-        feed: RangeFeed = pickle.loads(work)
+        job: Any = pickle.loads(work)
     except BaseException as error:
         _send_failure(conn, 0, error)
         return
@@ -116,9 +122,12 @@ def _worker_main(
             return
         if message is None:
             return
-        start, size = message
+        start, size = message[0], message[1]
         try:
-            chunk = feed.run(Task(start, size))
+            if isinstance(job, RangeFeed):
+                chunk = job.run(Task(start, size))
+            else:
+                chunk = apply(job, Task(start, size, _decode(message[2], message[3])))
         except BaseException as error:  # run() returns failures; this is a bug or an exit
             _send_failure(conn, start, error)
             return
@@ -204,8 +213,8 @@ class ProcessCore(Core):
         mp_context: str | None = None,
     ) -> None:
         super().__init__(feed, counters, policy)
-        if not isinstance(feed, RangeFeed):
-            raise TypeError("the process executor runs index-range reads (a RangeFeed)")
+        if not isinstance(feed, RangeFeed | StreamFeed):
+            raise TypeError("the process executor runs a RangeFeed's reads or a StreamFeed's fn")
         self._worker_init_fn = worker_init_fn
         self._context: Any = worker_context(mp_context, [__name__])
         self._processes: list[Any] = []
@@ -222,8 +231,12 @@ class ProcessCore(Core):
             return
         self._started = True
         feed = self.feed
-        assert isinstance(feed, RangeFeed)
-        work = RangeFeed(feed.read, 0, 0, feed.fn)  # what a worker needs: read and fn
+        # What a worker needs: a range feed's read and fn, or a stream feed's fn.
+        work = (
+            RangeFeed(feed.read, 0, 0, feed.fn)
+            if isinstance(feed, RangeFeed)
+            else cast(StreamFeed, feed).fn
+        )
         try:
             payload = pickle.dumps(work)
         except Exception as error:
@@ -256,23 +269,46 @@ class ProcessCore(Core):
     def _proxy(self, index: int) -> None:
         """Claims tasks for worker ``index``, has it run them, files the chunks."""
         conn, process = self._conns[index], self._processes[index]
+        # Input values sent to the worker: their large buffers go in segments of our own.
+        prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-in{index}"
+        segments = itertools.count()
         while (claimed := self.claim()) is not None:
             began = time.perf_counter()
-            chunk = self._run_remote(conn, process, index, claimed)
+            chunk = self._run_remote(conn, process, index, claimed, prefix, segments)
             self.file(claimed, chunk, time.perf_counter() - began)
             del claimed, chunk
 
-    def _run_remote(self, conn: Any, process: Any, index: int, claimed: Claimed) -> Chunk:
+    def _run_remote(
+        self,
+        conn: Any,
+        process: Any,
+        index: int,
+        claimed: Claimed,
+        prefix: str | None,
+        segments: Any,
+    ) -> Chunk:
         task = claimed[2]
+        message: tuple[Any, ...] = (task.start, task.size)
+        if task.inputs is not None:
+            try:
+                message += _encode(task.inputs, prefix, segments)
+            except Exception as encode_error:  # an input that cannot be pickled
+                encode_error.add_note(
+                    f"gristmill: an input of this stage cannot be sent to worker process "
+                    f"{index}; the values reaching a process stage must be picklable"
+                )
+                return Chunk(task.start, [], encode_error)
         try:
-            conn.send((task.start, task.size))
+            conn.send(message)
             while not conn.poll(_POLL_S):
                 if self.closed:
                     return Chunk(task.start, [], RuntimeError("the stage was closed"))
                 if not process.is_alive():
                     return Chunk(task.start, [], self._died(index, process))
             reply = conn.recv()
-        except (EOFError, OSError, BrokenPipeError):
+        except (EOFError, OSError, TypeError):  # TypeError: the stage closed the pipe
+            if self.closed:
+                return Chunk(task.start, [], RuntimeError("the stage was closed"))
             process.join(_POLL_S)
             return Chunk(task.start, [], self._died(index, process))
         if reply[0] == "ok":
@@ -280,7 +316,7 @@ class ProcessCore(Core):
                 values = _decode(reply[1], reply[2])
             except Exception as decode_error:
                 return Chunk(task.start, [], decode_error)
-            return Chunk(task.start, values, task.upstream_error)
+            return task.chunk(values, task.upstream_error)
         _, values, payload, text = reply
         error: BaseException
         try:

@@ -110,6 +110,8 @@ EXPECTED = {
         "SourceConfig",
     ],
     "gristmill.experimental": [
+        "BestFitPackIterDataset",
+        "FirstFitPackIterDataset",
         "CacheIterDataset",
         "FlatMapIterDataset",
         "DatasetOptions",

@@ -12,6 +12,7 @@ from gristmill._src.dataset.cache import CacheIterDataset
 from gristmill._src.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from gristmill._src.dataset.interleave import InterleaveIterDataset
 from gristmill._src.dataset.iter_slicing import LimitIterDataset, RepeatIterDataset
+from gristmill._src.dataset.packing import BestFitPackIterDataset, FirstFitPackIterDataset
 from gristmill._src.dataset.perf_config import PerformanceConfig, pick_performance_config
 from gristmill._src.dataset.positions import get_next_index, set_next_index
 from gristmill._src.dataset.prefetch import (
@@ -32,6 +33,8 @@ from gristmill._src.public import export as _export
 
 _export(
     "gristmill.experimental",
+    BestFitPackIterDataset,
+    FirstFitPackIterDataset,
     CacheIterDataset,
     DatasetOptions,
     ElasticIterator,
@@ -55,6 +58,8 @@ _export(
 )
 
 __all__ = [
+    "BestFitPackIterDataset",
+    "FirstFitPackIterDataset",
     "CacheIterDataset",
     "DatasetOptions",
     "ElasticIterator",

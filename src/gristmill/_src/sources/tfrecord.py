@@ -78,25 +78,30 @@ class _TFRecordIterator(DatasetIterator[bytes]):
             raise
         self._buf = b""  # bytes read from the file, starting at offset self._base
         self._base = 0
-        self._pos = 0  # the next record starts at self._base + self._pos
+        self._pos = 0  # buffer position after the last record read or parsed
+        # The records parsed from the buffer ahead of time (a block at once is cheaper than
+        # one at a time), their end positions in the buffer, and the next one to return.
+        self._records: list[bytes] = []
+        self._ends: list[int] = []
+        self._i = self._n = 0
+        self._batch_start = 0  # buffer position of the first parsed record
         self._start = 0  # the offset this iterator started (or was restored) at
-        self._index = 0  # records returned since self._start (for error messages)
+        self._index = 0  # records returned since self._start, before this batch
 
     def __next__(self) -> bytes:
-        buf = self._buf
-        pos = self._pos
-        # Fast path: the whole record is in the buffer and checksums are not checked.
-        if pos + fmt.HEADER_SIZE <= len(buf) and not self._verify:
-            end = pos + fmt.FRAME_SIZE + fmt.unpack_length(buf, pos)[0]
-            if end <= len(buf):
-                self._pos = end
-                self._index += 1
-                return buf[pos + fmt.HEADER_SIZE : end - fmt.FOOTER_SIZE]
+        i = self._i
+        if i < self._n:
+            self._i = i + 1
+            return self._records[i]
         return self._next_slow()
 
     def _next_slow(self) -> bytes:
+        """Reads one record with every check (and I/O as needed), then parses ahead."""
         self._check_open()
+        self._index += self._n
+        self._records, self._ends, self._i, self._n = [], [], 0, 0
         offset = self._base + self._pos
+        self._batch_start = self._pos
         if offset >= self._size:
             raise StopIteration
         index = self._index
@@ -122,7 +127,42 @@ class _TFRecordIterator(DatasetIterator[bytes]):
             fmt.check_data_crc(self._path, offset, index, data, stored)
         self._pos = end
         self._index += 1
+        self._parse_ahead()
         return data
+
+    def _parse_ahead(self) -> None:
+        """Slices out the records that lie whole in the buffer after ``self._pos``.
+
+        Stops before an incomplete or (when verifying) damaged record: the slow path reaches
+        it after the records before it and raises there.
+        """
+        buf, start = self._buf, self._pos
+        limit = len(buf)
+        unpack = fmt.unpack_length
+        pos = start
+        ends: list[int] = []
+        if self._verify:
+            records: list[bytes] = []
+            while pos + fmt.HEADER_SIZE <= limit:
+                end = pos + fmt.FRAME_SIZE + unpack(buf, pos)[0]
+                if end > limit or not fmt.frame_ok(buf, pos, end):
+                    break
+                records.append(buf[pos + fmt.HEADER_SIZE : end - fmt.FOOTER_SIZE])
+                ends.append(end)
+                pos = end
+        else:
+            while pos + fmt.HEADER_SIZE <= limit:
+                end = pos + fmt.FRAME_SIZE + unpack(buf, pos)[0]
+                if end > limit:
+                    break
+                ends.append(end)
+                pos = end
+            starts = [start, *ends[:-1]] if ends else []
+            head, foot = fmt.HEADER_SIZE, fmt.FOOTER_SIZE
+            records = [buf[a + head : b - foot] for a, b in zip(starts, ends, strict=True)]
+        self._batch_start = start
+        self._records, self._ends, self._i, self._n = records, ends, 0, len(records)
+        self._pos = pos
 
     def _fill(self, need: int) -> bool:
         """Makes ``need`` bytes from ``self._pos`` available in the buffer; False at the end."""
@@ -130,11 +170,17 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         if have >= need:
             return True
         file = cast("IO[bytes]", self._file)  # open: _check_open ran
-        rest = self._buf[self._pos :]
-        chunk = file.read(max(_BLOCK_SIZE, need - have))
-        self._base += self._pos
-        self._buf = rest + chunk if rest else chunk
-        self._pos = 0
+        offset = self._base + self._pos
+        if have:
+            # Read the partial record again with the next block (cheaper than joining).
+            file.seek(offset)
+        buf = file.read(max(_BLOCK_SIZE, need))
+        while len(buf) < need:  # a short read (some remote files): read on to the end
+            more = file.read(need - len(buf))
+            if not more:
+                break
+            buf += more
+        self._buf, self._base, self._pos = buf, offset, 0
         return len(self._buf) >= need
 
     def _describe(self) -> str:
@@ -142,7 +188,10 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         return "tfrecord"
 
     def get_state(self) -> dict[str, Any]:
-        return self._export_state({"reader_offset": self._base + self._pos})
+        i = self._i
+        return self._export_state(
+            {"reader_offset": self._base + (self._ends[i - 1] if i else self._batch_start)}
+        )
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
@@ -155,14 +204,16 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         else:
             file.seek(offset)
             self._buf, self._base, self._pos = b"", offset, 0
+        self._records, self._ends, self._i, self._n = [], [], 0, 0
+        self._batch_start = self._pos
         self._start, self._index = offset, 0
 
     def close(self) -> None:
         if self._closed:
             return
         file, self._file = self._file, None
-        self._base += self._pos
-        self._buf, self._pos = b"", 0  # the fast path then falls through to _check_open
+        # No parsed records left: next() falls through to _check_open.
+        self._records, self._i, self._n = [], 0, 0
         super().close()
         if file is not None:
             file.close()

@@ -115,6 +115,15 @@ def check_data_crc(path: str, offset: int, index: int | None, data: Any, stored:
         )
 
 
+def frame_ok(buffer: bytes, start: int, end: int) -> bool:
+    """Whether both CRCs of the record framed in ``buffer[start:end]`` are right."""
+    _, stored = _HEADER.unpack_from(buffer, start)
+    if masked_crc(buffer[start : start + 8]) != stored:
+        return False
+    data = buffer[start + HEADER_SIZE : end - FOOTER_SIZE]
+    return masked_crc(data) == read_footer(buffer, end - FOOTER_SIZE)
+
+
 def read_footer(buffer: Any, pos: int) -> int:
     return int(_UINT32.unpack_from(buffer, pos)[0])
 

@@ -45,7 +45,7 @@ class TFRecordDataSource:
     >>> len(source), source[1], source[-1]
     (3, b'bc', b'def')
     >>> list(gm.MapDataset.source(source).shuffle(seed=0))
-    [b'def', b'bc', b'a']
+    [b'a', b'def', b'bc']
     """
 
     def __init__(

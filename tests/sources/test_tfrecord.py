@@ -561,3 +561,21 @@ def test_fuzz_corrupted_files_give_records_or_clear_errors(tmp_path_factory, rec
     if error is not None:
         assert "TFRecord file" in error
         assert "byte offset" in error
+
+
+@pytest.mark.slow
+def test_source_in_worker_processes(tmp_path):
+    """Workers get the source by pickle, reopen the file and read the same records."""
+    records = [b"w%d" % i for i in range(40)]
+    source = TFRecordDataSource(_write(tmp_path / "d.tfrecord", records))
+    ds = gm.MapDataset.source(source).shuffle(seed=1)
+    expected = list(ds)
+    options = gm.MultiprocessingOptions(num_workers=2)
+    it = iter(ds.to_iter_dataset().mp_prefetch(options))
+    head = [next(it) for _ in range(10)]
+    state = it.get_state()
+    it.close()
+    it = iter(ds.to_iter_dataset().mp_prefetch(options))
+    it.set_state(state)
+    assert head + list(it) == expected
+    it.close()

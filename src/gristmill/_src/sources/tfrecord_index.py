@@ -20,13 +20,11 @@ import hashlib
 import json
 import os
 import struct
+import sys
 import tempfile
 from array import array
 from dataclasses import dataclass
-from typing import IO, Any
-
-import numpy as np
-import numpy.typing as npt
+from typing import IO, Any, TypeAlias
 
 from gristmill._src.sources import files
 from gristmill._src.sources import tfrecord_format as fmt
@@ -37,7 +35,8 @@ _SUFFIX = ".gmidx"
 _SCAN_BLOCK = 1 << 20
 _SMALL_READ = 1 << 12  # after a record larger than a block: read only around the next header
 
-Offsets = npt.NDArray[np.uint64]
+# An array("Q"): indexing gives Python ints (cheaper per read than numpy scalars).
+Offsets: TypeAlias = "array[int]"
 
 
 @dataclass(frozen=True)
@@ -103,13 +102,19 @@ def read_cached_offsets(cache: str, sig: Signature) -> Offsets | None:
     meta, start = header
     if meta.get("size") != sig.size or meta.get("mtime") != sig.mtime:
         return None
+    offsets = array("Q")
     try:
-        offsets = np.fromfile(cache, dtype="<u8", offset=start)
+        with open(cache, "rb") as f:
+            f.seek(start)
+            body = f.read()
+        offsets.frombytes(body[: len(body) - len(body) % offsets.itemsize])
     except (OSError, ValueError):
         return None
+    if sys.byteorder == "big":
+        offsets.byteswap()  # stored little-endian
     if len(offsets) != meta.get("count", -1) + 1 or (len(offsets) and offsets[-1] != sig.size):
         return None
-    return offsets.astype(np.uint64, copy=False)
+    return offsets
 
 
 def _read_header(cache: str) -> tuple[dict[str, Any], int] | None:
@@ -138,12 +143,19 @@ def write_cache(cache: str, sig: Signature, offsets: Offsets) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + _HEADER_LEN.pack(len(body)) + body)
-                f.write(offsets.astype("<u8", copy=False).tobytes())
+                f.write(_little_endian(offsets))
             os.replace(tmp, cache)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+def _little_endian(offsets: Offsets) -> bytes:
+    if sys.byteorder == "big":
+        offsets = array("Q", offsets)
+        offsets.byteswap()
+    return offsets.tobytes()
 
 
 def scan(path: str, size: int, *, verify_crc: bool) -> Offsets:
@@ -157,7 +169,7 @@ def scan(path: str, size: int, *, verify_crc: bool) -> Offsets:
     with files.open_binary(path) as file:
         _scan_file(file, path, size, verify_crc, offsets)
     offsets.append(size)
-    return np.frombuffer(offsets, dtype=np.uint64).copy()
+    return offsets
 
 
 def _scan_file(file: IO[bytes], path: str, size: int, verify: bool, offsets: array[int]) -> None:

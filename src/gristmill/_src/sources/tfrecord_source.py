@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from gristmill._src.core import validation
 from gristmill._src.sources import files
@@ -73,9 +72,8 @@ class TFRecordDataSource:
         # Offsets are loaded per file on first read (a cached index needs only its count here).
         self._offsets: list[idx.Offsets | None] = [None] * len(self._paths)
         counts = [self._count(k) for k in range(len(self._paths))]
-        self._ends = np.cumsum(counts, dtype=np.int64)
-        self._ends_list: list[int] = self._ends.tolist()
-        self._length = int(self._ends[-1])
+        self._ends_list: list[int] = list(itertools.accumulate(counts))
+        self._length = self._ends_list[-1]
         self._readers = [files.RangeReader(path) for path in self._paths]
 
     def _count(self, k: int) -> int:
@@ -139,7 +137,7 @@ class TFRecordDataSource:
     def __getitem__(self, index: int) -> bytes:
         k, j, i = self._locate(index)
         offsets = self._offsets_of(k)
-        start, stop = int(offsets[j]), int(offsets[j + 1])
+        start, stop = offsets[j], offsets[j + 1]
         raw = self._readers[k].read(start, stop - start)
         return self._unframe(raw, k, start, stop - start, i)
 
@@ -155,8 +153,8 @@ class TFRecordDataSource:
             ranges = []
             for n in positions:
                 j = located[n][1]
-                start = int(offsets[j])
-                ranges.append((start, int(offsets[j + 1]) - start))
+                start = offsets[j]
+                ranges.append((start, offsets[j + 1] - start))
             raws = self._readers[k].read_ranges(ranges)
             for n, (start, size), raw in zip(positions, ranges, raws, strict=True):
                 out[n] = self._unframe(raw, k, start, size, located[n][2])

@@ -43,6 +43,7 @@ WORKLOAD_MODULES = (
     "workloads_checkpoint",
     "workloads_processes",
     "workloads_packing",
+    "workloads_tfrecord",
 )
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")

@@ -128,6 +128,7 @@ EXPECTED = {
         "ThreadPrefetchDatasetIterator",
         "ShapeDtypeStruct",
         "ShapeDtypeStructProtocol",
+        "TFRecordIterDataset",
         "ThreadPrefetchIterDataset",
         "WindowShuffleIterDataset",
         "WindowShuffleMapDataset",
@@ -146,6 +147,7 @@ EXPECTED = {
         "set_next_index",
     ],
 }
+EXPECTED["gristmill.sources"] += ["TFRecordDataSource", "TFRecordWriter", "write_tfrecord"]
 
 
 @pytest.mark.parametrize("module_name", sorted(EXPECTED))

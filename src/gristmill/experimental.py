@@ -30,6 +30,7 @@ from gristmill._src.dataset.zipping import ZipIterDataset, ZipMapDataset
 from gristmill._src.engine.reporting import log_statistics_every
 from gristmill._src.loader.elastic import ElasticIterator
 from gristmill._src.public import export as _export
+from gristmill._src.sources.tfrecord import TFRecordIterDataset
 
 _export(
     "gristmill.experimental",
@@ -48,6 +49,7 @@ _export(
     RepeatIterDataset,
     ShapeDtypeStruct,
     ShapeDtypeStructProtocol,
+    TFRecordIterDataset,
     ThreadPrefetchDatasetIterator,
     ThreadPrefetchIterDataset,
     WindowShuffleIterDataset,
@@ -75,6 +77,7 @@ __all__ = [
     "RepeatIterDataset",
     "ShapeDtypeStruct",
     "ShapeDtypeStructProtocol",
+    "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
     "WindowShuffleIterDataset",

@@ -3,7 +3,12 @@
 from gristmill._src.ipc.shared_memory import SharedMemoryDataSource
 from gristmill._src.public import export as _export
 from gristmill._src.sources.base import RandomAccessDataSource, RangeDataSource
+from gristmill._src.sources.tfrecord_format import TFRecordWriter, write_tfrecord
+from gristmill._src.sources.tfrecord_source import TFRecordDataSource
 
 _export("gristmill.sources", RandomAccessDataSource, RangeDataSource, SharedMemoryDataSource)
 
 __all__ = ["RandomAccessDataSource", "RangeDataSource", "SharedMemoryDataSource"]
+
+_export("gristmill.sources", TFRecordDataSource, TFRecordWriter, write_tfrecord)
+__all__ += ["TFRecordDataSource", "TFRecordWriter", "write_tfrecord"]

@@ -120,6 +120,7 @@ EXPECTED = {
         "MapWithIndexTransform",
         "InterleaveIterDataset",
         "LimitIterDataset",
+        "ParquetIterDataset",
         "PerformanceConfig",
         "RebatchIterDataset",
         "RepeatIterDataset",
@@ -144,6 +145,7 @@ EXPECTED = {
         "set_next_index",
     ],
 }
+EXPECTED["gristmill.sources"] += ["ParquetDataSource", "write_parquet"]
 
 
 @pytest.mark.parametrize("module_name", sorted(EXPECTED))

@@ -29,6 +29,7 @@ from gristmill._src.dataset.zipping import ZipIterDataset, ZipMapDataset
 from gristmill._src.engine.reporting import log_statistics_every
 from gristmill._src.loader.elastic import ElasticIterator
 from gristmill._src.public import export as _export
+from gristmill._src.sources.parquet_dataset import ParquetIterDataset
 
 _export(
     "gristmill.experimental",
@@ -40,6 +41,7 @@ _export(
     FlatMapMapDataset,
     InterleaveIterDataset,
     LimitIterDataset,
+    ParquetIterDataset,
     PerformanceConfig,
     RebatchIterDataset,
     RepeatIterDataset,
@@ -65,6 +67,7 @@ __all__ = [
     "InterleaveIterDataset",
     "LimitIterDataset",
     "MapWithIndexTransform",
+    "ParquetIterDataset",
     "PerformanceConfig",
     "RebatchIterDataset",
     "RepeatIterDataset",

@@ -155,6 +155,29 @@ def test_restore_at_every_step_single_file(small):
     gm.experimental.assert_equal_output_after_checkpoint(Parquet(small).map(lambda r: r["a"]))
 
 
+def test_restore_inside_a_large_row_group(tmp_path):
+    """Rows are made in blocks: restores inside, at and across block edges are exact."""
+    path = str(tmp_path / "large.parquet")
+    write(path, {"a": list(range(700))}, row_group_size=600)
+    it = iter(Parquet(path))
+    states = [it.get_state()]
+    for _ in range(700):
+        next(it)
+        states.append(it.get_state())
+    for step in (0, 255, 256, 257, 300, 512, 599, 600, 601, 699, 700):
+        fresh = iter(Parquet(path))
+        fresh.set_state(states[step])
+        assert [int(r["a"]) for r in fresh] == list(range(step, 700))
+        assert gm.checkpoint.to_grain_state(fresh.get_state()) == {
+            "row_group": 1,
+            "index_within_row_group": 100,
+        }
+    it.set_state(states[10])  # the same iterator, back into a decoded row group
+    assert int(next(it)["a"]) == 10
+    it.set_state(states[650])
+    assert int(next(it)["a"]) == 650
+
+
 def test_columns_reads_only_those(small):
     """An extension: Grain 0.2.18's ParquetIterDataset rejects columns= (TypeError)."""
     assert list(Parquet(small, columns=["s"]))[:2] == [{"s": "x0"}, {"s": "x1"}]

@@ -8,6 +8,7 @@ uses for chunks) decodes each row group it touches once.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -167,6 +168,7 @@ class ParquetDataSource:
         sizes = [n for per_file in counts for n in per_file]
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
         self._len = int(self._starts[-1])
+        self._start_list: list[int] = self._starts.tolist()  # bisect: no numpy call per row
         self._lock = threading.Lock()
         self._file_locks = [threading.Lock() for _ in self._paths]
         self._cache = _RowGroupCache(self._cache_row_groups, self._cache_bytes)
@@ -191,8 +193,11 @@ class ParquetDataSource:
             names, arrays, nbytes = file.read_row_group(g)
         return (names, arrays), nbytes
 
+    def _loader(self, group: int) -> Callable[[], tuple[_Block, int]]:
+        return lambda: self._load(group)
+
     def _block(self, group: int) -> _Block:
-        return self._cache.get(group, lambda: self._load(group))
+        return self._cache.get(group, self._loader(group))
 
     def _out_of_range(self, index: int) -> IndexError:
         return IndexError(
@@ -206,10 +211,10 @@ class ParquetDataSource:
             i += self._len
         if not 0 <= i < self._len:
             raise self._out_of_range(index)
-        group = int(np.searchsorted(self._starts, i, side="right")) - 1
-        names, arrays = self._block(group)
-        row = i - int(self._starts[group])
-        return dict(zip(names, [array[row] for array in arrays], strict=True))
+        group = bisect.bisect_right(self._start_list, i) - 1
+        names, arrays = self._cache.get(group, self._loader(group))
+        row = i - self._start_list[group]
+        return dict(zip(names, [array[row] for array in arrays]))  # noqa: B905 (hot path)
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The rows at ``indices``, decoding (or finding cached) each row group once."""
@@ -237,8 +242,8 @@ class ParquetDataSource:
                 for p in part.tolist():
                     out[p] = {}
                 continue
-            for p, values in zip(part.tolist(), zip(*columns, strict=True), strict=True):
-                out[p] = dict(zip(names, values, strict=True))
+            for p, values in zip(part.tolist(), zip(*columns), strict=True):  # noqa: B905
+                out[p] = dict(zip(names, values))  # noqa: B905 (hot path)
         return out
 
     def cache_info(self) -> CacheInfo:

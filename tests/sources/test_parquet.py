@@ -190,6 +190,17 @@ def test_read_kwargs_reach_pyarrow(small):
     assert rows[3] == {"a": np.int64(3), "s": "x3"}
 
 
+def test_a_pyarrow_filesystem_opens_the_path(small):
+    """read_kwargs' filesystem= (as for Grain) opens the path instead of gristmill."""
+    from pyarrow import fs
+
+    rows = list(Parquet(small, filesystem=fs.LocalFileSystem()))
+    assert rows[6] == {"a": np.int64(6), "s": "x6"}
+    src = Source(small, filesystem=fs.LocalFileSystem())
+    assert src[0] == rows[0]
+    assert repr(src) == f"ParquetDataSource([{small!r}], filesystem=<LocalFileSystem>)"
+
+
 def test_closed_iterator_refuses_next(small):
     it = iter(Parquet(small))
     next(it)

@@ -85,13 +85,16 @@ class ParquetFile:
     ) -> None:
         pq = pyarrow_parquet()
         self.path = path
-        handle: IO[bytes] = files.open_binary(path)  # OS errors name the path
-        source: Any = handle
-        if files.is_local(path):
-            # pyarrow's own reader is faster than a Python file object (no GIL per read).
-            handle.close()
-            source = files.local_path(path)
-        self._handle: IO[bytes] | None = None if files.is_local(path) else handle
+        self._handle: IO[bytes] | None = None
+        source: Any = path
+        if "filesystem" not in read_kwargs:  # else a pyarrow filesystem opens `path`
+            handle: IO[bytes] = files.open_binary(path)  # OS errors name the path
+            if files.is_local(path):
+                # pyarrow's own reader is faster than a Python file object (no GIL per read).
+                handle.close()
+                source = files.local_path(path)
+            else:
+                self._handle = source = handle
         try:
             self._file = pq.ParquetFile(source, **read_kwargs)
             metadata = self._file.metadata

@@ -286,5 +286,13 @@ class ParquetDataSource:
     def __repr__(self) -> str:
         extra = "" if self._columns is None else f", columns={list(self._columns)}"
         if self._read_kwargs:
-            extra += "".join(f", {k}={v!r}" for k, v in sorted(self._read_kwargs.items()))
+            extra += "".join(
+                f", {k}={_stable_repr(v)}" for k, v in sorted(self._read_kwargs.items())
+            )
         return f"ParquetDataSource({self._paths!r}{extra})"
+
+
+def _stable_repr(value: Any) -> str:
+    """``repr(value)``, or its type's name where the repr holds an object id."""
+    text = repr(value)
+    return f"<{type(value).__name__}>" if " at 0x" in text else text

@@ -17,6 +17,7 @@ numpy columns directly.
 
 from __future__ import annotations
 
+import bisect
 import os
 import tempfile
 from types import ModuleType
@@ -139,15 +140,15 @@ def _random_limit(*, n: int, row_group_size: int, reads: int) -> Case:
         out = []
         with pq.ParquetFile(path) as file:
             counts = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
-            starts = np.concatenate([[0], np.cumsum(counts)])
+            starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
             groups: dict[int, tuple[list[str], list[np.ndarray]]] = {}
             for i in indices:
-                group = int(np.searchsorted(starts, i, side="right")) - 1
+                group = bisect.bisect_right(starts, i) - 1
                 if group not in groups:
                     table = file.read_row_group(group)
                     groups[group] = (table.column_names, [c.to_numpy() for c in table.columns])
                 names, columns = groups[group]
-                row = i - int(starts[group])
+                row = i - starts[group]
                 out.append(dict(zip(names, [c[row] for c in columns])))  # noqa: B905
         return out
 

@@ -53,7 +53,7 @@ class _RowGroupCache:
         self._loading: dict[int, threading.Lock] = {}
         self._bytes = self._hits = self._misses = 0
 
-    def get(self, key: int, load: Callable[[], tuple[_Block, int]]) -> _Block:
+    def get(self, key: int, load: Callable[[int], tuple[_Block, int]]) -> _Block:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
@@ -70,7 +70,7 @@ class _RowGroupCache:
                     return entry[0]
                 self._misses += 1
             try:
-                block, nbytes = load()
+                block, nbytes = load(key)
             finally:
                 with self._lock:
                     self._loading.pop(key, None)
@@ -193,11 +193,8 @@ class ParquetDataSource:
             names, arrays, nbytes = file.read_row_group(g)
         return (names, arrays), nbytes
 
-    def _loader(self, group: int) -> Callable[[], tuple[_Block, int]]:
-        return lambda: self._load(group)
-
     def _block(self, group: int) -> _Block:
-        return self._cache.get(group, self._loader(group))
+        return self._cache.get(group, self._load)
 
     def _out_of_range(self, index: int) -> IndexError:
         return IndexError(
@@ -206,13 +203,13 @@ class ParquetDataSource:
         )
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        i = validation.check_index(index)
+        i = index if type(index) is int else validation.check_index(index)
         if i < 0:
             i += self._len
         if not 0 <= i < self._len:
             raise self._out_of_range(index)
         group = bisect.bisect_right(self._start_list, i) - 1
-        names, arrays = self._cache.get(group, self._loader(group))
+        names, arrays = self._cache.get(group, self._load)
         row = i - self._start_list[group]
         return dict(zip(names, [array[row] for array in arrays]))  # noqa: B905 (hot path)
 

@@ -44,6 +44,7 @@ WORKLOAD_MODULES = (
     "workloads_processes",
     "workloads_packing",
     "workloads_tfrecord",
+    "workloads_parquet",
 )
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")

@@ -122,6 +122,7 @@ EXPECTED = {
         "MapWithIndexTransform",
         "InterleaveIterDataset",
         "LimitIterDataset",
+        "ParquetIterDataset",
         "PerformanceConfig",
         "RebatchIterDataset",
         "RepeatIterDataset",
@@ -148,6 +149,7 @@ EXPECTED = {
     ],
 }
 EXPECTED["gristmill.sources"] += ["TFRecordDataSource", "TFRecordWriter", "write_tfrecord"]
+EXPECTED["gristmill.sources"] += ["ParquetDataSource", "write_parquet"]
 
 
 @pytest.mark.parametrize("module_name", sorted(EXPECTED))

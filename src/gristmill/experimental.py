@@ -30,6 +30,7 @@ from gristmill._src.dataset.zipping import ZipIterDataset, ZipMapDataset
 from gristmill._src.engine.reporting import log_statistics_every
 from gristmill._src.loader.elastic import ElasticIterator
 from gristmill._src.public import export as _export
+from gristmill._src.sources.parquet_dataset import ParquetIterDataset
 from gristmill._src.sources.tfrecord import TFRecordIterDataset
 
 _export(
@@ -44,6 +45,7 @@ _export(
     FlatMapMapDataset,
     InterleaveIterDataset,
     LimitIterDataset,
+    ParquetIterDataset,
     PerformanceConfig,
     RebatchIterDataset,
     RepeatIterDataset,
@@ -72,6 +74,7 @@ __all__ = [
     "InterleaveIterDataset",
     "LimitIterDataset",
     "MapWithIndexTransform",
+    "ParquetIterDataset",
     "PerformanceConfig",
     "RebatchIterDataset",
     "RepeatIterDataset",

@@ -12,3 +12,9 @@ __all__ = ["RandomAccessDataSource", "RangeDataSource", "SharedMemoryDataSource"
 
 _export("gristmill.sources", TFRecordDataSource, TFRecordWriter, write_tfrecord)
 __all__ += ["TFRecordDataSource", "TFRecordWriter", "write_tfrecord"]
+# Parquet (pyarrow, imported on first use: pip install 'gristmill[parquet]').
+from gristmill._src.sources.parquet_io import write_parquet  # noqa: E402
+from gristmill._src.sources.parquet_source import ParquetDataSource  # noqa: E402
+
+_export("gristmill.sources", ParquetDataSource)
+__all__ += ["ParquetDataSource", "write_parquet"]

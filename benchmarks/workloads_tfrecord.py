@@ -127,6 +127,13 @@ WORKLOADS = (
         builders={**grain_api(_sequential_dataset), "limit": _sequential_limit},
     ),
     Workload(
+        name="tfrecord_sequential_64k",
+        summary="for _ in TFRecordIterDataset(path): n records of ~64 KiB random bytes",
+        params={"n": 3_000, "record_bytes": 65_536},
+        quick_params={"n": 300, "record_bytes": 65_536},
+        builders={**grain_api(_sequential_dataset), "limit": _sequential_limit},
+    ),
+    Workload(
         name="tfrecord_random_access",
         summary="TFRecordDataSource(path)[i] at random i (limit: os.pread at known offsets)",
         params={"n": 100_000, "record_bytes": 1024, "lookups": 10_000},

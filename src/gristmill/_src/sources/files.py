@@ -98,11 +98,15 @@ def _reraise(path: str, error: OSError) -> OSError:
     return made
 
 
-def open_binary(path: str) -> IO[bytes]:
-    """Opens ``path`` for reading bytes; the caller closes it."""
+def open_binary(path: str, *, buffered: bool = True) -> IO[bytes]:
+    """Opens ``path`` for reading bytes; the caller closes it.
+
+    ``buffered=False`` opens a local file without Python's buffer (a reader of large blocks
+    saves a copy; ``read`` may then return fewer bytes than asked).
+    """
     try:
         if is_local(path):
-            return open(local_path(path), "rb")
+            return open(local_path(path), "rb", buffering=-1 if buffered else 0)
         fs, inner = filesystem(path)
         return fs.open(inner, "rb")  # type: ignore[no-any-return]
     except OSError as error:

@@ -1,7 +1,8 @@
 """TFRecordIterDataset: the records of one TFRecord file, in order, as raw bytes.
 
 The iterator reads the file in large blocks and slices the records out of the block, so a
-record costs no system call (a record larger than a block is read whole). Its state, as
+small record costs no system call; while records average 16 KiB or more, each is read on
+its own, straight into the bytes returned, so it is copied once. Its state, as
 upstream, is ``{'reader_offset': k}``: the byte offset of the next record.
 """
 
@@ -18,7 +19,12 @@ from gristmill._src.sources import files
 from gristmill._src.sources import tfrecord_format as fmt
 
 # Bytes read per system call; any size restores the same state (it is not in the state).
-_BLOCK_SIZE = 1 << 20
+_BLOCK_SIZE = 4 << 20
+# While records average at least this size, one not already buffered is read on its own,
+# straight into its bytes (one copy instead of two: file -> block -> record), and blocks
+# shrink to _PROBE_SIZE, enough for the next header and any small records after it.
+_DIRECT_BYTES = 16 << 10
+_PROBE_SIZE = 4 << 10
 
 
 class TFRecordIterDataset(IterDataset[bytes]):
@@ -70,7 +76,7 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         super().__init__()
         self._path = path
         self._verify = verify_crc
-        self._file: IO[bytes] | None = files.open_binary(path)
+        self._file: IO[bytes] | None = files.open_binary(path, buffered=False)
         try:
             self._size = _size_of(self._file, path)
         except BaseException:
@@ -87,6 +93,12 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         self._batch_start = 0  # buffer position of the first parsed record
         self._start = 0  # the offset this iterator started (or was restored) at
         self._index = 0  # records returned since self._start, before this batch
+        self._avg_size = 0.0  # running average record size: large ones are read directly
+        fileno = getattr(self._file, "fileno", None)
+        try:
+            self._fd: int | None = fileno() if files.is_local(path) and fileno else None
+        except (OSError, ValueError):
+            self._fd = None
 
     def __next__(self) -> bytes:
         i = self._i
@@ -109,12 +121,15 @@ class _TFRecordIterator(DatasetIterator[bytes]):
             raise fmt.truncated_header(
                 self._path, offset, index, len(self._buf) - self._pos, self._start
             )
-        buf, pos = self._buf, self._pos
         if self._verify:
-            fmt.check_length_crc(self._path, offset, index, buf, pos)
-        length = fmt.unpack_length(buf, pos)[0]
+            fmt.check_length_crc(self._path, offset, index, self._buf, self._pos)
+        length = fmt.unpack_length(self._buf, self._pos)[0]
         if length > self._size - offset - fmt.FRAME_SIZE:
             raise fmt.too_long(self._path, offset, index, length, self._size, self._start)
+        self._avg_size = average = (self._avg_size + length) / 2
+        buffered = len(self._buf) - self._pos >= length + fmt.FRAME_SIZE
+        if average >= _DIRECT_BYTES and not buffered:
+            return self._read_direct(offset, index, length)
         if not self._fill(length + fmt.FRAME_SIZE):
             # The file shrank while we read it.
             size = self._base + len(self._buf)
@@ -151,18 +166,57 @@ class _TFRecordIterator(DatasetIterator[bytes]):
                 ends.append(end)
                 pos = end
         else:
-            while pos + fmt.HEADER_SIZE <= limit:
-                end = pos + fmt.FRAME_SIZE + unpack(buf, pos)[0]
+            records = []
+            add_record, add_end = records.append, ends.append
+            head, foot, frame = fmt.HEADER_SIZE, fmt.FOOTER_SIZE, fmt.FRAME_SIZE
+            while pos + head <= limit:
+                end = pos + frame + unpack(buf, pos)[0]
                 if end > limit:
                     break
-                ends.append(end)
+                add_record(buf[pos + head : end - foot])
+                add_end(end)
                 pos = end
-            starts = [start, *ends[:-1]] if ends else []
-            head, foot = fmt.HEADER_SIZE, fmt.FOOTER_SIZE
-            records = [buf[a + head : b - foot] for a, b in zip(starts, ends, strict=True)]
         self._batch_start = start
         self._records, self._ends, self._i, self._n = records, ends, 0, len(records)
+        if records:
+            self._avg_size = (self._avg_size + (pos - start) / len(records)) / 2
         self._pos = pos
+
+    def _read_direct(self, offset: int, index: int, length: int) -> bytes:
+        """The record at ``offset`` (header parsed), read into its own bytes."""
+        size = length + (fmt.FOOTER_SIZE if self._verify else 0)
+        data = self._read_at(offset + fmt.HEADER_SIZE, size)
+        if len(data) < size:  # the file shrank while we read it
+            got = offset + fmt.HEADER_SIZE + len(data)
+            raise fmt.too_long(self._path, offset, index, length, got, self._start)
+        if self._verify:
+            stored = fmt.read_footer(data, length)
+            data = data[:length]
+            fmt.check_data_crc(self._path, offset, index, data, stored)
+        self._buf, self._base, self._pos = b"", offset + fmt.FRAME_SIZE + length, 0
+        self._batch_start = 0
+        self._index += 1
+        return data
+
+    def _read_at(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (fewer only at the end of the file)."""
+        if self._fd is not None:
+            data = os.pread(self._fd, size, offset)
+            while len(data) < size:
+                more = os.pread(self._fd, size - len(data), offset + len(data))
+                if not more:
+                    break
+                data += more
+            return data
+        file = cast("IO[bytes]", self._file)
+        file.seek(offset)
+        data = file.read(size)
+        while len(data) < size:
+            more = file.read(size - len(data))
+            if not more:
+                break
+            data += more
+        return data
 
     def _fill(self, need: int) -> bool:
         """Makes ``need`` bytes from ``self._pos`` available in the buffer; False at the end."""
@@ -171,10 +225,14 @@ class _TFRecordIterator(DatasetIterator[bytes]):
             return True
         file = cast("IO[bytes]", self._file)  # open: _check_open ran
         offset = self._base + self._pos
-        if have:
-            # Read the partial record again with the next block (cheaper than joining).
-            file.seek(offset)
-        buf = file.read(max(_BLOCK_SIZE, need))
+        # A partial record is read again with the next block (cheaper than joining), and
+        # a direct read may have moved on: read from the offset wanted.
+        file.seek(offset)
+        # Free the old block first: the allocator then reuses its memory for the new one
+        # (a fresh multi-MiB allocation is fresh pages, each one faulted in on first touch).
+        self._buf = b""
+        block = _PROBE_SIZE if self._avg_size >= _DIRECT_BYTES else _BLOCK_SIZE
+        buf = file.read(max(block, need))
         while len(buf) < need:  # a short read (some remote files): read on to the end
             more = file.read(need - len(buf))
             if not more:

@@ -579,3 +579,49 @@ def test_source_in_worker_processes(tmp_path):
     it.set_state(state)
     assert head + list(it) == expected
     it.close()
+
+
+@pytest.mark.parametrize("verify_crc", [False, True])
+def test_large_records_read_on_their_own_restore_at_every_position(tmp_path, verify_crc):
+    """Records averaging 16 KiB or more are read straight into their bytes, between small
+    ones read from blocks (the file is larger than one 4 MiB block): the same records and
+    states either way."""
+    rng = np.random.default_rng(3)
+    sizes = [900_000, 20_000, 3, 1_500_000, 0, 30_000, 17, 1_200_000, 900_000, 5, 600_000]
+    records = [rng.bytes(size) for size in sizes]
+    path = _write(tmp_path / "large.tfrecord", records)
+    it = iter(TFRecordIterDataset(path, verify_crc=verify_crc))
+    states = [it.get_state()]
+    for record in records:
+        assert next(it) == record
+        states.append(it.get_state())
+    assert [gm.checkpoint.to_grain_state(s)["reader_offset"] for s in states] == [
+        0,
+        *_offsets(records),
+    ]
+    for k, state in enumerate(states):
+        it.set_state(state)
+        assert list(it) == records[k:]
+    it.close()
+
+
+@pytest.mark.parametrize("verify_crc", [False, True])
+def test_a_truncated_large_record_names_file_offset_and_record(tmp_path, verify_crc):
+    records = [os.urandom(1_000_000) for _ in range(6)]
+    path = _corrupt(tmp_path, records, lambda raw: raw[:-100])
+    offset = _offsets(records)[4]
+    with pytest.raises(
+        ValueError,
+        match=rf"at byte offset {offset} \(record 5\) the record header gives a length of "
+        r"1000000 bytes, which needs 1000016 bytes but only 999916 remain",
+    ):
+        _read_all(path, verify_crc=verify_crc)
+
+
+def test_a_damaged_large_record_fails_its_crc(tmp_path):
+    records = [os.urandom(30_000) for _ in range(3)]
+    offset = _offsets(records)[0]
+    path = _corrupt(tmp_path, records, lambda raw: raw[:offset + 500] + b"\xff" + raw[offset + 501:])
+    assert len(_read_all(path)) == 3  # unverified, as upstream
+    with pytest.raises(ValueError, match=rf"at byte offset {offset} \(record 1\) the data CRC"):
+        _read_all(path, verify_crc=True)

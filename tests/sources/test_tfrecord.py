@@ -619,9 +619,15 @@ def test_a_truncated_large_record_names_file_offset_and_record(tmp_path, verify_
 
 
 def test_a_damaged_large_record_fails_its_crc(tmp_path):
-    records = [os.urandom(30_000) for _ in range(3)]
-    offset = _offsets(records)[0]
-    path = _corrupt(tmp_path, records, lambda raw: raw[:offset + 500] + b"\xff" + raw[offset + 501:])
-    assert len(_read_all(path)) == 3  # unverified, as upstream
-    with pytest.raises(ValueError, match=rf"at byte offset {offset} \(record 1\) the data CRC"):
+    records = [os.urandom(1_000_000) for _ in range(6)]
+    offset = _offsets(records)[3]
+    at = offset + 500
+
+    def damage(raw):
+        raw[at] ^= 0xFF
+        return raw
+
+    path = _corrupt(tmp_path, records, damage)
+    assert len(_read_all(path)) == 6  # unverified, as upstream
+    with pytest.raises(ValueError, match=rf"at byte offset {offset} \(record 4\) the data CRC"):
         _read_all(path, verify_crc=True)

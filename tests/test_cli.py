@@ -49,3 +49,28 @@ def test_unknown_command_is_a_usage_error():
     with pytest.raises(SystemExit) as info:
         main(["bake"])
     assert info.value.code == 2
+
+
+@pytest.mark.parametrize("file_format", ["tfrecord", "parquet"])
+def test_demo_reads_the_same_batches_back_from_a_file(tmp_path, file_format):
+    from gristmill.cli import demo, demo_files
+
+    records = demo.make_records(96, seed=3)
+    path = demo_files.write(records, file_format, str(tmp_path))
+    source = demo_files.source(records, file_format, path)
+    from_file = [demo.digest(b) for b in demo.build(source, seed=3, threads=2, batch_size=16)]
+    in_memory = [demo.digest(b) for b in demo.build(records, seed=3, threads=2, batch_size=16)]
+    assert from_file == in_memory
+    source.close()
+
+
+def test_demo_format_choice():
+    from gristmill.cli import demo_files
+
+    assert demo_files.resolve("auto") == "tfrecord"  # the test extra installs google_crc32c
+    assert demo_files.resolve("memory") == "memory"
+    with pytest.raises(ValueError, match=r"format must be one of \('auto', 'memory'"):
+        demo_files.resolve("csv")
+    out = io.StringIO()
+    assert run_demo(records=64, batch_size=16, threads=1, seed=1, file_format="memory", out=out)
+    assert "records in memory (install gristmill[tfrecord], gristmill[parquet]" in out.getvalue()

@@ -1,7 +1,9 @@
 """``gristmill demo``: a realistic multi-stage pipeline on synthetic data, end to end.
 
-Records are zlib-compressed 64x64x3 images with labels (generated here). The pipeline
-shuffles them, decompresses and decodes each into an array, augments it with a per-record
+Records are zlib-compressed 64x64x3 images with labels (generated here), written to a
+TFRecord or Parquet file when that format's package is installed (``demo_files``) and read
+back through its random-access source. The pipeline shuffles them, decompresses and decodes
+each into an array, augments it with a per-record
 RNG (random flip, crop and noise), and batches. The demo runs one epoch with a progress
 bar, prints per-stage statistics and the bottleneck, checkpoints mid-way, restores the
 checkpoint in a fresh iterator and checks that the continuation is identical.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import tempfile
 import time
 import zlib
 from typing import Any, TextIO
@@ -18,6 +21,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import gristmill as gm
+from gristmill.cli import demo_files
 
 IMAGE_SHAPE = (64, 64, 3)
 CROP = 56
@@ -35,10 +39,10 @@ def make_records(count: int, seed: int) -> list[dict[str, Any]]:
     return records
 
 
-def decode(record: dict[str, Any]) -> dict[str, Any]:
-    raw = zlib.decompress(record["jpeg"])
-    image = np.frombuffer(raw, dtype=np.uint8).reshape(IMAGE_SHAPE)
-    return {"image": image, "label": record["label"]}
+def decode(record: Any) -> dict[str, Any]:
+    payload, label = demo_files.decode_fields(record)
+    image = np.frombuffer(zlib.decompress(payload), dtype=np.uint8).reshape(IMAGE_SHAPE)
+    return {"image": image, "label": label}
 
 
 def augment(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -52,7 +56,8 @@ def augment(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     return {"image": image, "label": np.int32(record["label"])}
 
 
-def build(records: list[dict[str, Any]], *, seed: int, threads: int, batch_size: int) -> Any:
+def build(records: Any, *, seed: int, threads: int, batch_size: int) -> Any:
+    """The pipeline over ``records``: a list, or a file's random-access source."""
     return (
         gm.MapDataset.source(records)
         .seed(seed)
@@ -84,13 +89,37 @@ def _progress(out: TextIO, done: int, total: int, started: float) -> None:
 
 
 def run_demo(
-    *, records: int, batch_size: int, threads: int, seed: int, out: TextIO = sys.stdout
+    *,
+    records: int,
+    batch_size: int,
+    threads: int,
+    seed: int,
+    file_format: str = "auto",
+    out: TextIO = sys.stdout,
 ) -> bool:
     """Runs the demo; returns True when the restored continuation matched."""
+    fmt = demo_files.resolve(file_format)
     out.write(f"gristmill demo: {records} synthetic compressed images, batch {batch_size}, ")
     out.write(f"{threads} threads\n")
-    data = make_records(records, seed)
-    dataset = build(data, seed=seed, threads=threads, batch_size=batch_size)
+    with tempfile.TemporaryDirectory(prefix="gristmill-demo-") as directory:
+        data = make_records(records, seed)
+        path = None
+        if fmt == "memory":
+            out.write(f"  records in memory ({demo_files.install_hint()})\n")
+        else:
+            path = demo_files.write(data, fmt, directory)
+            out.write(f"  written to {path} ({fmt}), read back by random access\n")
+        source = demo_files.source(data, fmt, path)
+        try:
+            return _run(source, records, batch_size, threads, seed, out)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+
+def _run(source: Any, records: int, batch_size: int, threads: int, seed: int, out: TextIO) -> bool:
+    dataset = build(source, seed=seed, threads=threads, batch_size=batch_size)
     total = records // batch_size
     checkpoint_at = total // 2
 
@@ -121,7 +150,7 @@ def run_demo(
         f"checkpoint after batch {checkpoint_at}: {gm.checkpoint.to_grain_state(state)} "
         f"(+ format version and pipeline fingerprint {meta!r})\n"
     )
-    restored = iter(build(data, seed=seed, threads=max(1, threads // 2), batch_size=batch_size))
+    restored = iter(build(source, seed=seed, threads=max(1, threads // 2), batch_size=batch_size))
     restored.set_state(state)
     tail = [digest(batch) for batch in restored]
     restored.close()

@@ -6,6 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet")
+"""Where ``gristmill demo`` keeps its records (see ``cli/demo_files.py``)."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -19,6 +22,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-size", type=int, default=64, help="batch size (64)")
     demo.add_argument("--threads", type=int, default=4, help="ReadOptions.num_threads (4)")
     demo.add_argument("--seed", type=int, default=2026, help="pipeline seed (2026)")
+    demo.add_argument(
+        "--format",
+        choices=DEMO_FORMATS,
+        default="auto",
+        help="where the records live: auto (a TFRecord or Parquet file if that extra is "
+        "installed, else memory), memory, tfrecord, parquet",
+    )
     return parser
 
 
@@ -36,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         ok = run_demo(
-            records=args.records, batch_size=args.batch_size, threads=args.threads, seed=args.seed
+            records=args.records,
+            batch_size=args.batch_size,
+            threads=args.threads,
+            seed=args.seed,
+            file_format=args.format,
         )
         return 0 if ok else 1
     return 2  # pragma: no cover - argparse rejects unknown commands

@@ -1,0 +1,76 @@
+"""Where the demo's records live: written to a file in one of the formats, or kept in memory.
+
+``auto`` picks the first format whose optional package is installed — TFRecord (writing
+needs ``google_crc32c``), then Parquet (``pyarrow``) — and otherwise keeps the records in
+memory. A file is read back through the format's random-access source, so the demo's
+pipeline shuffles and checkpoints over the file as it would over a training set.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import numpy as np
+
+import gristmill as gm
+from gristmill.cli.main import DEMO_FORMATS as FORMATS
+
+_NEEDS = {"tfrecord": ("google_crc32c", "tfrecord"), "parquet": ("pyarrow", "parquet")}
+
+
+def resolve(name: str) -> str:
+    """The format ``name`` stands for (``auto``: the first one installed, else memory)."""
+    if name not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {name!r}")
+    if name != "auto":
+        return name
+    for candidate, (module, _) in _NEEDS.items():
+        if importlib.util.find_spec(module) is not None:
+            return candidate
+    return "memory"
+
+
+def install_hint() -> str:
+    extras = ", ".join(f"gristmill[{extra}]" for _, extra in _NEEDS.values())
+    return f"install {extras} to read the records from a file"
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """A record as the bytes a TFRecord holds: one label byte, then the compressed image."""
+    return bytes([record["label"]]) + bytes(record["jpeg"])
+
+
+def decode_fields(record: Any) -> tuple[bytes, int]:
+    """``(compressed image, label)`` from a record in memory, a TFRecord's bytes or a
+    Parquet row."""
+    if isinstance(record, bytes):
+        return record[1:], record[0]
+    return record["jpeg"], int(record["label"])
+
+
+def write(records: list[dict[str, Any]], fmt: str, directory: str) -> str:
+    """Writes ``records`` in ``fmt`` into ``directory``; returns the file's path."""
+    if fmt == "tfrecord":
+        path = os.path.join(directory, "demo.tfrecord")
+        gm.sources.write_tfrecord(path, [encode(r) for r in records])
+        return path
+    if fmt == "parquet":
+        path = os.path.join(directory, "demo.parquet")
+        columns = {
+            "jpeg": [r["jpeg"] for r in records],
+            "label": np.asarray([r["label"] for r in records], np.int64),
+        }
+        gm.sources.write_parquet(path, columns, row_group_size=256)
+        return path
+    raise ValueError(f"cannot write format {fmt!r}")
+
+
+def source(records: list[dict[str, Any]], fmt: str, path: str | None) -> Any:
+    """What ``MapDataset.source`` reads: the records, or the file's random-access source."""
+    if fmt == "memory" or path is None:
+        return records
+    if fmt == "tfrecord":
+        return gm.sources.TFRecordDataSource(path)
+    return gm.sources.ParquetDataSource(path)

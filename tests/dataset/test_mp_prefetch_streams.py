@@ -5,6 +5,7 @@ output and the state never depend on the worker count."""
 import functools
 import gc
 import glob
+import logging
 import multiprocessing
 import os
 import signal
@@ -204,3 +205,12 @@ def test_an_input_that_cannot_be_sent_to_the_workers_is_a_clear_error():
     with pytest.raises(TypeError, match="cannot pickle") as info:
         list(ds.mp_prefetch(options(1)))
     assert "cannot be sent to worker process 0" in "\n".join(info.value.__notes__)
+
+
+def test_enable_profiling_logs_the_stages(caplog):
+    profiled = gm.MultiprocessingOptions(num_workers=2, enable_profiling=True)
+    ds = gm.MapDataset.range(30).map(fns.times_ten).to_iter_dataset().mp_prefetch(profiled)
+    with caplog.at_level(logging.INFO, logger="gristmill.statistics"):
+        assert list(ds) == [10 * i for i in range(30)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("[processes x2]" in line and "out=30" in line for line in lines)

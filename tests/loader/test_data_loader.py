@@ -2,6 +2,7 @@
 upstream bugs fixed (per-worker batching, the lost shard remainder, MapWithIndex)."""
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -307,3 +308,26 @@ def test_a_flat_map_loader_resumes_inside_an_expansion():
         again.set_state(state)
         assert head + list(again) == full
         again.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_enable_profiling_logs_the_stages_at_the_end_of_the_data(caplog, workers):
+    def loader(profiling):
+        return gm.DataLoader(
+            data_source=list(range(40)),
+            sampler=gm.samplers.IndexSampler(40, gm.sharding.NoSharding(), num_epochs=1),
+            operations=[gm.transforms.Batch(8)],
+            worker_count=workers,
+            enable_profiling=profiling,
+        )
+
+    with caplog.at_level(logging.INFO, logger="gristmill.statistics"):
+        assert len(list(loader(False))) == 5
+        assert caplog.records == []
+        assert len(list(loader(True))) == 5
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines
+    assert all(line.startswith("stage '") for line in lines)
+    assert any("out=40" in line for line in lines)
+    with pytest.raises(TypeError, match="enable_profiling"):
+        loader("yes")

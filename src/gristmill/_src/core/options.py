@@ -37,12 +37,13 @@ class ReadOptions:
 
 @dataclasses.dataclass(slots=True)
 class MultiprocessingOptions:
-    """Worker processes for ``mp_prefetch`` (the process backend is a later release).
+    """Worker processes for ``mp_prefetch``.
 
     Attributes:
       num_workers: worker processes; 0 runs in the main process.
       per_worker_buffer_size: elements each worker may produce ahead.
-      enable_profiling: whether workers record profiles.
+      enable_profiling: log the pipeline's per-stage statistics (the ``gristmill.statistics``
+        logger, INFO) every 60 s and at the end of the data.
     """
 
     num_workers: int = 0

@@ -13,6 +13,7 @@ from typing import Any
 from gristmill._src.core import specs, validation
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.producer import BackgroundProducer
+from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 
 
@@ -38,9 +39,13 @@ class ThreadPrefetchIterDataset(IterDataset[Any]):
         self._buffer_size = validation.check_int_in_range(
             prefetch_buffer_size, "prefetch_buffer_size", low=0, fix="; use 0 to disable it"
         )
+        self._profile_every_s: float | None = None  # set by mp_prefetch(enable_profiling)
 
     def __iter__(self) -> ThreadPrefetchDatasetIterator:
-        return ThreadPrefetchDatasetIterator(iter(self._parent), self._buffer_size)
+        iterator = ThreadPrefetchDatasetIterator(iter(self._parent), self._buffer_size)
+        if self._profile_every_s is not None:
+            iterator._profiler = PeriodicReporter(iterator.statistics, self._profile_every_s)
+        return iterator
 
     @property
     def _element_spec(self) -> Any:
@@ -70,6 +75,7 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
         self._state: dict[str, Any] | None = None  # parent state after the last delivered
         self._counters = StageCounters("thread prefetch", 1, prefetch_buffer_size)
         self._guard = ConsumerGuard()  # set_state from another thread: a clear error
+        self._profiler: PeriodicReporter | None = None  # logs statistics (enable_profiling)
 
     def _start(self) -> BackgroundProducer:
         if self._producer is None:
@@ -92,6 +98,8 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
                 with self._guard.waiting:
                     element, state = producer.take()
         except StopIteration:
+            if self._profiler is not None:
+                self._profiler.report()
             raise
         except Exception as e:
             e.add_note("gristmill: raised upstream of a ThreadPrefetchIterDataset")
@@ -101,6 +109,8 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
             self.close()
             raise
         self._state = state
+        if self._profiler is not None:
+            self._profiler.maybe_report()
         return element
 
     def _stop(self) -> None:
@@ -238,6 +248,9 @@ def mp_prefetch(
             UserWarning,
             stacklevel=3,
         )
-    return ThreadPrefetchIterDataset(
+    prefetched = ThreadPrefetchIterDataset(
         lowered, prefetch_buffer_size=max(options.per_worker_buffer_size, 1)
     )
+    if options.enable_profiling:  # per-stage statistics logged, as upstream logs profiles
+        prefetched._profile_every_s = PROFILE_INTERVAL_S
+    return prefetched

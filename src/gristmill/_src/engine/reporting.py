@@ -25,22 +25,37 @@ def log_statistics_every(seconds: float | None) -> None:
     _interval_s = seconds
 
 
+PROFILE_INTERVAL_S = 60.0
+"""How often ``enable_profiling`` (DataLoader, MultiprocessingOptions) logs, as upstream."""
+
+
 class PeriodicReporter:
-    """Emits statistics when the interval has passed since the last report."""
+    """Emits statistics when the interval has passed since the last report.
 
-    __slots__ = ("_last", "_snapshot")
+    ``interval_s`` fixes this reporter's interval (profiling asked for by an option);
+    None follows :func:`log_statistics_every`.
+    """
 
-    def __init__(self, snapshot: Callable[[], PipelineStatistics]) -> None:
+    __slots__ = ("_interval_s", "_last", "_snapshot")
+
+    def __init__(
+        self, snapshot: Callable[[], PipelineStatistics], interval_s: float | None = None
+    ) -> None:
         self._snapshot = snapshot
+        self._interval_s = interval_s
         self._last = time.monotonic()
 
     def maybe_report(self) -> None:
-        interval = _interval_s
+        interval = self._interval_s if self._interval_s is not None else _interval_s
         if interval is None:
             return
         now = time.monotonic()
         if now - self._last < interval:
             return
-        self._last = now
+        self.report()
+
+    def report(self) -> None:
+        """Logs one line per stage now."""
+        self._last = time.monotonic()
         for stage in self._snapshot().stages:
             logger.info(format_line(stage))

@@ -26,6 +26,7 @@ from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
 from gristmill._src.loader import sharding
 from gristmill._src.loader.samplers import IndexSampler
 
@@ -202,6 +203,9 @@ class DataLoader:
       worker_buffer_size: elements each worker may produce ahead (at least).
       shard_options: which shard to read; ``None`` takes the sampler's.
       read_options: threads and buffer of the read stage when ``worker_count`` is 0.
+      enable_profiling: log the per-stage statistics (``gristmill.statistics`` logger, INFO)
+        every 60 s and at the end of the data, for any ``worker_count`` (upstream: workers
+        only).
     """
 
     def __init__(
@@ -238,6 +242,7 @@ class DataLoader:
         self._worker_count = worker_count
         self._worker_buffer_size = worker_buffer_size
         self._read_options = read_options or ReadOptions()
+        self._enable_profiling = validation.check_bool(enable_profiling, "enable_profiling")
         self._dataset = self._build()
 
     def _build(self) -> IterDataset[Any]:
@@ -265,12 +270,27 @@ class DataLoaderIterator:
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader
         self._iterator: DatasetIterator[Any] = iter(loader._dataset)
+        # enable_profiling: per-stage statistics logged every PROFILE_INTERVAL_S and at the
+        # end of the data (any worker count; upstream profiles workers only).
+        self._profiler = (
+            PeriodicReporter(self._iterator.statistics, PROFILE_INTERVAL_S)  # type: ignore[attr-defined]
+            if loader._enable_profiling
+            else None
+        )
 
     def __iter__(self) -> DataLoaderIterator:
         return self
 
     def __next__(self) -> Any:
-        return next(self._iterator)
+        if self._profiler is None:
+            return next(self._iterator)
+        try:
+            element = next(self._iterator)
+        except StopIteration:
+            self._profiler.report()
+            raise
+        self._profiler.maybe_report()
+        return element
 
     def start_prefetch(self) -> None:
         self._iterator.start_prefetch()

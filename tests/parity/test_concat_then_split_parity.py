@@ -82,7 +82,9 @@ PIPELINES: dict[str, Builder] = {
         split_full_length_features=False,
     ),
     "one_feature_no_split_of_full_length": lambda g: _cts(
-        g, _one(g, [3, 6, 4, 6, 6, 2, 6, 1, 9, 6]), length_struct={"a": 6},
+        g,
+        _one(g, [3, 6, 4, 6, 6, 2, 6, 1, 9, 6]),
+        length_struct={"a": 6},
         split_full_length_features=False,
     ),
     "meta_feature": lambda g: _cts(

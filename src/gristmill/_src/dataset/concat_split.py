@@ -353,9 +353,11 @@ class _ConcatSplitIterator(ForwardingIterator):
                 break
             element, before = read
             lengths = {f: len(element[f]) for f in spec.segmented}
-            if not spec.split_full and all(
-                n <= spec.targets[f] for f, n in lengths.items()
-            ) and any(n == spec.targets[f] for f, n in lengths.items()):
+            if (
+                not spec.split_full
+                and all(n <= spec.targets[f] for f, n in lengths.items())
+                and any(n == spec.targets[f] for f, n in lengths.items())
+            ):
                 held.append(self._alone(element))
                 continue
             if any(len(element[f]) > spec.targets[f] - row.fills[f] for f in spec.meta):

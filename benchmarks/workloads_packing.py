@@ -1,4 +1,4 @@
-"""Packing workloads: first-fit and best-fit packing of variable-length token sequences.
+"""Packing workloads: first-fit, best-fit and concat-then-split packing of token sequences.
 
 One builder shared by the Grain-API contenders (``grain``, ``gristmill``); no ``limit``: a
 bare packing loop would be a third implementation of the same algorithm, not a bound.
@@ -49,6 +49,31 @@ def _pack_case(gm: ModuleType, kind: str, *, n: int, max_length: int, bins: int)
     return Case(run=run, elements=n, sample=sample)
 
 
+def _concat_then_split(gm: ModuleType, *, n: int, max_length: int, bins: int) -> Case:
+    del bins  # the same parameters as the bin-packing workloads; no bins here
+    data = _sequences(n, max_length)
+
+    def build() -> Any:
+        parent = gm.MapDataset.source(data).to_iter_dataset()
+        return gm.experimental.ConcatThenSplitIterDataset(
+            parent, length_struct={"tokens": 2 * max_length}
+        )
+
+    def run() -> None:
+        for _ in build():
+            pass
+
+    def sample() -> list[Any]:
+        rows = []
+        for row in build():
+            rows.append(row)
+            if len(rows) == 8:
+                break
+        return rows
+
+    return Case(run=run, elements=n, sample=sample)
+
+
 def _first_fit(gm: ModuleType, **params: int) -> Case:
     return _pack_case(gm, "FirstFitPackIterDataset", **params)
 
@@ -71,5 +96,12 @@ WORKLOADS = (
         params={"n": 20_000, "max_length": 512, "bins": 16},
         quick_params={"n": 2_000, "max_length": 512, "bins": 16},
         builders=grain_api(_best_fit),
+    ),
+    Workload(
+        name="concat_then_split",
+        summary="ConcatThenSplit of the first_fit_pack sequences into rows of 1024",
+        params={"n": 20_000, "max_length": 512, "bins": 16},
+        quick_params={"n": 2_000, "max_length": 512, "bins": 16},
+        builders=grain_api(_concat_then_split),
     ),
 )

@@ -111,6 +111,8 @@ EXPECTED = {
     ],
     "gristmill.experimental": [
         "BestFitPackIterDataset",
+        "BOSHandling",
+        "ConcatThenSplitIterDataset",
         "FirstFitPackIterDataset",
         "CacheIterDataset",
         "FlatMapIterDataset",

@@ -9,6 +9,7 @@ from gristmill._src.core.transforms import MapWithIndex as MapWithIndexTransform
 from gristmill._src.core.tree import batch_and_pad
 from gristmill._src.dataset.apply import apply_transformations
 from gristmill._src.dataset.cache import CacheIterDataset
+from gristmill._src.dataset.concat_split import BOSHandling, ConcatThenSplitIterDataset
 from gristmill._src.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from gristmill._src.dataset.interleave import InterleaveIterDataset
 from gristmill._src.dataset.iter_slicing import LimitIterDataset, RepeatIterDataset
@@ -35,6 +36,8 @@ from gristmill._src.sources.tfrecord import TFRecordIterDataset
 
 _export(
     "gristmill.experimental",
+    BOSHandling,
+    ConcatThenSplitIterDataset,
     BestFitPackIterDataset,
     FirstFitPackIterDataset,
     CacheIterDataset,
@@ -62,6 +65,8 @@ _export(
 )
 
 __all__ = [
+    "BOSHandling",
+    "ConcatThenSplitIterDataset",
     "BestFitPackIterDataset",
     "FirstFitPackIterDataset",
     "CacheIterDataset",

@@ -1,0 +1,461 @@
+"""ConcatThenSplitIterDataset: sequences concatenated into rows and cut at the row's end.
+
+Each row holds, per feature of ``length_struct``, up to its target length of tokens; an
+element that does not fit is split: the part that fits closes the row and the rest (the
+*remainder*) opens the next one. Rows are written with one slice copy per piece and feature.
+
+State ``{'parent_state', 'remainder_slices', 'elements_from_buffer_after_checkpoint'}`` as
+Grain 0.2.18: a *checkpoint* is taken each time the rows of the last build are all returned
+and the next build starts: ``parent_state`` is the parent's state before the element that
+opens it, ``remainder_slices`` the ``(start, stop)`` of that element still to place per
+feature (``(-1, -1)`` when it is a fresh element), and the counter how many rows of the
+build were returned. Restoring re-reads that element, rebuilds and skips the returned rows.
+
+Grain's behaviour is reproduced as observed, including two quirks (kept for identical
+outputs and states): when a remainder is longer than the target of some feature, the row
+holds only that feature's first target tokens (and the meta features), and the remainder of
+every other feature restarts at ``stop - start`` of the element; and in
+``REPLACE_FIRST_TOKEN_WITH_BOS`` mode a piece with no tokens still writes the BOS token at
+its start (Grain raises IndexError when that start is the end of the row; we skip it).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gristmill._src.core import validation
+from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.iter_support import (
+    ForwardingIterator,
+    check_parent,
+    state_count,
+    state_fields,
+)
+
+_FRESH = (-1, -1)  # remainder_slices of a feature when no element is partly placed
+
+
+class BOSHandling(enum.Enum):
+    """What ConcatThenSplitIterDataset does with the first token of each piece of a row."""
+
+    DO_NOTHING = 1
+    REPLACE_FIRST_TOKEN_WITH_BOS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    owner: str
+    targets: dict[Any, int]  # feature -> target length, in length_struct order
+    meta: frozenset[Any]  # copied whole into every row that holds part of the element
+    split_full: bool
+    bos: frozenset[Any]
+    bos_token: Any
+
+    @property
+    def segmented(self) -> tuple[Any, ...]:
+        return tuple(f for f in self.targets if f not in self.meta)
+
+
+def _names(value: Any, name: str, owner: str, targets: dict[Any, int]) -> frozenset[Any]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise TypeError(
+            f"{owner}: {name} must be a sequence of feature names, got {value!r}; "
+            f"write {name}=({value!r},)"
+        )
+    unknown = [f for f in value if f not in targets]
+    if unknown:
+        raise ValueError(
+            f"{owner}: {name} must name features of length_struct {list(targets)}, got "
+            f"{unknown!r}; add them to length_struct or remove them from {name}"
+        )
+    return frozenset(value)
+
+
+class _Row:
+    """One output row being filled; arrays are allocated from the first piece of each feature."""
+
+    def __init__(self, spec: _Spec) -> None:
+        self._spec = spec
+        self.fills = dict.fromkeys(spec.targets, 0)
+        self.segments = 0
+        self._arrays: dict[Any, np.ndarray] = {}
+        self._ids: dict[Any, np.ndarray] = {}
+        self._positions: dict[Any, np.ndarray] = {}
+
+    def add(self, pieces: Mapping[Any, np.ndarray]) -> None:
+        spec = self._spec
+        self.segments += 1
+        for feature, piece in pieces.items():
+            target = spec.targets[feature]
+            array = self._arrays.get(feature)
+            if array is None:
+                array = np.zeros((target, *piece.shape[1:]), piece.dtype)
+                self._arrays[feature] = array
+                if feature not in spec.meta:
+                    self._ids[feature] = np.zeros(target, np.int32)
+                    self._positions[feature] = np.zeros(target, np.int32)
+            start = self.fills[feature]
+            stop = start + len(piece)
+            array[start:stop] = piece
+            if feature not in spec.meta:
+                self._ids[feature][start:stop] = self.segments
+                self._positions[feature][start:stop] = np.arange(len(piece), dtype=np.int32)
+            if feature in spec.bos and start < target:
+                array[start] = spec.bos_token
+            self.fills[feature] = stop
+
+    def is_full(self) -> bool:
+        return all(self.fills[f] == self._spec.targets[f] for f in self._spec.segmented)
+
+    def output(self) -> dict[Any, np.ndarray]:
+        out: dict[Any, np.ndarray] = {}
+        for feature in self._spec.targets:
+            out[feature] = self._arrays[feature]
+            if feature not in self._spec.meta:
+                out[f"{feature}_segment_ids"] = self._ids[feature]
+                out[f"{feature}_positions"] = self._positions[feature]
+        return out
+
+
+class ConcatThenSplitIterDataset(IterDataset[Any]):
+    """Concatenates the elements' features and cuts them into rows of fixed lengths.
+
+    Elements are dicts with exactly the features of ``length_struct``, each an array whose
+    first axis is the sequence. Sequences are appended to the current row; one that does not
+    fit is split and its rest opens the next row. Each row has ``<f>`` (padded with 0),
+    ``<f>_segment_ids`` (1-based piece number, 0 on padding) and ``<f>_positions`` (0-based
+    within the piece), int32. Meta features are never split: they are copied whole into each
+    row that holds part of their element, get no segment ids, and an element whose meta
+    features do not fit starts a new row.
+
+    Args:
+      parent: dataset of dicts of numpy arrays.
+      length_struct: feature -> target length (int >= 1).
+      meta_features: features of ``length_struct`` copied whole, never split.
+      split_full_length_features: if False, an element filling some feature exactly (and
+        exceeding none) is not split but returned alone, after the row being filled.
+      bos_handling: ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS`` writes ``bos_token_id`` over
+        the first token of every piece of ``bos_features``, continuations included.
+      bos_features: features whose pieces start with the BOS token.
+      bos_token_id: the BOS token (required with ``REPLACE_FIRST_TOKEN_WITH_BOS``).
+
+    Raises:
+      ValueError / TypeError: bad arguments (at construction); an element without the
+        features of ``length_struct`` or whose meta feature is longer than its target (when
+        read).
+
+    >>> import gristmill as gm, numpy as np
+    >>> ds = gm.MapDataset.source([{"t": np.arange(1, n + 1)} for n in (3, 5, 2)])
+    >>> rows = gm.experimental.ConcatThenSplitIterDataset(
+    ...     ds.to_iter_dataset(), length_struct={"t": 4})
+    >>> [row["t"].tolist() for row in rows]
+    [[1, 2, 3, 1], [2, 3, 4, 5], [1, 2, 0, 0]]
+    >>> [row["t_segment_ids"].tolist() for row in rows]
+    [[1, 1, 1, 2], [1, 1, 1, 1], [1, 1, 0, 0]]
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset[Any],
+        *,
+        length_struct: Any,
+        meta_features: Any = (),
+        split_full_length_features: bool = True,
+        bos_handling: BOSHandling = BOSHandling.DO_NOTHING,
+        bos_features: Any = (),
+        bos_token_id: int | None = None,
+    ) -> None:
+        owner = type(self).__name__
+        super().__init__(check_parent(parent, owner))
+        if not isinstance(length_struct, Mapping) or not length_struct:
+            raise TypeError(
+                f"{owner}: length_struct must be a non-empty dict of feature name -> int, got "
+                f"{length_struct!r}; e.g. length_struct={{'tokens': 1024}}"
+            )
+        targets = {
+            key: validation.check_int_in_range(
+                size, f"{owner}: length_struct[{key!r}]", low=1, fix=f" (in {length_struct!r})"
+            )
+            for key, size in length_struct.items()
+        }
+        meta = _names(meta_features, "meta_features", owner, targets)
+        if len(meta) == len(targets):
+            raise ValueError(
+                f"{owner}: meta_features {sorted(map(str, meta))} cover every feature of "
+                "length_struct; at least one feature must be split into rows"
+            )
+        split_full = validation.check_bool(
+            split_full_length_features, f"{owner}: split_full_length_features"
+        )
+        if not isinstance(bos_handling, BOSHandling):
+            raise TypeError(
+                f"{owner}: bos_handling must be a BOSHandling member, got {bos_handling!r}; "
+                "e.g. bos_handling=BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS"
+            )
+        bos = _names(bos_features, "bos_features", owner, targets)
+        if bos_handling is BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS:
+            if bos_token_id is None:
+                raise ValueError(
+                    f"{owner}: bos_token_id must be set if bos_handling is "
+                    f"{bos_handling}, got None; pass bos_token_id=<the BOS token>"
+                )
+        elif bos_token_id is not None or bos:
+            raise ValueError(
+                f"{owner}: bos_token_id and bos_features apply only with bos_handling="
+                f"BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, got bos_handling={bos_handling}, "
+                f"bos_token_id={bos_token_id!r}, bos_features={bos_features!r}; set "
+                "bos_handling or remove them"
+            )
+        self._spec = _Spec(owner, targets, meta, split_full, bos, bos_token_id)
+
+    def __iter__(self) -> DatasetIterator[Any]:
+        return _ConcatSplitIterator(iter(self._parent), self._spec)
+
+    def __str__(self) -> str:
+        spec = self._spec
+        return (
+            f"ConcatThenSplitIterDataset(length_struct={spec.targets}, "
+            f"split_full_length_features={spec.split_full})"
+        )
+
+
+class _ConcatSplitIterator(ForwardingIterator):
+    def __init__(self, parent: DatasetIterator[Any], spec: _Spec) -> None:
+        super().__init__(parent)
+        self._spec = spec
+        self._checkpoint = parent.get_state()  # the parent's state at the build's start
+        self._checkpoint_slices = dict.fromkeys(spec.segmented, _FRESH)
+        self._returned = 0  # rows of the current build returned
+        self._skip = 0  # rows of the next build to drop (after a restore)
+        self._rows: collections.deque[dict[Any, np.ndarray]] = collections.deque()
+        # The element partly placed: its arrays, what is left per feature, the parent's
+        # state before it.
+        self._rest: dict[Any, np.ndarray] | None = None
+        self._rest_slices: dict[Any, tuple[int, int]] = {}
+        self._rest_state: Any = None
+        # A whole element read but deferred to the next row (its meta features did not fit).
+        self._pending: dict[Any, np.ndarray] | None = None
+        self._pending_state: Any = None
+
+    # -- elements ---------------------------------------------------------------------
+    def _check(self, element: Any) -> dict[Any, np.ndarray]:
+        spec = self._spec
+        if not isinstance(element, Mapping):
+            raise TypeError(
+                f"{spec.owner} splits dict elements (feature name -> array), got "
+                f"{type(element).__name__} {element!r}; map elements to dicts first, e.g. "
+                "ds.map(lambda x: {'tokens': x})"
+            )
+        if set(element) != set(spec.targets):
+            missing = [f for f in spec.targets if f not in element]
+            extra = [f for f in element if f not in spec.targets]
+            raise ValueError(
+                f"{spec.owner}: every element must have exactly the features of length_struct "
+                f"{list(spec.targets)}; missing {missing}, not in length_struct {extra}; drop "
+                "or add features with a map first"
+            )
+        values = {}
+        for feature, target in spec.targets.items():
+            value = element[feature]
+            if not isinstance(value, (np.ndarray, list, tuple)) or np.ndim(value) == 0:
+                raise TypeError(
+                    f"{spec.owner}: feature {feature!r} must be an array with a sequence axis, "
+                    f"got {type(value).__name__} {value!r}; e.g. np.asarray([...])"
+                )
+            value = np.asarray(value)
+            if feature in spec.meta and len(value) > target:
+                raise ValueError(
+                    f"{spec.owner}: meta feature {feature!r} has length {len(value)}, longer "
+                    f"than its target length {target}; meta features are never split: raise "
+                    "the target or truncate the feature"
+                )
+            values[feature] = value
+        return values
+
+    def _read(self) -> tuple[dict[Any, np.ndarray], Any] | None:
+        if self._pending is not None:
+            element, before = self._pending, self._pending_state
+            self._pending = None
+            return element, before
+        before = self._parent.get_state()
+        try:
+            element = next(self._parent)
+        except StopIteration:
+            return None
+        return self._check(element), before
+
+    # -- building rows ----------------------------------------------------------------
+    def _alone(self, element: dict[Any, np.ndarray]) -> dict[Any, np.ndarray]:
+        row = _Row(self._spec)
+        row.add(element)
+        return row.output()
+
+    def _overflow_row(self) -> dict[Any, np.ndarray] | None:
+        """The row of a remainder longer than a target (see the module docstring)."""
+        spec, rest, slices = self._spec, self._rest, self._rest_slices
+        if rest is None:
+            return None
+        long = [f for f in spec.segmented if slices[f][1] - slices[f][0] > spec.targets[f]]
+        if not long:
+            return None
+        pieces = {}
+        for feature, value in rest.items():
+            if feature in spec.meta:
+                pieces[feature] = value
+                continue
+            start, stop = slices[feature]
+            if feature in long:
+                end = start + spec.targets[feature]
+                pieces[feature] = value[start:end]
+                slices[feature] = (end, stop)
+            else:
+                # Grain takes the remainder's length as an index into the whole element.
+                split = max(stop - start, 0)
+                pieces[feature] = value[start:split]
+                slices[feature] = (split, stop)
+        row = _Row(spec)
+        row.add(pieces)
+        return row.output()
+
+    def _build(self) -> None:
+        spec = self._spec
+        if self._pending is not None:
+            self._checkpoint = self._pending_state
+        elif self._rest is not None:
+            self._checkpoint = self._rest_state
+        else:
+            self._checkpoint = self._parent.get_state()
+        self._checkpoint_slices = (
+            dict(self._rest_slices)
+            if self._rest is not None
+            else dict.fromkeys(spec.segmented, _FRESH)
+        )
+        self._returned = 0
+        row = _Row(spec)
+        if self._rest is not None:
+            overflow = self._overflow_row()
+            if overflow is not None:
+                self._rows.append(overflow)
+                return
+            rest, slices = self._rest, self._rest_slices
+            row.add({f: v if f in spec.meta else v[slice(*slices[f])] for f, v in rest.items()})
+            self._rest = None
+        held = []
+        while not row.is_full():
+            read = self._read()
+            if read is None:
+                break
+            element, before = read
+            lengths = {f: len(element[f]) for f in spec.segmented}
+            if (
+                not spec.split_full
+                and all(n <= spec.targets[f] for f, n in lengths.items())
+                and any(n == spec.targets[f] for f, n in lengths.items())
+            ):
+                held.append(self._alone(element))
+                continue
+            if any(len(element[f]) > spec.targets[f] - row.fills[f] for f in spec.meta):
+                self._pending, self._pending_state = element, before
+                break
+            room = {f: spec.targets[f] - row.fills[f] for f in spec.segmented}
+            if all(n <= room[f] for f, n in lengths.items()):
+                row.add(element)
+                continue
+            takes = {f: min(n, room[f]) for f, n in lengths.items()}
+            row.add({f: v if f in spec.meta else v[: takes[f]] for f, v in element.items()})
+            self._rest, self._rest_state = element, before
+            self._rest_slices = {f: (takes[f], n) for f, n in lengths.items()}
+            break
+        if row.segments:
+            self._rows.append(row.output())
+        self._rows.extend(held)
+
+    # -- iteration and state ----------------------------------------------------------
+    def _refill(self) -> None:
+        previous = (self._checkpoint, self._checkpoint_slices, self._returned)
+        self._build()
+        if self._skip:
+            if self._skip > len(self._rows):
+                raise ValueError(
+                    f"{self._spec.owner} state['elements_from_buffer_after_checkpoint'] "
+                    f"is {self._skip} but the rows rebuilt from the state are "
+                    f"{len(self._rows)}; the state belongs to another pipeline"
+                )
+            for _ in range(self._skip):
+                self._rows.popleft()
+            self._returned, self._skip = self._skip, 0
+            if not self._rows:
+                previous = (self._checkpoint, self._checkpoint_slices, self._returned)
+                self._build()
+        if not self._rows:  # the end: the state stays at the last build, as upstream
+            self._checkpoint, self._checkpoint_slices, self._returned = previous
+
+    def __next__(self) -> Any:
+        self._check_open()
+        if not self._rows:
+            self._refill()
+        if not self._rows:
+            raise StopIteration
+        self._returned += 1
+        return self._rows.popleft()
+
+    def _describe(self) -> str:
+        spec = self._spec
+        return (
+            f"concat_then_split({spec.targets}, meta={sorted(map(str, spec.meta))}, "
+            f"split_full={spec.split_full}, bos={sorted(map(str, spec.bos))})"
+        )
+
+    def get_state(self) -> dict[str, Any]:
+        returned = self._skip or self._returned
+        return self._export_state(
+            {
+                "parent_state": self._checkpoint,
+                "remainder_slices": dict(self._checkpoint_slices),
+                "elements_from_buffer_after_checkpoint": returned,
+            }
+        )
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        state = self._import_state(state)
+        owner = self._spec.owner
+        parent, slices, returned = state_fields(
+            state,
+            owner,
+            ("parent_state", "remainder_slices", "elements_from_buffer_after_checkpoint"),
+        )
+        returned = state_count(returned, owner, "elements_from_buffer_after_checkpoint")
+        features = self._spec.segmented
+        try:
+            parsed = {f: (int(slices[f][0]), int(slices[f][1])) for f in features}
+            if len(slices) != len(features) or any(len(slices[f]) != 2 for f in features):
+                raise TypeError
+        except (KeyError, TypeError, IndexError, ValueError):
+            raise ValueError(
+                f"{owner} state['remainder_slices'] must map each feature {list(features)} "
+                f"to (start, stop), got {slices!r}; the state belongs to another pipeline"
+            ) from None
+        self._parent.set_state(parent)
+        self._checkpoint = self._parent.get_state()
+        self._checkpoint_slices = parsed
+        self._rows.clear()
+        self._pending = None
+        self._rest = None
+        if any(s != _FRESH for s in parsed.values()):
+            try:
+                element = next(self._parent)
+            except StopIteration:
+                raise ValueError(
+                    f"{owner} state['remainder_slices'] is {slices!r} but the parent has no "
+                    "element at state['parent_state']; the state belongs to another pipeline"
+                ) from None
+            self._rest, self._rest_state = self._check(element), self._checkpoint
+            self._rest_slices = dict(parsed)
+        self._returned = 0
+        self._skip = returned

@@ -1,0 +1,232 @@
+"""ConcatThenSplitIterDataset: behaviour, validation, checkpoints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gristmill as gm
+
+CTS = gm.experimental.ConcatThenSplitIterDataset
+BOS = gm.experimental.BOSHandling
+
+
+def _source(*lengths: int) -> Any:
+    """Element i is ``{'t': [10*i + 1, …]}`` of the given length (int32)."""
+    return gm.MapDataset.source(
+        [{"t": np.arange(n, dtype=np.int32) + 10 * i + 1} for i, n in enumerate(lengths)]
+    ).to_iter_dataset()
+
+
+def _lists(rows: Any, key: str = "t") -> list[list[int]]:
+    return [row[key].tolist() for row in rows]
+
+
+def test_sequences_are_concatenated_and_cut_at_the_target_length() -> None:
+    rows = list(CTS(_source(3, 5, 4, 8, 2), length_struct={"t": 6}))
+    assert _lists(rows) == [
+        [1, 2, 3, 11, 12, 13],  # the second sequence is split...
+        [14, 15, 21, 22, 23, 24],  # ...and continues in the next row
+        [31, 32, 33, 34, 35, 36],
+        [37, 38, 41, 42, 0, 0],  # the last row is padded with 0
+    ]
+    assert _lists(rows, "t_segment_ids") == [
+        [1, 1, 1, 2, 2, 2],
+        [1, 1, 2, 2, 2, 2],
+        [1, 1, 1, 1, 1, 1],
+        [1, 1, 2, 2, 0, 0],
+    ]
+    assert _lists(rows, "t_positions")[1] == [0, 1, 0, 1, 2, 3]  # a continuation restarts at 0
+    assert list(rows[0]) == ["t", "t_segment_ids", "t_positions"]
+    assert {row["t_segment_ids"].dtype for row in rows} == {np.dtype(np.int32)}
+    assert rows[0]["t"].dtype == np.int32
+
+
+def test_full_length_elements_are_held_back_when_not_split() -> None:
+    ds = CTS(_source(3, 6, 4), length_struct={"t": 6}, split_full_length_features=False)
+    it = iter(ds)
+    assert next(it)["t"].tolist() == [1, 2, 3, 21, 22, 23]
+    assert next(it)["t"].tolist() == [11, 12, 13, 14, 15, 16]  # returned after the row
+    # Both rows come from one build: the state counts two rows after its checkpoint.
+    assert gm.checkpoint.to_grain_state(it.get_state()) == {
+        "parent_state": {"next_index": 0},
+        "remainder_slices": {"t": (-1, -1)},
+        "elements_from_buffer_after_checkpoint": 2,
+    }
+
+
+def test_meta_features_are_copied_whole_and_never_split() -> None:
+    elements = [
+        {"t": np.arange(4) + 1, "id": np.array([7])},
+        {"t": np.arange(4) + 11, "id": np.array([8])},
+    ]
+    ds = CTS(
+        gm.MapDataset.source(elements).to_iter_dataset(),
+        length_struct={"t": 6, "id": 2},
+        meta_features=("id",),
+    )
+    rows = list(ds)
+    assert list(rows[0]) == ["t", "t_segment_ids", "t_positions", "id"]
+    assert _lists(rows) == [[1, 2, 3, 4, 11, 12], [13, 14, 0, 0, 0, 0]]
+    assert _lists(rows, "id") == [[7, 8], [8, 0]]  # the continuation carries its id again
+
+
+def test_bos_replaces_the_first_token_of_every_piece() -> None:
+    ds = CTS(
+        _source(2, 5, 1),
+        length_struct={"t": 4},
+        bos_handling=BOS.REPLACE_FIRST_TOKEN_WITH_BOS,
+        bos_features=("t",),
+        bos_token_id=-1,
+    )
+    assert _lists(ds) == [[-1, 2, -1, 12], [-1, 14, 15, -1]]
+
+
+def test_bos_handling_members_match_grain() -> None:
+    assert [(m.name, m.value) for m in BOS] == [
+        ("DO_NOTHING", 1),
+        ("REPLACE_FIRST_TOKEN_WITH_BOS", 2),
+    ]
+    assert BOS.__module__ == "gristmill.experimental"
+
+
+def test_restore_at_every_position_continues_exactly() -> None:
+    def build() -> Any:
+        elements = [
+            {"a": np.arange(n, dtype=np.int32) + 10 * i, "b": np.arange(n % 5 + 1) + i}
+            for i, n in enumerate([3, 5, 4, 8, 2, 7, 1, 6, 6, 13, 3, 2])
+        ]
+        return CTS(
+            gm.MapDataset.source(elements).to_iter_dataset(),
+            length_struct={"a": 6, "b": 4},
+            split_full_length_features=False,
+        )
+
+    it = iter(build())
+    states, outputs = [it.get_state()], []
+    for row in it:
+        outputs.append(row["a"].tolist() + row["b"].tolist())
+        states.append(it.get_state())
+    assert len(outputs) > 8
+    for step, state in enumerate(states):
+        for candidate in (state, json.loads(json.dumps(state))):
+            restored = iter(build())
+            restored.set_state(candidate)
+            assert [r["a"].tolist() + r["b"].tolist() for r in restored] == outputs[step:]
+    # O(1) state: the parent's position and one (start, stop) per feature.
+    assert set(gm.checkpoint.to_grain_state(states[3])) == {
+        "parent_state",
+        "remainder_slices",
+        "elements_from_buffer_after_checkpoint",
+    }
+
+
+def test_bad_state_is_a_value_error_naming_the_node() -> None:
+    it = iter(CTS(_source(3, 5), length_struct={"t": 4}))
+    with pytest.raises(ValueError, match=r"ConcatThenSplitIterDataset state must be a dict"):
+        it.set_state({"parent_state": {"next_index": 0}})
+    with pytest.raises(ValueError, match=r"remainder_slices'\] must map each feature \['t'\]"):
+        it.set_state(
+            {
+                "parent_state": {"next_index": 0},
+                "remainder_slices": {"u": (0, 1)},
+                "elements_from_buffer_after_checkpoint": 0,
+            }
+        )
+    it.set_state(
+        {
+            "parent_state": {"next_index": 0},
+            "remainder_slices": {"t": (-1, -1)},
+            "elements_from_buffer_after_checkpoint": 9,
+        }
+    )
+    with pytest.raises(ValueError, match=r"is 9 but the rows rebuilt from the state are 1"):
+        next(it)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"length_struct": 8}, TypeError, r"length_struct must be a non-empty dict .* got 8"),
+        ({"length_struct": {}}, TypeError, r"length_struct must be a non-empty dict"),
+        ({"length_struct": {"t": 0}}, ValueError, r"length_struct\['t'\] must be >= 1, got 0"),
+        ({"meta_features": "t"}, TypeError, r"meta_features must be a sequence .*=\('t',\)"),
+        ({"meta_features": ("u",)}, ValueError, r"meta_features must name features .*\['u'\]"),
+        ({"meta_features": ("t",)}, ValueError, r"cover every feature of length_struct"),
+        (
+            {"split_full_length_features": 1},
+            TypeError,
+            r"split_full_length_features must be a bool, got 1",
+        ),
+        ({"bos_handling": 2}, TypeError, r"bos_handling must be a BOSHandling member, got 2"),
+        (
+            {"bos_handling": BOS.REPLACE_FIRST_TOKEN_WITH_BOS},
+            ValueError,
+            r"bos_token_id must be set if bos_handling is .*, got None",
+        ),
+        ({"bos_token_id": 1}, ValueError, r"bos_token_id and bos_features apply only with"),
+        (
+            {
+                "bos_handling": BOS.REPLACE_FIRST_TOKEN_WITH_BOS,
+                "bos_token_id": 1,
+                "bos_features": ("x",),
+            },
+            ValueError,
+            r"bos_features must name features of length_struct \['t'\], got \['x'\]",
+        ),
+    ],
+)
+def test_bad_arguments_fail_at_construction(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    arguments = {"length_struct": {"t": 4}, **kwargs}
+    with pytest.raises(error, match=message):
+        CTS(_source(3), **arguments)
+
+
+def test_bad_parent_fails_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"parent must be an IterDataset"):
+        CTS([1, 2], length_struct={"t": 4})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("element", "error", "message"),
+    [
+        ({"u": np.arange(2)}, ValueError, r"missing \['t'\], not in length_struct \['u'\]"),
+        ({"t": np.int32(3)}, TypeError, r"feature 't' must be an array with a sequence axis"),
+        ({"t": "abc"}, TypeError, r"feature 't' must be an array"),
+        (np.arange(3), TypeError, r"splits dict elements"),
+    ],
+)
+def test_bad_elements_name_the_feature(element: Any, error: type[Exception], message: str) -> None:
+    ds = CTS(gm.MapDataset.source([element]).to_iter_dataset(), length_struct={"t": 4})
+    with pytest.raises(error, match=message):
+        next(iter(ds))
+
+
+def test_meta_feature_longer_than_its_target_is_a_value_error() -> None:
+    elements = [{"t": np.arange(2), "id": np.arange(3)}]
+    ds = CTS(
+        gm.MapDataset.source(elements).to_iter_dataset(),
+        length_struct={"t": 4, "id": 2},
+        meta_features=("id",),
+    )
+    with pytest.raises(ValueError, match=r"meta feature 'id' has length 3, longer than its"):
+        next(iter(ds))
+
+
+def test_bos_on_an_empty_piece_at_the_end_of_a_row_is_skipped() -> None:
+    """Grain 0.2.18 raises IndexError here (it writes the BOS token past the row's end);
+    gristmill leaves the full row as it is."""
+    elements = [{"t": np.arange(4) + 1, "m": np.arange(1)}, {"t": np.arange(1), "m": np.arange(1)}]
+    ds = CTS(
+        gm.MapDataset.source(elements).to_iter_dataset(),
+        length_struct={"t": 4, "m": 4},
+        bos_handling=BOS.REPLACE_FIRST_TOKEN_WITH_BOS,
+        bos_features=("t",),
+        bos_token_id=-1,
+    )
+    assert _lists(ds) == [[-1, 2, 3, 4], [-1, 0, 0, 0]]

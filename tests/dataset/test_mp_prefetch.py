@@ -205,6 +205,8 @@ def test_arrays_travel_through_shared_memory_and_every_segment_is_unlinked():
     got = [(x["image"].sum(), x["label"]) for x in it]
     assert got == expected
     first = next(iter(ds.mp_prefetch(options(1))))
+    assert fns.in_shared_memory(first["image"])
+    assert not fns.in_shared_memory(next(iter(ds))["image"])
     assert first["image"].flags.writeable  # an ordinary array, backed by the mapping
     assert shm_segments() <= before
 

@@ -171,6 +171,7 @@ def test_arrays_travel_both_ways_through_shared_memory_and_nothing_is_left():
     assert {g[2] for g in got} - {os.getpid()} == {g[2] for g in got}
     outputs = list(images().map(fns.brighter).mp_prefetch(options(2)))
     assert [int(x["image"].sum()) for x in outputs] == [e[0] for e in expected]
+    assert all(fns.in_shared_memory(x["image"]) for x in outputs)
     assert outputs[0]["image"].dtype == np.uint8
     it = iter(
         gm.experimental.RepeatIterDataset(images(), num_epochs=None)

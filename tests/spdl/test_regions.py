@@ -3,12 +3,19 @@
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
+
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+import mp_fns  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_failure_logs")
 
@@ -249,3 +256,39 @@ def test_unpicklable_stages_start_no_process():
         subprocess.run(["pgrep", "-f", "spawn_main"], capture_output=True, text=True).stdout.split()
     )
     assert after <= before  # no child left waiting for the stages it could not be sent
+
+
+def image(i):
+    import numpy as np
+
+    return np.full((256, 256, 3), i % 251, np.uint8)  # over 64 KiB: through /dev/shm
+
+
+def brighter(x):
+    return x + 1
+
+
+def shm_segments():
+    import glob
+
+    return set(glob.glob("/dev/shm/gristmill-*"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_arrays_cross_a_region_through_shared_memory_and_nothing_is_left():
+    before = shm_segments()
+
+    def build(n):
+        builder = PipelineBuilder().add_source(range(n)).pipe(image)
+        builder.to(FORK, buffer_size=2).pipe(brighter)
+        return builder.to(defs.MAIN_PROCESS).add_sink(3).build(num_threads=2)
+
+    outputs = list(build(30))
+    assert sorted(int(x[0, 0, 0]) for x in outputs) == sorted(i % 251 + 1 for i in range(30))
+    assert all(mp_fns.in_shared_memory(x) for x in outputs)
+    pipeline = build(10_000)
+    for i, _ in enumerate(pipeline):
+        if i == 5:
+            break
+    pipeline.stop()  # transfers and outputs in flight: their segments are unlinked
+    assert shm_segments() <= before

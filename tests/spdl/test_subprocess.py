@@ -32,6 +32,7 @@ SUPPORT = Path(__file__).resolve().parents[1] / "support"
 if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))  # so that spawned workers import the helpers by name
 import subprocess_fns as fns  # noqa: E402
+from mp_fns import in_shared_memory  # noqa: E402
 
 
 def gone(pid, within=5.0):
@@ -421,7 +422,11 @@ def test_a_config_that_cannot_be_pickled_is_named_in_a_type_error():
         ({"daemon": 1}, TypeError, "daemon must be a bool, got 1"),
         ({"initializer": 5}, TypeError, "initializer must be callable .*got 5"),
         ({"initializer": [fns.set_marker, "x"]}, TypeError, "initializer must be callable"),
-        ({"arena": object()}, NotImplementedError, r"gristmill issue 6\); pass arena=None"),
+        (
+            {"arena": object()},
+            NotImplementedError,
+            r"gristmill has no arena objects; pass arena=None",
+        ),
     ],
 )
 def test_bad_arguments_name_the_parameter_and_value(kwargs, error, message):
@@ -448,3 +453,27 @@ def test_run_pipeline_bad_arguments_name_the_parameter_and_value(config, kwargs,
         config = PipelineBuilder().add_source(range(3)).add_sink(3).get_config()
     with pytest.raises(error, match=message):
         run_pipeline_in_subprocess(config, **kwargs)
+
+
+def shm_segments():
+    import glob
+
+    return set(glob.glob("/dev/shm/gristmill-*"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_large_arrays_cross_through_shared_memory_and_nothing_is_left(no_new_children):
+    before = shm_segments()
+    iterable = iterate_in_subprocess(functools.partial(fns.images, 6), mp_context="fork")
+    arrays = list(iterable)
+    assert [int(a[0, 0, 0]) for a in arrays] == list(range(6))
+    assert all(in_shared_memory(a) for a in arrays)
+    iterable.close()
+    endless = iterate_in_subprocess(
+        functools.partial(fns.images, None), buffer_size=4, mp_context="fork"
+    )
+    for i, _ in enumerate(endless):
+        if i == 3:
+            break
+    endless.close()  # items sent and never read: their segments are unlinked
+    assert shm_segments() <= before

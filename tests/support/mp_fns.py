@@ -54,7 +54,7 @@ def slow_pid_and(x):
 def big_array(i):
     import numpy as np
 
-    return {"image": np.full((128, 128, 3), i % 251, np.uint8), "label": i}
+    return {"image": np.full((256, 256, 3), i % 251, np.uint8), "label": i}
 
 
 def big_array_then_exit(i):
@@ -103,3 +103,15 @@ def fail_once_at_5(marker, x):
         open(marker, "w").close()
         raise ValueError(f"transient failure at {x}")
     return x
+
+
+def in_shared_memory(array):
+    """Whether ``array``'s memory is a mapping (an array received through /dev/shm)."""
+    import mmap
+
+    base = array
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False

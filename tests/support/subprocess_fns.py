@@ -121,3 +121,13 @@ def pool_thread_name(x):
 
 def parent_pid(x):
     return os.getppid(), x
+
+
+def images(n):
+    """``n`` arrays of 192 KiB (over the shared-memory threshold), endless if ``n`` is None."""
+    import itertools
+
+    import numpy as np
+
+    counts = itertools.count() if n is None else range(n)
+    return (np.full((256, 256, 3), i % 251, np.uint8) for i in counts)

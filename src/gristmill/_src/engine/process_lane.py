@@ -8,12 +8,10 @@ sends the worker the task (an index range, or the task's input values) through a
 files the chunk it sends back, so the runner's reorder window keeps input order and the
 output never depends on the number of workers.
 
-Values travel pickled (protocol 5) both ways; array buffers of at least ``SHM_MIN_BYTES`` go
-out of band into POSIX shared-memory segments (``/dev/shm``), which the receiver maps
-without copying and unlinks at once, so a segment lives exactly as long as the arrays that
-use it. Segments are named after the stage, the worker and the direction; whatever is left
-when the stage stops (a worker killed mid-task, results never read after an early close) is
-unlinked then.
+Values travel both ways through :mod:`shm`: pickled, large array buffers in shared-memory
+segments named after the stage, the worker and the direction; whatever is left when the
+stage stops (a worker killed mid-task, results never read after an early close) is unlinked
+then.
 
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
 with its text) plus the worker's formatted traceback, located at its element like any read
@@ -24,11 +22,7 @@ worker and its exit code. Closing stops the workers: asked, then terminated, the
 from __future__ import annotations
 
 import contextlib
-import glob
-import itertools
-import mmap
 import multiprocessing
-import os
 import pickle
 import signal
 import threading
@@ -37,6 +31,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+from gristmill._src.engine import shm
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
@@ -105,7 +100,7 @@ def _worker_main(
     ``work`` unpickles to a ``RangeFeed`` (tasks are index ranges ``(start, size)``) or to an
     element function (tasks are ``(start, size, payload, segments)``: the input values).
     """
-    segments = itertools.count()
+    segments = shm.counter()
     # Ctrl-C reaches the whole process group: the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -127,7 +122,7 @@ def _worker_main(
             if isinstance(job, RangeFeed):
                 chunk = job.run(Task(start, size))
             else:
-                chunk = apply(job, Task(start, size, _decode(message[2], message[3])))
+                chunk = apply(job, Task(start, size, shm.decode(message[2], message[3])))
         except BaseException as error:  # run() returns failures; this is a bug or an exit
             _send_failure(conn, start, error)
             return
@@ -135,57 +130,9 @@ def _worker_main(
             _send_failure(conn, chunk.start, chunk.error, chunk.values)
             continue
         try:
-            conn.send(("ok", *_encode(chunk.values, shm_prefix, segments)))
+            conn.send(("ok", *shm.encode(chunk.values, shm_prefix, segments)))
         except Exception as error:  # a value that cannot be pickled
             _send_failure(conn, start, error)
-
-
-SHM_DIR = "/dev/shm"
-SHM_MIN_BYTES = 64 * 1024
-"""Arrays (numpy buffers) at least this large travel through shared memory, not the pipe."""
-
-
-def _encode(values: list[Any], prefix: str | None, segments: Any) -> tuple[bytes, list[Any]]:
-    """``values`` pickled (protocol 5), large buffers moved into shared-memory segments
-    named ``prefix-<n>``: returns the pickle and the segments' (name, size)."""
-    refs: list[tuple[str, int]] = []
-
-    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-        raw = buffer.raw()
-        if prefix is None or raw.nbytes < SHM_MIN_BYTES:
-            return True  # small: in the pickle itself
-        name = f"{prefix}-{next(segments)}"
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, raw.nbytes)
-            with mmap.mmap(fd, raw.nbytes) as segment:
-                segment[:] = raw
-        finally:
-            os.close(fd)
-        refs.append((name, raw.nbytes))
-        return False
-
-    return pickle.dumps(values, protocol=5, buffer_callback=out_of_band), refs
-
-
-def _decode(payload: bytes, refs: list[tuple[str, int]]) -> list[Any]:
-    """The values ``_encode`` sent; arrays map the segments (zero copy), which are unlinked
-    at once (the mapping lives as long as the arrays do)."""
-    buffers = []
-    for name, size in refs:
-        path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR)
-        try:
-            buffers.append(mmap.mmap(fd, size))
-        finally:
-            os.close(fd)
-            os.unlink(path)
-    values: list[Any] = pickle.loads(payload, buffers=buffers)
-    return values
-
-
-def shm_available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
 def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ()) -> None:
@@ -223,7 +170,7 @@ class ProcessCore(Core):
         # Shared-memory segments of this stage are named `<prefix>-w<worker>-<n>`; whatever
         # is left when the stage stops (a worker killed mid-write, results never read) is
         # unlinked then.
-        self._shm_prefix = f"gristmill-{os.getpid()}-{id(self):x}" if shm_available() else None
+        self._shm_prefix = shm.prefix_for(self)
 
     def start_workers(self, count: int, name: str) -> None:
         """Starts the worker processes and their proxy threads once. Lock held."""
@@ -271,7 +218,7 @@ class ProcessCore(Core):
         conn, process = self._conns[index], self._processes[index]
         # Input values sent to the worker: their large buffers go in segments of our own.
         prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-in{index}"
-        segments = itertools.count()
+        segments = shm.counter()
         while (claimed := self.claim()) is not None:
             began = time.perf_counter()
             chunk = self._run_remote(conn, process, index, claimed, prefix, segments)
@@ -291,7 +238,7 @@ class ProcessCore(Core):
         message: tuple[Any, ...] = (task.start, task.size)
         if task.inputs is not None:
             try:
-                message += _encode(task.inputs, prefix, segments)
+                message += shm.encode(task.inputs, prefix, segments)
             except Exception as encode_error:  # an input that cannot be pickled
                 encode_error.add_note(
                     f"gristmill: an input of this stage cannot be sent to worker process "
@@ -313,7 +260,7 @@ class ProcessCore(Core):
             return Chunk(task.start, [], self._died(index, process))
         if reply[0] == "ok":
             try:
-                values = _decode(reply[1], reply[2])
+                values = shm.decode(reply[1], reply[2])
             except Exception as decode_error:
                 return Chunk(task.start, [], decode_error)
             return task.chunk(values, task.upstream_error)
@@ -344,7 +291,4 @@ class ProcessCore(Core):
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.close()
-        if self._shm_prefix is not None:
-            for path in glob.glob(os.path.join(SHM_DIR, f"{self._shm_prefix}-*")):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+        shm.unlink_leftovers(self._shm_prefix)

@@ -13,9 +13,11 @@ Main process side (:class:`RegionStream`, one stage of the outer pipeline):
 Worker side (:func:`worker_main`): the region's stages are built with the same lowering as
 the main pipeline, fed by the transfers; every chunk of outputs goes back as one message.
 Keyed items (a resumable pipeline) keep their covers across the trip, so states work
-through regions. A worker failure (a stage over its failure budget, a raising initializer)
-ends the region with that error; a worker that dies (a signal, ``os._exit``) ends it with
-a RuntimeError naming the worker and its exit code. Closing terminates the workers.
+through regions. Items cross pickled, with large arrays in shared memory both ways
+(:mod:`engine.shm`; leftovers are unlinked when the region closes). A worker failure (a
+stage over its failure budget, a raising initializer) ends the region with that error; a
+worker that dies (a signal, ``os._exit``) ends it with a RuntimeError naming the worker and
+its exit code. Closing terminates the workers.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.engine import shm
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
@@ -63,6 +66,7 @@ class RegionStream:
         self._workers = target.max_workers or os.cpu_count() or 1
         self._counters = StageCounters(name, self._workers, buffer_size)
         self._output = MergedOutput(name, self._counters)
+        self._shm_prefix = shm.prefix_for(self)  # large arrays cross in shared memory
         self._cond = self._output.cond
         self._merged = self._output.items
         # Messages of workers waiting at an epoch end, replayed once every worker is there.
@@ -117,6 +121,7 @@ class RegionStream:
                         self._name,
                         inbox,
                         self._results,
+                        None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}",
                     ),
                     name=f"gristmill[{self._name}]-worker{index}",
                     daemon=True,
@@ -151,11 +156,13 @@ class RegionStream:
     def _dispatch(self) -> None:
         turn = 0
         transfer: list[Any] = []
+        prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-in"
+        numbers = shm.counter()
 
         def flush() -> None:
             nonlocal turn, transfer
             if transfer:
-                payload = _pickled(transfer, "an item sent to a to() region")
+                payload = _pickled(transfer, "an item sent to a to() region", prefix, numbers)
                 self._send(turn, ("items", payload))
                 turn = (turn + 1) % self._workers
                 transfer = []
@@ -211,7 +218,7 @@ class RegionStream:
             self._held[index].append(message)
             return
         if kind == "items":
-            self._merged.extend(pickle.loads(message[2]))
+            self._merged.extend(shm.loads(message[2]))
         elif kind == "epoch":
             self._at_epoch_end.add(index)
             self._release_epoch()
@@ -297,16 +304,18 @@ class RegionStream:
             if channel is not None:
                 channel.cancel_join_thread()
                 channel.close()
+        shm.unlink_leftovers(self._shm_prefix)  # transfers and outputs never read
 
     def statistics(self) -> Any:
         return self._counters.snapshot()
 
 
-def _pickled(values: list[Any], what: str) -> bytes:
+def _pickled(values: list[Any], what: str, prefix: str | None, numbers: Any) -> bytes:
     """``values`` pickled now (a queue would pickle later, on its feeder thread, and drop
-    what fails): raises TypeError naming the value that cannot cross processes."""
+    what fails), large arrays in shared memory (:mod:`shm`): raises TypeError naming the
+    value that cannot cross processes."""
     try:
-        return pickle.dumps(values, pickle.HIGHEST_PROTOCOL)
+        return shm.dumps(values, prefix, numbers)
     except Exception as error:
         raise TypeError(
             f"{what} cannot be pickled ({error}); items crossing process boundaries must "
@@ -330,7 +339,7 @@ def _transfers(inbox: Any) -> Any:
     while True:
         message = inbox.get()
         if message[0] == "items":
-            yield from pickle.loads(message[1])
+            yield from shm.loads(message[1])
         elif message[0] == "epoch":
             yield EPOCH_END
         else:
@@ -346,8 +355,10 @@ def worker_main(
     name: str,
     inbox: Any,
     results: Any,
+    shm_prefix: str | None = None,
 ) -> None:
-    """One worker: runs ``span`` over the transfers in ``inbox``, outputs to ``results``."""
+    """One worker: runs ``span`` over the transfers in ``inbox``, outputs to ``results``
+    (large arrays in shared-memory segments named ``shm_prefix-<n>``)."""
     from gristmill._src.engine.streams import IteratorStream, iterate_chunks
     from gristmill._src.spdl.builder import _Lowering
 
@@ -363,6 +374,7 @@ def worker_main(
         last, _ = lowering.stages(source, span, False, f"w{index}")
         produce = iterate_chunks(last)
         output = f"an output of {name}"
+        numbers = shm.counter()
         try:
             while True:
                 values = produce()
@@ -370,11 +382,13 @@ def worker_main(
                 for i, value in enumerate(values):
                     if value is EPOCH_END:
                         if i > start:
-                            results.put(("items", index, _pickled(values[start:i], output)))
+                            payload = _pickled(values[start:i], output, shm_prefix, numbers)
+                            results.put(("items", index, payload))
                         results.put(("epoch", index))
                         start = i + 1
                 if start < len(values):
-                    results.put(("items", index, _pickled(values[start:], output)))
+                    payload = _pickled(values[start:], output, shm_prefix, numbers)
+                    results.put(("items", index, payload))
         except StopIteration:
             results.put(("end", index))
         finally:

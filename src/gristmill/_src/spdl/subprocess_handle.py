@@ -19,7 +19,7 @@ import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import reaper
+from gristmill._src.engine import reaper, shm
 from gristmill._src.spdl import subprocess_worker as proto
 
 _GRACE_S = 1.0  # how long a stopping worker may take before SIGTERM, then SIGKILL
@@ -57,9 +57,10 @@ class WorkerHandle:
         reaper.ensure_started()
         commands_in, self._commands = context.Pipe(duplex=False)
         self._data, data_out = context.Pipe(duplex=False)
+        self._shm_prefix = shm.prefix_for(self)  # items' large arrays: shared memory
         self._process = context.Process(  # type: ignore[attr-defined]
             target=proto.worker_main,
-            args=(payload, commands_in, data_out, buffer_size),
+            args=(payload, commands_in, data_out, buffer_size, self._shm_prefix),
             name="gristmill-subprocess",
             daemon=daemon,
         )
@@ -113,7 +114,7 @@ class WorkerHandle:
             raise self._died(activity)
         self.send(proto.CREDIT)
         try:
-            message: tuple[str, int, Any] = pickle.loads(raw)
+            message: tuple[str, int, Any] = shm.loads(raw)
         except Exception as err:
             text = (
                 f"The worker subprocess (pid {self.pid}) sent a message the parent cannot "
@@ -186,6 +187,7 @@ class WorkerHandle:
             finally:
                 self._commands.close()
                 self._data.close()
+                shm.unlink_leftovers(self._shm_prefix)  # items sent and never read
                 _LIVE.discard(self)
 
 

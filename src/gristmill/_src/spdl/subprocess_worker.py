@@ -8,8 +8,9 @@ credit, so at most ``buffer_size`` messages are ever in flight. A worker out of 
 on the command pipe together with its parent's sentinel, so the bound costs no polling, and
 a new command or the parent's death is noticed while it waits.
 
-Items are pickled here, before sending, so an item that cannot be pickled is reported as an
-error instead of being lost; errors travel as their formatted traceback (and the exception
+Items are pickled here, before sending (large arrays into shared-memory segments that the
+parent maps and unlinks: :mod:`engine.shm`), so an item that cannot be pickled is reported
+as an error instead of being lost; errors travel as their formatted traceback (and the exception
 itself when it pickles).
 """
 
@@ -24,6 +25,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
+
+from gristmill._src.engine import shm
 
 READY = "ready"  # fn() returned: the worker waits for commands
 ITEM = "item"
@@ -43,7 +46,11 @@ class _ParentGone(Exception):
 class _Channel:
     """The worker's ends of the two pipes, with the credit count of the bounded buffer."""
 
-    def __init__(self, commands: Connection, data: Connection, credits: int) -> None:
+    def __init__(
+        self, commands: Connection, data: Connection, credits: int, shm_prefix: str | None
+    ) -> None:
+        self.shm_prefix = shm_prefix  # items' large arrays go in segments `<prefix>-<n>`
+        self.shm_numbers = shm.counter()
         self._commands = commands
         self._data = data
         self._credits = credits
@@ -87,6 +94,10 @@ class _Channel:
             self._read_command()
         return False
 
+    def shm_place(self) -> tuple[str | None, Any]:
+        """Where an item's large arrays go: the segment prefix and numbers."""
+        return self.shm_prefix, self.shm_numbers
+
     def next_command(self) -> bytes:
         """The next command that is not a credit (waits for one)."""
         while not self._pending:
@@ -111,12 +122,13 @@ def worker_main(
     commands: Connection,
     data: Connection,
     buffer_size: int,
+    shm_prefix: str | None = None,
 ) -> None:
     """The worker process's entry point (``payload``: ``fn`` and the initializers)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent decides when the
     # worker stops (it stops it on KeyboardInterrupt), so the worker ignores SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    channel = _Channel(commands, data, buffer_size)
+    channel = _Channel(commands, data, buffer_size, shm_prefix)
     with contextlib.suppress(_ParentGone):
         iterable = _start(payload, channel)
         if iterable is not None:
@@ -173,12 +185,13 @@ def _iterate(iterable: Iterable[Any], generation: int, channel: _Channel) -> Non
                 channel.post_error(generation, "fetching the next item", error)
                 return
             try:
-                message = pickle.dumps((ITEM, generation, item), -1)
+                message = shm.dumps((ITEM, generation, item), *channel.shm_place())
             except BaseException as error:
                 phase = "pickling an item for the parent (items must be picklable)"
                 channel.post_error(generation, phase, error)
                 return
             if not channel.send(message, generation):
+                shm.drop(message)  # never sent: nobody will map its segments
                 return
     finally:
         # A fresh iterator of this pass is released now; a single-use iterator (fn returned

@@ -1,0 +1,144 @@
+"""Values across processes: pickled, with large array buffers in shared memory.
+
+Values are pickled with protocol 5; a buffer of at least ``SHM_MIN_BYTES`` (a numpy array's
+data) goes out of band into a POSIX shared-memory segment (a file in ``/dev/shm``) named
+``<prefix>-<n>``. The receiver maps each segment without copying and unlinks it at once, so
+a segment lives exactly as long as the arrays that use it. A sender picks a prefix unique to
+the stage, worker and direction; whatever is left under it when the stage stops (a receiver
+that died, results never read after an early close) is removed by :func:`unlink_leftovers`.
+
+:func:`encode` / :func:`decode` keep the pickle and the segment list apart (for a message
+that carries them side by side); :func:`dumps` / :func:`loads` put both in one bytes object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import itertools
+import mmap
+import os
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+SHM_DIR = "/dev/shm"
+SHM_MIN_BYTES = 64 * 1024
+"""Arrays (numpy buffers) at least this large travel through shared memory, not the pipe."""
+
+Segments = list[tuple[str, int]]
+
+
+def available() -> bool:
+    """Whether this machine has a writable ``/dev/shm``."""
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+def prefix_for(owner: object) -> str | None:
+    """A segment-name prefix unique to ``owner`` in this process (None: no shared memory)."""
+    return f"gristmill-{os.getpid()}-{id(owner):x}" if available() else None
+
+
+def counter() -> Iterator[int]:
+    """Segment numbers for one sender."""
+    return itertools.count()
+
+
+def encode(value: Any, prefix: str | None, numbers: Iterator[int]) -> tuple[bytes, Segments]:
+    """``value`` pickled (protocol 5), large buffers moved into segments ``prefix-<n>``:
+    returns the pickle and the segments' ``(name, size)``."""
+    segments: Segments = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if prefix is None or raw.nbytes < SHM_MIN_BYTES:
+            return True  # small: in the pickle itself
+        name = f"{prefix}-{next(numbers)}"
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, raw.nbytes)
+            with mmap.mmap(fd, raw.nbytes) as segment:
+                segment[:] = raw
+        finally:
+            os.close(fd)
+        segments.append((name, raw.nbytes))
+        return False
+
+    try:
+        payload = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+    except BaseException:
+        discard(segments)  # written before the pickle failed: nobody will read them
+        raise
+    return payload, segments
+
+
+def decode(payload: bytes, segments: Segments) -> Any:
+    """The value :func:`encode` pickled; arrays map the segments (zero copy), which are
+    unlinked at once (a mapping lives as long as the arrays that use it)."""
+    buffers = []
+    try:
+        for name, size in segments:
+            path = os.path.join(SHM_DIR, name)
+            fd = os.open(path, os.O_RDWR)
+            try:
+                buffers.append(mmap.mmap(fd, size))
+            finally:
+                os.close(fd)
+                os.unlink(path)
+    except BaseException:
+        discard(segments)
+        raise
+    return pickle.loads(payload, buffers=buffers)
+
+
+class _Envelope:
+    """A pickle whose large buffers are in shared-memory segments (see :func:`dumps`)."""
+
+    __slots__ = ("payload", "segments")
+
+    def __init__(self, payload: bytes, segments: Segments) -> None:
+        self.payload = payload
+        self.segments = segments
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Envelope, (self.payload, self.segments))
+
+
+def dumps(value: Any, prefix: str | None, numbers: Iterator[int]) -> bytes:
+    """``value`` as bytes for :func:`loads`: a plain pickle when nothing went to shared
+    memory, else the pickle and its segment names in one envelope."""
+    payload, segments = encode(value, prefix, numbers)
+    if not segments:
+        return payload
+    return pickle.dumps(_Envelope(payload, segments), protocol=5)
+
+
+def loads(raw: bytes) -> Any:
+    """The value :func:`dumps` wrote (its segments are unlinked)."""
+    value = pickle.loads(raw)
+    if type(value) is _Envelope:
+        return decode(value.payload, value.segments)
+    return value
+
+
+def drop(raw: bytes) -> None:
+    """Unlinks the segments of a :func:`dumps` message that will never be read."""
+    value = pickle.loads(raw)
+    if type(value) is _Envelope:
+        discard(value.segments)
+
+
+def discard(segments: Segments) -> None:
+    """Unlinks ``segments`` (values that will never be decoded)."""
+    for name, _ in segments:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, name))
+
+
+def unlink_leftovers(prefix: str | None) -> None:
+    """Unlinks every segment named ``prefix-…`` (when the stage that owns them stops)."""
+    if prefix is None:
+        return
+    for path in glob.glob(os.path.join(SHM_DIR, f"{prefix}-*")):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -144,6 +144,11 @@ EXPECTED = {
         "set_next_index",
     ],
 }
+EXPECTED["gristmill.sources"] += [
+    "ArrayRecordDataSource",
+    "ArrayRecordWriter",
+    "write_array_record",
+]
 
 
 @pytest.mark.parametrize("module_name", sorted(EXPECTED))

@@ -200,6 +200,7 @@ class ArrayRecordDataSource:
         self._module = array_record_module()
         self._lock = threading.Lock()
         self._readers: list[Any] = [None] * len(self._shards)
+        self._sizes: list[int] = [0] * len(self._shards)
         pending = [k for k, shard in enumerate(self._shards) if shard.take is None]
         if len(pending) > 1:
             with concurrent.futures.ThreadPoolExecutor(min(_OPEN_THREADS, len(pending))) as pool:
@@ -227,12 +228,14 @@ class ArrayRecordDataSource:
             with self._lock:
                 reader = self._readers[k]
                 if reader is None:
-                    reader = self._readers[k] = self._open(self._shards[k])
+                    reader = self._readers[k] = self._open(k)
         return reader
 
-    def _open(self, shard: _Shard) -> Any:
+    def _open(self, k: int) -> Any:
+        shard = self._shards[k]
         path = shard.path
         files.open_binary(path).close()  # an OSError (subclass) naming the path
+        self._sizes[k] = files.file_size(path)
         try:
             reader = self._module.ArrayRecordReader(files.local_path(path), self._options)
         except ValueError as error:
@@ -264,14 +267,33 @@ class ArrayRecordDataSource:
         """The records at ``positions`` (in the file) of shard ``k``, in one call."""
         reader = self._reader(k)
         try:
-            return reader.read(positions)  # type: ignore[no-any-return]
+            records: list[bytes] = reader.read(positions)
+        except TypeError:
+            for position in positions:
+                validation.check_index(position)
+            raise
         except (RuntimeError, ValueError, IndexError) as error:
-            shard = self._shards[k]
-            first = self._starts[k] + positions[0] - shard.skip
-            where = f"record {first}" if len(positions) == 1 else f"records from {first}"
-            raise ValueError(
-                f"cannot read {where} (position {positions[0]} of {shard.path!r}): {error}"
-            ) from error
+            raise self._read_error(k, positions[0], str(error)) from error
+        if b"" in records:
+            # array_record answers b"" for records past the end of a file truncated after
+            # it was opened; a real empty record leaves the file's size as it was.
+            size = files.file_size(self._shards[k].path)
+            if size != self._sizes[k]:
+                position = positions[records.index(b"")]
+                raise self._read_error(
+                    k,
+                    position,
+                    f"the file changed since it was opened (it had {self._sizes[k]} bytes, "
+                    f"now {size}); open the source again",
+                )
+        return records
+
+    def _read_error(self, k: int, position: int, reason: str) -> ValueError:
+        shard = self._shards[k]
+        index = self._starts[k] + position - shard.skip
+        return ValueError(
+            f"cannot read record {index} (position {position} of {shard.path!r}): {reason}"
+        )
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -371,6 +393,7 @@ class ArrayRecordDataSource:
         self._module = array_record_module()
         self._lock = threading.Lock()
         self._readers = [None] * len(self._shards)
+        self._sizes = [0] * len(self._shards)
         self._setup()
 
     def __repr__(self) -> str:

@@ -42,6 +42,7 @@ WORKLOAD_MODULES = (
     "workloads_engine",
     "workloads_checkpoint",
     "workloads_processes",
+    "workloads_array_record",
 )
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")

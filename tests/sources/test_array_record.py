@@ -365,6 +365,8 @@ def test_bad_reader_options(three_files):
     with pytest.raises(ValueError, match="must not contain ',' or ':'"):
         Source(paths, reader_options={"max_parallelism": "0,bogus:1"})
     assert len(Source(paths, reader_options={"max_parallelism": 0})) == 13
+    # an option gristmill sets by default can be overridden (not given twice to array_record)
+    assert Source(paths, reader_options={"readahead_buffer_size": "1M"})[0] == b"a0"
 
 
 def test_writer_errors(tmp_path):

@@ -31,7 +31,7 @@ from gristmill._src.sources import files
 
 # A readahead buffer only helps sequential scans; for random access it reads bytes the next
 # record does not need (array_record's own advice, and what Grain passes too).
-_DEFAULT_READER_OPTIONS = "readahead_buffer_size:0"
+_DEFAULT_READER_OPTIONS = {"readahead_buffer_size": "0"}
 # How many files are opened at once to count their records.
 _OPEN_THREADS = 16
 # Records per read call when iterating the whole source.
@@ -103,15 +103,13 @@ def _check_reader_options(reader_options: Any) -> dict[str, str]:
 
 
 def _options_string(reader_options: dict[str, str]) -> str:
-    extra = "".join(f",{key}:{value}" for key, value in reader_options.items())
-    if (
-        reader_options.get("index_storage_option") == "offloaded"
-        and "footer_prefetch_bytes" not in reader_options
-    ):
+    """array_record's option text: the defaults, overridden by ``reader_options``."""
+    options = {**_DEFAULT_READER_OPTIONS, **reader_options}
+    if options.get("index_storage_option") == "offloaded":
         # array_record prefetches the footer by default, which it refuses for an offloaded
         # index; the option is meant to work on its own.
-        extra += ",footer_prefetch_bytes:0"
-    return _DEFAULT_READER_OPTIONS + extra
+        options.setdefault("footer_prefetch_bytes", "0")
+    return ",".join(f"{key}:{value}" for key, value in options.items())
 
 
 class _Shard:

@@ -192,13 +192,7 @@ class ArrayRecordDataSource:
     """
 
     def __init__(self, paths: Any, reader_options: Mapping[str, str] | None = None) -> None:
-        self._shards = _shards(paths)
-        self._reader_options = _check_reader_options(reader_options)
-        self._options = _options_string(self._reader_options)
-        self._module = array_record_module()
-        self._lock = threading.Lock()
-        self._readers: list[Any] = [None] * len(self._shards)
-        self._sizes: list[int] = [0] * len(self._shards)
+        self._init(_shards(paths), _check_reader_options(reader_options))
         pending = [k for k, shard in enumerate(self._shards) if shard.take is None]
         if len(pending) > 1:
             with concurrent.futures.ThreadPoolExecutor(min(_OPEN_THREADS, len(pending))) as pool:
@@ -207,11 +201,21 @@ class ArrayRecordDataSource:
             self._reader(pending[0])
         self._setup()
 
+    def _init(self, shards: list[_Shard], reader_options: dict[str, str]) -> None:
+        """The fields of a source with no reader open (built, or unpickled)."""
+        self._shards = shards
+        self._reader_options = reader_options
+        self._options = _options_string(reader_options)
+        self._module = array_record_module()
+        self._lock = threading.Lock()
+        self._readers: list[Any] = [None] * len(shards)
+        self._sizes: list[int] = [0] * len(shards)
+
     def _setup(self) -> None:
-        takes = [shard.take for shard in self._shards]
+        """The global index, once every shard's record count is known."""
         self._starts = [0]
-        for take in takes:
-            self._starts.append(self._starts[-1] + (take or 0))
+        for shard in self._shards:
+            self._starts.append(self._starts[-1] + (shard.take or 0))
         self._length = self._starts[-1]
         joined = "".join(shard.path for shard in self._shards)
         self._repr = (
@@ -385,13 +389,7 @@ class ArrayRecordDataSource:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._shards = [_Shard(*shard) for shard in state["shards"]]
-        self._reader_options = state["reader_options"]
-        self._options = _options_string(self._reader_options)
-        self._module = array_record_module()
-        self._lock = threading.Lock()
-        self._readers = [None] * len(self._shards)
-        self._sizes = [0] * len(self._shards)
+        self._init([_Shard(*shard) for shard in state["shards"]], state["reader_options"])
         self._setup()
 
     def __repr__(self) -> str:

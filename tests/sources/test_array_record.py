@@ -455,3 +455,12 @@ def test_fuzz_corrupted_files_give_records_or_a_clear_error(tmp_path_factory, co
         else:
             assert kind in ("ValueError", "OSError"), (kind, detail)
             assert repr(path) in detail, detail
+
+
+def test_missing_array_record_names_the_extra(tmp_path, monkeypatch):
+    path = write(tmp_path / "f.array_record", [b"x"])
+    monkeypatch.setitem(sys.modules, "array_record", None)  # import array_record fails
+    with pytest.raises(ImportError, match=r"pip install 'gristmill\[array-record\]'"):
+        Source(path)
+    with pytest.raises(ImportError, match=r"pip install 'gristmill\[array-record\]'"):
+        gm.sources.ArrayRecordWriter(str(tmp_path / "g.array_record"))

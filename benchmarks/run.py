@@ -45,6 +45,7 @@ WORKLOAD_MODULES = (
     "workloads_packing",
     "workloads_tfrecord",
     "workloads_parquet",
+    "workloads_array_record",
 )
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")

@@ -39,7 +39,19 @@ EXPECTED = {
         "Transformation",
         "Transformations",
     ],
-    "gristmill.sources": ["RandomAccessDataSource", "RangeDataSource", "SharedMemoryDataSource"],
+    "gristmill.sources": [
+        "RandomAccessDataSource",
+        "RangeDataSource",
+        "SharedMemoryDataSource",
+        "ArrayRecordDataSource",
+        "ArrayRecordWriter",
+        "write_array_record",
+        "ParquetDataSource",
+        "write_parquet",
+        "TFRecordDataSource",
+        "TFRecordWriter",
+        "write_tfrecord",
+    ],
     "gristmill.multiprocessing": [
         "MultiprocessingOptions",
         "SharedMemoryArray",
@@ -150,8 +162,6 @@ EXPECTED = {
         "set_next_index",
     ],
 }
-EXPECTED["gristmill.sources"] += ["TFRecordDataSource", "TFRecordWriter", "write_tfrecord"]
-EXPECTED["gristmill.sources"] += ["ParquetDataSource", "write_parquet"]
 
 
 @pytest.mark.parametrize("module_name", sorted(EXPECTED))

@@ -1,20 +1,42 @@
-"""Data sources: what ``MapDataset.source`` reads."""
+"""Data sources: what ``MapDataset.source`` reads, and writers for the file formats.
+
+The format sources import their package on first use: ArrayRecord needs ``array-record``,
+Parquet ``pyarrow``, and TFRecord writing (or ``verify_crc=True``) ``google-crc32c``
+(``pip install 'gristmill[array-record,parquet,tfrecord]'``).
+"""
 
 from gristmill._src.ipc.shared_memory import SharedMemoryDataSource
 from gristmill._src.public import export as _export
+from gristmill._src.sources.array_record import ArrayRecordDataSource
+from gristmill._src.sources.array_record_writer import ArrayRecordWriter, write_array_record
 from gristmill._src.sources.base import RandomAccessDataSource, RangeDataSource
+from gristmill._src.sources.parquet_io import write_parquet
+from gristmill._src.sources.parquet_source import ParquetDataSource
 from gristmill._src.sources.tfrecord_format import TFRecordWriter, write_tfrecord
 from gristmill._src.sources.tfrecord_source import TFRecordDataSource
 
-_export("gristmill.sources", RandomAccessDataSource, RangeDataSource, SharedMemoryDataSource)
+_export(
+    "gristmill.sources",
+    RandomAccessDataSource,
+    RangeDataSource,
+    SharedMemoryDataSource,
+    ArrayRecordDataSource,
+    ArrayRecordWriter,
+    ParquetDataSource,
+    TFRecordDataSource,
+    TFRecordWriter,
+)
 
-__all__ = ["RandomAccessDataSource", "RangeDataSource", "SharedMemoryDataSource"]
-
-_export("gristmill.sources", TFRecordDataSource, TFRecordWriter, write_tfrecord)
-__all__ += ["TFRecordDataSource", "TFRecordWriter", "write_tfrecord"]
-# Parquet (pyarrow, imported on first use: pip install 'gristmill[parquet]').
-from gristmill._src.sources.parquet_io import write_parquet  # noqa: E402
-from gristmill._src.sources.parquet_source import ParquetDataSource  # noqa: E402
-
-_export("gristmill.sources", ParquetDataSource)
-__all__ += ["ParquetDataSource", "write_parquet"]
+__all__ = [
+    "RandomAccessDataSource",
+    "RangeDataSource",
+    "SharedMemoryDataSource",
+    "ArrayRecordDataSource",
+    "ArrayRecordWriter",
+    "write_array_record",
+    "ParquetDataSource",
+    "write_parquet",
+    "TFRecordDataSource",
+    "TFRecordWriter",
+    "write_tfrecord",
+]

@@ -1,8 +1,8 @@
 """Where the demo's records live: written to a file in one of the formats, or kept in memory.
 
 ``auto`` picks the first format whose optional package is installed — TFRecord (writing
-needs ``google_crc32c``), then Parquet (``pyarrow``) — and otherwise keeps the records in
-memory. A file is read back through the format's random-access source, so the demo's
+needs ``google_crc32c``), then Parquet (``pyarrow``), then ArrayRecord (``array_record``) —
+and otherwise keeps the records in memory. A file is read back through the format's random-access source, so the demo's
 pipeline shuffles and checkpoints over the file as it would over a training set.
 """
 
@@ -17,7 +17,11 @@ import numpy as np
 import gristmill as gm
 from gristmill.cli.main import DEMO_FORMATS as FORMATS
 
-_NEEDS = {"tfrecord": ("google_crc32c", "tfrecord"), "parquet": ("pyarrow", "parquet")}
+_NEEDS = {
+    "tfrecord": ("google_crc32c", "tfrecord"),
+    "parquet": ("pyarrow", "parquet"),
+    "array_record": ("array_record", "array-record"),
+}
 
 
 def resolve(name: str) -> str:
@@ -38,7 +42,8 @@ def install_hint() -> str:
 
 
 def encode(record: dict[str, Any]) -> bytes:
-    """A record as the bytes a TFRecord holds: one label byte, then the compressed image."""
+    """A record as the bytes a TFRecord or ArrayRecord holds: one label byte, then the
+    compressed image."""
     return bytes([record["label"]]) + bytes(record["jpeg"])
 
 
@@ -64,6 +69,10 @@ def write(records: list[dict[str, Any]], fmt: str, directory: str) -> str:
         }
         gm.sources.write_parquet(path, columns, row_group_size=256)
         return path
+    if fmt == "array_record":
+        path = os.path.join(directory, "demo.array_record")
+        gm.sources.write_array_record(path, [encode(r) for r in records])
+        return path
     raise ValueError(f"cannot write format {fmt!r}")
 
 
@@ -73,4 +82,6 @@ def source(records: list[dict[str, Any]], fmt: str, path: str | None) -> Any:
         return records
     if fmt == "tfrecord":
         return gm.sources.TFRecordDataSource(path)
+    if fmt == "array_record":
+        return gm.sources.ArrayRecordDataSource(path)
     return gm.sources.ParquetDataSource(path)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet")
+DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet", "array_record")
 """Where ``gristmill demo`` keeps its records (see ``cli/demo_files.py``)."""
 
 
@@ -26,8 +26,8 @@ def _parser() -> argparse.ArgumentParser:
         "--format",
         choices=DEMO_FORMATS,
         default="auto",
-        help="where the records live: auto (a TFRecord or Parquet file if that extra is "
-        "installed, else memory), memory, tfrecord, parquet",
+        help="where the records live: auto (a TFRecord, Parquet or ArrayRecord file if that "
+        "extra is installed, else memory), memory, tfrecord, parquet, array_record",
     )
     return parser
 

@@ -2,8 +2,9 @@
 
 ``auto`` picks the first format whose optional package is installed — TFRecord (writing
 needs ``google_crc32c``), then Parquet (``pyarrow``), then ArrayRecord (``array_record``) —
-and otherwise keeps the records in memory. A file is read back through the format's random-access source, so the demo's
-pipeline shuffles and checkpoints over the file as it would over a training set.
+and otherwise keeps the records in memory. A file is read back through the format's
+random-access source, so the demo's pipeline shuffles and checkpoints over the file as it
+would over a training set.
 """
 
 from __future__ import annotations

@@ -53,21 +53,26 @@ class _RowGroupCache:
         self._loading: dict[int, threading.Lock] = {}
         self._bytes = self._hits = self._misses = 0
 
+    def _hit(self, key: int) -> _Block | None:
+        """The cached row group ``key`` (counted as a hit), or None. Call with the lock held."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        self._hits += 1
+        return entry[0]
+
     def get(self, key: int, load: Callable[[int], tuple[_Block, int]]) -> _Block:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                self._hits += 1
-                return entry[0]
+            block = self._hit(key)
+            if block is not None:
+                return block
             key_lock = self._loading.setdefault(key, threading.Lock())
         with key_lock:  # a second reader of the same row group waits for the first
             with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None:
-                    self._entries.move_to_end(key)
-                    self._hits += 1
-                    return entry[0]
+                block = self._hit(key)
+                if block is not None:
+                    return block
                 self._misses += 1
             try:
                 block, nbytes = load(key)

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gristmill as gm
 
@@ -230,3 +232,115 @@ def test_bos_on_an_empty_piece_at_the_end_of_a_row_is_skipped() -> None:
         bos_token_id=-1,
     )
     assert _lists(ds) == [[-1, 2, 3, 4], [-1, 0, 0, 0]]
+
+
+# -- deliberate difference from Grain 0.2.18: every token once ------------------------------
+
+
+def _pair_source(*pairs: tuple[int, int]) -> Any:
+    """Element i is ``{'a': [10*i + 1, …], 'b': [10*i + 1, …]}`` of the given lengths."""
+    return gm.MapDataset.source(
+        [
+            {"a": np.arange(x, dtype=np.int32) + 10 * i + 1, "b": np.arange(y) + 10 * i + 1}
+            for i, (x, y) in enumerate(pairs)
+        ]
+    ).to_iter_dataset()
+
+
+def test_a_long_remainder_keeps_the_other_features_own_remainder() -> None:
+    """Deliberate difference from Grain 0.2.18. Row 1 closes with ``a[0:3]`` of element 1 and
+    none of its ``b``; the remainder ``a[3:5]``, ``b[0:6]`` is longer than b's target. Grain
+    writes no ``a`` in row 2 (``a`` = all padding) and row 3 starts with ``a[2:5]`` =
+    ``[13, 14, 15]``: token 13 is repeated. Here row 2 holds ``a[3:5]`` = ``[14, 15]``."""
+    rows = list(CTS(_pair_source((3, 4), (5, 6), (2, 1)), length_struct={"a": 6, "b": 4}))
+    assert _lists(rows, "a") == [[1, 2, 3, 11, 12, 13], [14, 15, 0, 0, 0, 0], [21, 22, 0, 0, 0, 0]]
+    assert _lists(rows, "b") == [[1, 2, 3, 4], [11, 12, 13, 14], [15, 16, 21, 0]]
+    assert _lists(rows, "a_segment_ids") == [
+        [1, 1, 1, 2, 2, 2],
+        [1, 1, 0, 0, 0, 0],
+        [2, 2, 0, 0, 0, 0],
+    ]
+    assert _lists(rows, "b_segment_ids") == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 2, 0]]
+    assert _lists(rows, "a_positions")[1] == [0, 1, 0, 0, 0, 0]
+
+
+def test_a_long_remainder_after_a_feature_fully_placed_does_not_repeat_it() -> None:
+    """Deliberate difference from Grain 0.2.18. Element 1's ``a`` fits whole in row 1 (its
+    remainder is ``a[3:3]``, empty) but its ``b[0:6]`` is longer than b's target. Grain
+    restarts ``a`` at index 0 and row 3 starts with ``[11, 12, 13]`` again: all of element 1's
+    ``a`` is repeated. Here the empty remainder stays empty."""
+    rows = list(CTS(_pair_source((3, 4), (3, 6), (2, 1)), length_struct={"a": 6, "b": 4}))
+    assert _lists(rows, "a") == [[1, 2, 3, 11, 12, 13], [0] * 6, [21, 22, 0, 0, 0, 0]]
+    assert _lists(rows, "b") == [[1, 2, 3, 4], [11, 12, 13, 14], [15, 16, 21, 0]]
+    assert _lists(rows, "a_segment_ids")[2] == [2, 2, 0, 0, 0, 0]  # after the empty piece
+    it = iter(CTS(_pair_source((3, 4), (3, 6), (2, 1)), length_struct={"a": 6, "b": 4}))
+    next(it)
+    next(it)
+    assert gm.checkpoint.to_grain_state(it.get_state())["remainder_slices"] == {
+        "a": (3, 3),
+        "b": (0, 6),
+    }
+
+
+_element_lengths = st.lists(
+    st.tuples(st.integers(0, 12), st.integers(0, 12), st.integers(1, 3)), min_size=1, max_size=8
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=_element_lengths,
+    target_a=st.integers(1, 7),
+    target_b=st.integers(1, 7),
+    meta=st.booleans(),
+    split_full=st.booleans(),
+)
+def test_every_token_once_in_order_and_restore_anywhere(
+    lengths: list[tuple[int, int, int]], target_a: int, target_b: int, meta: bool, split_full: bool
+) -> None:
+    """Token conservation (Grain 0.2.18 can repeat or drop tokens, see above): the non-padding
+    tokens of each feature over all rows are the elements' tokens, each once; with
+    ``split_full_length_features=True`` in input order, otherwise each element's in order.
+    Restoring at every position continues exactly."""
+    counter = iter(range(1, 10**6))
+    elements = [
+        {
+            "a": np.array([next(counter) for _ in range(x)], np.int64),
+            "b": np.array([next(counter) for _ in range(y)], np.int64),
+            **({"m": np.full(m, 7, np.int64)} if meta else {}),
+        }
+        for x, y, m in lengths
+    ]
+    length_struct = {"a": target_a, "b": target_b, **({"m": 3} if meta else {})}
+
+    def build() -> Any:
+        return CTS(
+            gm.MapDataset.source(elements).to_iter_dataset(),
+            length_struct=length_struct,
+            meta_features=("m",) if meta else (),
+            split_full_length_features=split_full,
+        )
+
+    it = iter(build())
+    states, rows = [it.get_state()], []
+    for row in it:
+        rows.append(row)
+        states.append(it.get_state())
+    for feature in ("a", "b"):
+        tokens = [t for r in rows for t in r[feature][r[f"{feature}_segment_ids"] > 0].tolist()]
+        expected = [t for e in elements for t in e[feature].tolist()]
+        if split_full:
+            assert tokens == expected
+        else:
+            assert sorted(tokens) == expected
+            for e in elements:
+                own = set(e[feature].tolist())
+                assert [t for t in tokens if t in own] == e[feature].tolist()
+    for step, state in enumerate(states):
+        restored = iter(build())
+        restored.set_state(json.loads(json.dumps(gm.checkpoint.to_grain_state(state))))
+        tail = list(restored)
+        assert len(tail) == len(rows) - step
+        for got, want in zip(tail, rows[step:], strict=True):
+            assert list(got) == list(want)
+            assert all(np.array_equal(got[k], want[k]) for k in want)

@@ -11,12 +11,17 @@ opens it, ``remainder_slices`` the ``(start, stop)`` of that element still to pl
 feature (``(-1, -1)`` when it is a fresh element), and the counter how many rows of the
 build were returned. Restoring re-reads that element, rebuilds and skips the returned rows.
 
-Grain's behaviour is reproduced as observed, including two quirks (kept for identical
-outputs and states): when a remainder is longer than the target of some feature, the row
-holds only that feature's first target tokens (and the meta features), and the remainder of
-every other feature restarts at ``stop - start`` of the element; and in
-``REPLACE_FIRST_TOKEN_WITH_BOS`` mode a piece with no tokens still writes the BOS token at
-its start (Grain raises IndexError when that start is the end of the row; we skip it).
+Grain's behaviour is reproduced as observed, with one quirk kept: in
+``REPLACE_FIRST_TOKEN_WITH_BOS`` mode a piece with no tokens still writes the BOS token at its
+start (Grain raises IndexError when that start is the end of the row; we skip it).
+
+Deliberate difference: when a remainder is longer than the target of some feature, the row
+holds that feature's first target tokens, the whole remainder of every other feature (it
+fits) and the meta features, and nothing else; each feature then goes on from its own slice,
+so every token is placed exactly once, in order. Grain 0.2.18 cuts the other features at
+index ``stop - start`` of the element instead: a feature partly placed already (``start >
+0``) is repeated or skipped from there (with ``a[3:5]`` left over, it writes no ``a`` and
+then ``a[2:5]``: ``a[2]`` twice). Where every other feature starts at 0 both agree.
 """
 
 from __future__ import annotations
@@ -309,16 +314,12 @@ class _ConcatSplitIterator(ForwardingIterator):
             if feature in spec.meta:
                 pieces[feature] = value
                 continue
+            # Each feature goes on from its own slice: a long one places its first target
+            # tokens, any other its whole remainder (it fits); see the module docstring.
             start, stop = slices[feature]
-            if feature in long:
-                end = start + spec.targets[feature]
-                pieces[feature] = value[start:end]
-                slices[feature] = (end, stop)
-            else:
-                # Grain takes the remainder's length as an index into the whole element.
-                split = max(stop - start, 0)
-                pieces[feature] = value[start:split]
-                slices[feature] = (split, stop)
+            end = min(stop, start + spec.targets[feature])
+            pieces[feature] = value[start:end]
+            slices[feature] = (end, stop)
         row = _Row(spec)
         row.add(pieces)
         return row.output()

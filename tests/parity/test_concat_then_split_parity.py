@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grain
@@ -31,22 +33,14 @@ import pytest
 
 import gristmill as gm
 
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+from same import assert_same  # noqa: E402
+
 pytestmark = pytest.mark.parity
 
 Builder = Callable[[types.ModuleType], Any]
-
-
-def assert_same(actual: Any, expected: Any, path: str = "element") -> None:
-    assert type(actual) is type(expected), f"{path}: {actual!r} vs {expected!r}"
-    if isinstance(expected, np.ndarray):
-        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), path
-        assert np.array_equal(actual, expected), f"{path}: {actual!r} != {expected!r}"
-    elif isinstance(expected, dict):
-        assert list(actual) == list(expected), path
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
 def _pairs(g: types.ModuleType, pairs: list[tuple[int, int]], meta: bool = False) -> Any:

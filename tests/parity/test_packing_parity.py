@@ -9,9 +9,11 @@ Grain's — continues with exactly the uninterrupted tail.
 
 from __future__ import annotations
 
+import sys
 import types
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grain
@@ -20,26 +22,14 @@ import pytest
 
 import gristmill as gm
 
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+from same import assert_same  # noqa: E402
+
 pytestmark = pytest.mark.parity
 
 Builder = Callable[[types.ModuleType], Any]
-
-
-def assert_same(actual: Any, expected: Any, path: str = "element") -> None:
-    assert type(actual) is type(expected), f"{path}: {actual!r} vs {expected!r}"
-    if isinstance(expected, np.ndarray):
-        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), path
-        assert np.array_equal(actual, expected), f"{path}: {actual!r} != {expected!r}"
-    elif isinstance(expected, dict):
-        assert list(actual) == list(expected), path
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    elif isinstance(expected, list):
-        assert len(actual) == len(expected), path
-        for k, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{path}[{k}]")
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
 
 
 LENGTHS = [3, 5, 4, 8, 2, 7, 1, 6, 6, 6, 3, 3, 2, 2, 1, 5, 8, 4, 4, 1, 7, 2]

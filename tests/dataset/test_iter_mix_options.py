@@ -710,15 +710,37 @@ def test_elastic_rejects_bad_arguments(args, kwargs, exc, fragments):
         E.ElasticIterator(*args, **kwargs)
 
 
-def test_elastic_accepts_and_ignores_multiprocessing_options():
-    ds = E.ElasticIterator(
-        M.range(8),
-        4,
-        shard(1, 2),
-        multiprocessing_options=gm.MultiprocessingOptions(num_workers=2),
-    )
-    assert [b.tolist() for b in ds] == [[1, 3], [5, 7]]
+def test_elastic_reads_in_worker_processes_with_the_same_batches_and_states():
+    import os
+    import sys
+    from pathlib import Path
+
+    support = str(Path(__file__).parents[1] / "support")
+    if support not in sys.path:
+        sys.path.insert(0, support)  # worker processes import the map function by name
+    import mp_fns
+
+    def build(workers):
+        options = gm.MultiprocessingOptions(num_workers=workers) if workers else None
+        return E.ElasticIterator(
+            M.range(40).map(mp_fns.pid_and), 4, shard(1, 2), multiprocessing_options=options
+        )
+
+    plain = build(0)
+    expected = [(b[1].tolist(), plain.get_state()["global_next_index"]) for b in plain]
+    assert expected[:2] == [([1, 3], 4), ([5, 7], 8)]
+    ds = build(2)
+    got, pids = [], set()
+    for batch in ds:
+        got.append((batch[1].tolist(), ds.get_state()["global_next_index"]))
+        pids.update(batch[0].tolist())
+    assert got == expected
+    assert os.getpid() not in pids
+    restored = build(3)  # another worker count
+    restored.set_state({"global_next_index": 16})
+    assert [b[1].tolist() for b in restored] == [v for v, _ in expected[4:]]
     ds.close()
+    restored.close()
     with raises(ValueError, "closed iterator"):
         next(ds)
 

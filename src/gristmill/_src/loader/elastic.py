@@ -49,10 +49,9 @@ class ElasticIterator(IterDataset[Any]):
       global_batch_size: elements per step over all shards; a multiple of ``shard_count``.
       shard_options: this process's shard (``gristmill.sharding.ShardOptions``).
       read_options: how ``to_iter_dataset`` reads each shard.
-      multiprocessing_options: accepted for compatibility and IGNORED in this release:
-        reading runs in this process, on ``read_options.num_threads`` threads (worker
-        processes arrive with ``mp_prefetch`` in a later release). Output and state are
-        the same either way.
+      multiprocessing_options: with ``num_workers > 0``, each shard's batches are read in
+        that many worker processes (``mp_prefetch``; ``ds`` must then be picklable). Output
+        and state are the same with or without workers, for any worker count.
 
     Raises:
       TypeError: ``ds`` is not a MapDataset, or an option has the wrong type.
@@ -116,7 +115,11 @@ class ElasticIterator(IterDataset[Any]):
     def _default_iterator(self) -> ElasticDatasetIterator:
         if self._iterator is None:
             self._iterator = ElasticDatasetIterator(
-                self._ds, self._global_batch_size, self._shard_options, self._read_options
+                self._ds,
+                self._global_batch_size,
+                self._shard_options,
+                self._read_options,
+                self._multiprocessing_options,
             )
         return self._iterator
 
@@ -155,6 +158,7 @@ class ElasticDatasetIterator(DatasetIterator[Any]):
         global_batch_size: int,
         shard_options: ShardOptions,
         read_options: ReadOptions,
+        multiprocessing_options: MultiprocessingOptions | None = None,
     ) -> None:
         super().__init__()
         self._ds = ds
@@ -162,6 +166,7 @@ class ElasticDatasetIterator(DatasetIterator[Any]):
         self._shard_index = shard_options.shard_index
         self._shard_count = shard_options.shard_count
         self._read_options = read_options
+        self._multiprocessing_options = multiprocessing_options
         self._global_next_index = 0
         self._reader: DatasetIterator[Any] | None = None
 
@@ -172,7 +177,11 @@ class ElasticDatasetIterator(DatasetIterator[Any]):
             batches: MapDataset[Any] = shard.batch(
                 self._global_batch_size // self._shard_count, drop_remainder=True
             )
-            self._reader = iter(batches.to_iter_dataset(self._read_options))
+            reader = batches.to_iter_dataset(self._read_options)
+            options = self._multiprocessing_options
+            if options is not None and options.num_workers > 0:
+                reader = reader.mp_prefetch(options)
+            self._reader = iter(reader)
             mark_nested(self._reader)  # rebuilt from the global index: not part of the state
         return self._reader
 

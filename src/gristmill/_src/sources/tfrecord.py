@@ -223,21 +223,13 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         have = len(self._buf) - self._pos
         if have >= need:
             return True
-        file = cast("IO[bytes]", self._file)  # open: _check_open ran
         offset = self._base + self._pos
-        # A partial record is read again with the next block (cheaper than joining), and
-        # a direct read may have moved on: read from the offset wanted.
-        file.seek(offset)
-        # Free the old block first: the allocator then reuses its memory for the new one
-        # (a fresh multi-MiB allocation is fresh pages, each one faulted in on first touch).
+        # A partial record is read again with the next block (cheaper than joining). Free
+        # the old block first: the allocator then reuses its memory for the new one (a
+        # fresh multi-MiB allocation is fresh pages, each one faulted in on first touch).
         self._buf = b""
         block = _PROBE_SIZE if self._avg_size >= _DIRECT_BYTES else _BLOCK_SIZE
-        buf = file.read(max(block, need))
-        while len(buf) < need:  # a short read (some remote files): read on to the end
-            more = file.read(need - len(buf))
-            if not more:
-                break
-            buf += more
+        buf = self._read_at(offset, max(block, need))
         self._buf, self._base, self._pos = buf, offset, 0
         return len(self._buf) >= need
 

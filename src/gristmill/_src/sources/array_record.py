@@ -36,6 +36,8 @@ _DEFAULT_READER_OPTIONS = {"readahead_buffer_size": "0"}
 _OPEN_THREADS = 16
 # Records per read call when iterating the whole source.
 _ITER_CHUNK = 1024
+_CALL_BYTES = 1 << 20
+"""About this many bytes of records per array_record read call (see ``_open``)."""
 
 
 def array_record_module() -> ModuleType:
@@ -210,6 +212,7 @@ class ArrayRecordDataSource:
         self._lock = threading.Lock()
         self._readers: list[Any] = [None] * len(shards)
         self._sizes: list[int] = [0] * len(shards)
+        self._call_records: list[int] = [1] * len(shards)  # records per read call, per file
 
     def _setup(self) -> None:
         """The global index, once every shard's record count is known."""
@@ -255,6 +258,10 @@ class ArrayRecordDataSource:
                 raise _open_error(path, error) from error
             raise ValueError(f"{path!r} is not a readable ArrayRecord file")
         count = reader.num_records()
+        # array_record stages a call's records in one buffer before copying them out: past a
+        # few MiB that misses the CPU caches (100 KiB records: ~50 us each in calls of 16,
+        # ~105 us in calls of 128), so a call carries about _CALL_BYTES of records.
+        self._call_records[k] = max(1, _CALL_BYTES * max(count, 1) // max(self._sizes[k], 1))
         if shard.take is None:
             shard.take = count
         elif shard.skip + shard.take > count:
@@ -266,10 +273,17 @@ class ArrayRecordDataSource:
         return reader
 
     def _read(self, k: int, positions: list[int]) -> list[bytes]:
-        """The records at ``positions`` (in the file) of shard ``k``, in one call."""
+        """The records at ``positions`` (in the file) of shard ``k``, in one call (or one
+        per ~_CALL_BYTES of records)."""
         reader = self._reader(k)
+        per_call = self._call_records[k]
         try:
-            records: list[bytes] = reader.read(positions)
+            if len(positions) <= per_call:
+                records: list[bytes] = reader.read(positions)
+            else:
+                records = []
+                for start in range(0, len(positions), per_call):
+                    records.extend(reader.read(positions[start : start + per_call]))
         except TypeError:
             for position in positions:
                 validation.check_index(position)

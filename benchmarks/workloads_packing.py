@@ -8,6 +8,7 @@ input sequence.
 
 from __future__ import annotations
 
+import itertools
 from types import ModuleType
 from typing import Any
 
@@ -34,19 +35,7 @@ def _pack_case(gm: ModuleType, kind: str, *, n: int, max_length: int, bins: int)
         parent = gm.MapDataset.source(data).to_iter_dataset()
         return cls(parent, length_struct={"tokens": 2 * max_length}, num_packing_bins=bins)
 
-    def run() -> None:
-        for _ in build():
-            pass
-
-    def sample() -> list[Any]:
-        rows = []
-        for row in build():
-            rows.append(row)
-            if len(rows) == 8:
-                break
-        return rows
-
-    return Case(run=run, elements=n, sample=sample)
+    return _iterate_case(build, n)
 
 
 def _concat_then_split(gm: ModuleType, *, n: int, max_length: int, bins: int) -> Case:
@@ -59,17 +48,18 @@ def _concat_then_split(gm: ModuleType, *, n: int, max_length: int, bins: int) ->
             parent, length_struct={"tokens": 2 * max_length}
         )
 
+    return _iterate_case(build, n)
+
+
+def _iterate_case(build: Any, n: int) -> Case:
+    """Times iterating ``build()`` to the end; its first 8 rows are the sample."""
+
     def run() -> None:
         for _ in build():
             pass
 
     def sample() -> list[Any]:
-        rows = []
-        for row in build():
-            rows.append(row)
-            if len(rows) == 8:
-                break
-        return rows
+        return list(itertools.islice(build(), 8))
 
     return Case(run=run, elements=n, sample=sample)
 

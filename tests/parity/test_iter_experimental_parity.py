@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grain
@@ -36,24 +38,10 @@ pytestmark = pytest.mark.parity
 Builder = Callable[[types.ModuleType], Any]
 END = "<end>"
 
-
-def assert_same(actual: Any, expected: Any, path: str = "element") -> None:
-    """Exact equality of element trees: container types, dtypes, shapes and values."""
-    assert type(actual) is type(expected), f"{path}: {actual!r} vs {expected!r}"
-    if isinstance(expected, np.ndarray):
-        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), path
-        assert np.array_equal(actual, expected), f"{path}: {actual!r} != {expected!r}"
-    elif isinstance(expected, dict):
-        assert list(actual) == list(expected), path
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    elif isinstance(expected, list | tuple):
-        assert len(actual) == len(expected), f"{path}: {actual!r} vs {expected!r}"
-        for k, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{path}[{k}]")
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
-
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+from same import assert_same  # noqa: E402
 
 # --------------------------------------------------------------------------- user code
 

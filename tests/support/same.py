@@ -15,8 +15,8 @@ def assert_same(actual: Any, expected: Any, path: str = "element") -> None:
         assert list(actual) == list(expected), path
         for key in expected:
             assert_same(actual[key], expected[key], f"{path}[{key!r}]")
-    elif isinstance(expected, list):
-        assert len(actual) == len(expected), path
+    elif isinstance(expected, list | tuple):
+        assert len(actual) == len(expected), f"{path}: {actual!r} vs {expected!r}"
         for k, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_same(a, e, f"{path}[{k}]")
     else:

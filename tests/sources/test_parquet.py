@@ -488,3 +488,17 @@ def test_fuzz_corrupted_footer(fuzz_file, tmp_path, data):
         assert path in message
     else:
         assert len(streamed) == len(random_access) == len(expected)
+
+
+def test_missing_pyarrow_names_the_extra(small, monkeypatch):
+    import sys
+
+    for name in ("pyarrow", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing pyarrow fails
+    message = r"pyarrow is needed for Parquet files .*pip install 'gristmill\[parquet\]'"
+    with pytest.raises(ImportError, match=message):
+        list(gm.experimental.ParquetIterDataset(small))
+    with pytest.raises(ImportError, match=message):
+        gm.sources.ParquetDataSource(small)
+    with pytest.raises(ImportError, match=message):
+        gm.sources.write_parquet(small + ".out", [{"a": 1}])

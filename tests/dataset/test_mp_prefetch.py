@@ -204,7 +204,9 @@ def test_arrays_travel_through_shared_memory_and_every_segment_is_unlinked():
     it = iter(ds.mp_prefetch(options(2)))
     got = [(x["image"].sum(), x["label"]) for x in it]
     assert got == expected
-    first = next(iter(ds.mp_prefetch(options(1))))
+    one_worker = iter(ds.mp_prefetch(options(1)))
+    first = next(one_worker)
+    one_worker.close()  # results in flight: their segments are unlinked
     assert fns.in_shared_memory(first["image"])
     assert not fns.in_shared_memory(next(iter(ds))["image"])
     assert first["image"].flags.writeable  # an ordinary array, backed by the mapping

@@ -333,10 +333,11 @@ def test_pipe_pools_are_made_afresh_in_the_worker():
         items = list(iterable)
         iterable.close()
     # A thread pool of the worker's own (default names), and a process pool whose processes
-    # are the worker's children, not ours.
-    assert [name for (_, (name, _)) in items] == ["ThreadPoolExecutor-0"] * 4
-    assert all(parent != os.getpid() for parent, _ in items)
-    assert [x for (_, (_, x)) in items] == [0, 1, 2, 3]
+    # are the worker's children, not ours; closing the worker ends its pool's processes too.
+    assert [name for (_, _, (name, _)) in items] == ["ThreadPoolExecutor-0"] * 4
+    assert all(parent != os.getpid() for (parent, _, _) in items)
+    assert [x for (_, _, (_, x)) in items] == [0, 1, 2, 3]
+    assert all(gone(pid) for pid in {pid for (_, pid, _) in items})
 
 
 def test_a_continuous_pipeline_yields_one_epoch_per_pass():

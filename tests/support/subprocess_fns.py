@@ -120,7 +120,8 @@ def pool_thread_name(x):
 
 
 def parent_pid(x):
-    return os.getppid(), x
+    """``(parent pid, own pid, x)``: where a process pool's worker runs."""
+    return os.getppid(), os.getpid(), x
 
 
 def images(n):

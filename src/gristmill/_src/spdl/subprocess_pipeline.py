@@ -14,6 +14,7 @@ import fractions
 import functools
 import importlib
 import multiprocessing.context
+import multiprocessing.util
 import random
 import sys
 import warnings
@@ -195,7 +196,15 @@ class RebuiltExecutor:
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         if self._live is None:
-            self._live = self.kind(max_workers=self.max_workers)
+            pool = self._live = self.kind(max_workers=self.max_workers)
+            # The worker process exits through multiprocessing (no interpreter shutdown, so
+            # no atexit): its finalizers shut the pool down — before the queues' own
+            # finalizers (priority 10) stop their feeder threads, which would lose the pool's
+            # stop messages — or a process pool's children would outlive it, waiting for
+            # work for ever.
+            multiprocessing.util.Finalize(
+                pool, pool.shutdown, kwargs={"wait": True}, exitpriority=20
+            )
         return self._live.submit(fn, *args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:

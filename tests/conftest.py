@@ -2,6 +2,7 @@
 
 import gc
 import logging
+import os
 import threading
 import time
 
@@ -54,3 +55,43 @@ class ConcurrencyProbe:
 def concurrency_probe():
     """``concurrency_probe(seconds)``: a map function counting its overlapping calls."""
     return ConcurrencyProbe
+
+
+def _orphans_since(start_ticks):
+    """Processes of ours started after ``start_ticks`` (clock ticks since boot) whose parent
+    died (re-parented to init): a worker's child that outlived it."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid, started = int(fields[1]), int(fields[19])
+        if ppid == 1 and started >= start_ticks and "multiprocessing" in cmdline:
+            found.append(f"{entry}: {cmdline[:120]}")
+    return found
+
+
+def _own_start_ticks():
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_orphaned_processes():
+    """Fails the run if a worker process's children outlived it (checked at the end)."""
+    if not os.path.isdir("/proc"):
+        yield
+        return
+    start = _own_start_ticks()
+    yield
+    deadline = time.monotonic() + 5.0
+    while _orphans_since(start) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphans = _orphans_since(start)
+    assert not orphans, f"processes outlived their parent worker: {orphans}"

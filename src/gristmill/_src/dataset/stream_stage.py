@@ -248,8 +248,11 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
     def close(self) -> None:
         if self._runner is not None:
             self._runner.close()
-        if self._stream is not None:
-            self._stream.close()
+        stream = self._stream
+        if stream is not None:
+            stream.close()  # a read in progress stops after its element ...
+            with stream.lock:  # ... and ends before the head is closed under it
+                pass
         super().close()
 
     def __str__(self) -> str:

@@ -502,3 +502,24 @@ def test_missing_pyarrow_names_the_extra(small, monkeypatch):
         gm.sources.ParquetDataSource(small)
     with pytest.raises(ImportError, match=message):
         gm.sources.write_parquet(small + ".out", [{"a": 1}])
+
+
+def test_source_in_mp_prefetch_workers_restores(tmp_path):
+    """The source pickles to worker processes (no open file, no cache) and reads there."""
+    path = str(tmp_path / "mp.parquet")
+    write(path, {"a": list(range(60)), "s": [f"x{i}" for i in range(60)]}, row_group_size=7)
+
+    def pipeline():
+        return gm.MapDataset.source(Source(path)).shuffle(seed=2).to_iter_dataset().batch(4)
+
+    def values(batches):
+        return [b["a"].tolist() for b in batches]
+
+    expected = values(pipeline())
+    options = gm.MultiprocessingOptions(num_workers=2)
+    with iter(pipeline().mp_prefetch(options)) as it:
+        head = values(next(it) for _ in range(4))
+        state = it.get_state()
+    with iter(pipeline().mp_prefetch(options)) as it:
+        it.set_state(state)
+        assert head + values(it) == expected

@@ -437,6 +437,20 @@ def _read_both(path):
     return rows, src._getitems(list(range(len(src))))
 
 
+def _read_corrupted(tmp_path, raw):
+    """Writes ``raw`` to a new file and reads it both ways: ``(streamed, random access)``,
+    or None after a ValueError, which must name the file."""
+    path = str(tmp_path / f"{uuid.uuid4().hex}.parquet")
+    with open(path, "wb") as f:
+        f.write(raw)
+    try:
+        return _read_both(path)
+    except ValueError as error:
+        message = str(error)
+    assert path in message
+    return None
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -452,15 +466,9 @@ def test_fuzz_corrupted_data_or_truncated_file(fuzz_file, tmp_path, data):
             raw[data.draw(st.integers(4, data_end - 1), label="offset")] ^= data.draw(
                 st.integers(1, 255), label="xor"
             )
-    path = str(tmp_path / f"{uuid.uuid4().hex}.parquet")
-    with open(path, "wb") as f:
-        f.write(raw)
-    try:
-        streamed, random_access = _read_both(path)
-    except ValueError as error:
-        message = str(error)
-        assert path in message
-    else:
+    read = _read_corrupted(tmp_path, raw)
+    if read is not None:
+        streamed, random_access = read
         assert_rows(streamed, expected)
         assert_rows(random_access, expected)
 
@@ -478,15 +486,9 @@ def test_fuzz_corrupted_footer(fuzz_file, tmp_path, data):
         raw[data.draw(st.integers(data_end, len(raw) - 1), label="offset")] ^= data.draw(
             st.integers(1, 255), label="xor"
         )
-    path = str(tmp_path / f"{uuid.uuid4().hex}.parquet")
-    with open(path, "wb") as f:
-        f.write(raw)
-    try:
-        streamed, random_access = _read_both(path)
-    except ValueError as error:
-        message = str(error)
-        assert path in message
-    else:
+    read = _read_corrupted(tmp_path, raw)
+    if read is not None:
+        streamed, random_access = read
         assert len(streamed) == len(random_access) == len(expected)
 
 

@@ -82,26 +82,33 @@ def cache_path(path: str, index_dir: str | None) -> str | None:
     return local + _SUFFIX
 
 
-def read_cached_count(cache: str, sig: Signature) -> int | None:
-    """The record count in a cached index that matches ``sig``; None if absent or stale."""
+def _matching_header(cache: str, sig: Signature) -> tuple[dict[str, Any], int] | None:
+    """The header of a cached index written for ``sig`` (same size and mtime), else None."""
     header = _read_header(cache)
     if header is None:
         return None
-    meta, _ = header
+    meta = header[0]
     if meta.get("size") != sig.size or meta.get("mtime") != sig.mtime:
         return None
+    return header
+
+
+def read_cached_count(cache: str, sig: Signature) -> int | None:
+    """The record count in a cached index that matches ``sig``; None if absent or stale."""
+    header = _matching_header(cache, sig)
+    if header is None:
+        return None
+    meta, _ = header
     count = meta.get("count")
     return count if isinstance(count, int) and count >= 0 else None
 
 
 def read_cached_offsets(cache: str, sig: Signature) -> Offsets | None:
     """The offsets in a cached index that matches ``sig``; None if absent, stale or broken."""
-    header = _read_header(cache)
+    header = _matching_header(cache, sig)
     if header is None:
         return None
     meta, start = header
-    if meta.get("size") != sig.size or meta.get("mtime") != sig.mtime:
-        return None
     offsets = array("Q")
     try:
         with open(cache, "rb") as f:

@@ -127,6 +127,15 @@ EXTRAS: dict[str, dict[str, object]] = {
     "grain._src.core.pytest": {"RUN_IN_PYTEST": True},
 }
 
+# attributes that are other upstream modules (Grain's own modules import each other, and its
+# tests reach them through those attributes, e.g. ``batch.tree_lib``)
+MODULE_ATTRIBUTES: dict[str, dict[str, str]] = {
+    "grain._src.python.dataset.transformations.batch": {
+        "tree_lib": "grain._src.core.tree_lib",
+        "shared_memory_array": "grain._src.python.ipc.shared_memory_array",
+    },
+}
+
 # upstream test infrastructure loaded from the installed wheel as it is
 UPSTREAM_FILES: tuple[str, ...] = (
     "grain._src.python.dataset.transformations.testing_util",
@@ -159,6 +168,9 @@ class ShimModule(types.ModuleType):
     def __getattr__(self, attr: str) -> object:
         if attr.startswith("__"):
             raise AttributeError(attr)
+        submodule = MODULE_ATTRIBUTES.get(self.__name__, {}).get(attr)
+        if submodule is not None:
+            return importlib.import_module(submodule)
         for source in self._gristmill_sources:
             module = importlib.import_module(source)
             if hasattr(module, attr):

@@ -125,7 +125,10 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
         )
         env["GRISTMILL_GRAIN_WHEEL"] = str(root)
         env["GRISTMILL_UPSTREAM_DESELECTED"] = str(deselected_path)
-        command = [sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}", *pytest_args]
+        command = [
+            sys.executable, "-m", "pytest", "-q", "--continue-on-collection-errors",
+            f"--junitxml={junit}", *pytest_args,
+        ]
         proc = subprocess.run(command, cwd=tests, env=env, check=False)
         if not junit.exists():
             print(f"grain: the upstream run produced no report (pytest exit {proc.returncode})")

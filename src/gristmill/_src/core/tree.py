@@ -39,11 +39,36 @@ def map_structure(fn: Callable[..., Any], *trees: Any) -> Any:
     return _map(fn, trees, "")
 
 
+def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
+    """Like :func:`map_structure`, with each leaf's path (a tuple of keys and indices) as the
+    first argument of ``fn``.
+
+    >>> map_structure_with_path(lambda path, x: (path, x), {"a": [5]})
+    {'a': [(('a', 0), 5)]}
+    """
+    return _map_with_path(fn, trees, ())
+
+
+def _map_with_path(fn: Callable[..., Any], trees: Sequence[Any], prefix: tuple[Any, ...]) -> Any:
+    first = trees[0]
+    if isinstance(first, Mapping):
+        items = [
+            (k, _map_with_path(fn, [t[k] for t in trees], (*prefix, k))) for k in first.keys()
+        ]
+        return _rebuild_mapping(first, items)
+    if isinstance(first, (list, tuple)):
+        children = [
+            _map_with_path(fn, [t[i] for t in trees], (*prefix, i)) for i in range(len(first))
+        ]
+        return type(first)(*children) if _is_namedtuple(first) else type(first)(children)
+    return fn(prefix, *trees)
+
+
 def _mismatch(path: str, what: str) -> ValueError:
     where = path or "the top level"
     return ValueError(
-        f"Expected all input elements to have the same structure, but they differ at "
-        f"{where}: {what}. Make every element of a batch the same nested structure, or "
+        "Expected all input elements to have the same structure but got: elements that "
+        f"differ at {where}: {what}. Make every element of a batch the same nested structure, or "
         "pass batch_fn=list to keep elements as a list."
     )
 
@@ -87,8 +112,8 @@ def _stack_leaves(*leaves: Any) -> np.ndarray:
     except ValueError as e:
         shapes = sorted({np.shape(leaf) for leaf in leaves})
         raise ValueError(
-            "Expected all input elements to have the same structure, but leaf shapes "
-            f"differ: {shapes}. Pad or crop the leaves to one shape before batching (see "
+            "Expected all input elements to have the same structure but got: leaves of "
+            f"different shapes {shapes}. Pad or crop the leaves to one shape before batching (see "
             "gristmill.experimental.batch_and_pad), or pass batch_fn=list."
         ) from e
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -11,6 +11,50 @@ from gristmill._src.core import specs, tree, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, register
 
 _INT64_MAX = 2**63 - 1
+
+S_contra = TypeVar("S_contra", contravariant=True)
+T_co = TypeVar("T_co", covariant=True)
+
+
+class BatchFn(Protocol, Generic[S_contra, T_co]):
+    """A custom ``batch_fn`` whose batches' element spec can be inferred.
+
+    ``ds.batch(n, batch_fn=f)`` accepts any callable; one that also has ``output_spec``
+    lets :func:`gristmill.experimental.get_element_spec` describe the batches.
+    """
+
+    def __call__(self, elements: Sequence[S_contra]) -> T_co:
+        """Batches ``elements``."""
+        ...
+
+    def output_spec(self, input_spec: Any, batch_size: int, drop_remainder: bool) -> Any:
+        """The element spec of the batches made from elements of ``input_spec``."""
+        ...
+
+
+def make_batch(values: Sequence[Any], *, output_to_shared_memory: bool = False) -> Any:
+    """The default ``batch_fn``: stacks ``values`` leaf-wise under a new leading axis.
+
+    With ``output_to_shared_memory``, numeric leaves are written into
+    :class:`gristmill.multiprocessing.SharedMemoryArray` buffers (object and string leaves
+    stay ordinary arrays).
+
+    >>> make_batch([{"a": 1}, {"a": 2}])["a"].tolist()
+    [1, 2]
+    """
+    batched = tree.stack(values)
+    if not output_to_shared_memory:
+        return batched
+    from gristmill._src.ipc.shared_memory import SharedMemoryArray
+
+    def to_shared_memory(leaf: np.ndarray) -> np.ndarray:
+        if leaf.dtype.hasobject or leaf.dtype.kind in "SU":
+            return leaf
+        shared = SharedMemoryArray(leaf.shape, dtype=leaf.dtype)
+        shared[...] = leaf
+        return shared
+
+    return tree.map_structure(to_shared_memory, batched)
 
 
 def _discarding_ancestor(ds: MapDataset[Any]) -> str | None:

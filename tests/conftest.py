@@ -95,3 +95,18 @@ def no_orphaned_processes():
         time.sleep(0.1)
     orphans = _orphans_since(start)
     assert not orphans, f"processes outlived their parent worker: {orphans}"
+
+
+_UPSTREAM_LINES = pytest.StashKey[list]()
+
+
+@pytest.fixture
+def record_upstream_line(request):
+    """``record_upstream_line(line)``: shows an upstream suite's closing line in the summary."""
+    lines = request.config.stash.setdefault(_UPSTREAM_LINES, [])
+    return lines.append
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for line in config.stash.get(_UPSTREAM_LINES, []):
+        terminalreporter.write_line(f"upstream suite {line}")

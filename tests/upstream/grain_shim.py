@@ -44,6 +44,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "gristmill.transforms",
         "gristmill.sources",
         "gristmill._src.core.dataset_options",
+        "gristmill._src.dataset.batching",
     ),
     "grain._src.python.dataset.dataset": (
         "gristmill",

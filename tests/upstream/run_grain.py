@@ -86,18 +86,24 @@ def copy_tests(root: pathlib.Path, into: pathlib.Path) -> int:
     return len(tests)
 
 
-def parse_junit(path: pathlib.Path) -> dict[str, str]:
-    """nodeid-ish name -> outcome (passed, failed, skipped)."""
-    outcomes = {}
+def parse_junit(path: pathlib.Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(test -> outcome: passed, failed or skipped; failed test -> its error's first line)."""
+    outcomes, messages = {}, {}
     for case in ET.parse(path).iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
-        if case.find("failure") is not None or case.find("error") is not None:
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
             outcomes[name] = "failed"
+            messages[name] = (problem.get("message") or "").splitlines()[0][:300] if (
+                problem.get("message")
+            ) else ""
         elif case.find("skipped") is not None:
             outcomes[name] = "skipped"
         else:
             outcomes[name] = "passed"
-    return outcomes
+    return outcomes, messages
 
 
 def run(pytest_args: list[str], json_path: str | None) -> int:
@@ -133,7 +139,7 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
         if not junit.exists():
             print(f"grain: the upstream run produced no report (pytest exit {proc.returncode})")
             return 2
-        outcomes = parse_junit(junit)
+        outcomes, messages = parse_junit(junit)
         deselected = json.loads(deselected_path.read_text()) if deselected_path.exists() else {}
     counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")}
     dropped = deselected.get("deselected", {})
@@ -147,7 +153,15 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
     print(f"grain: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
     if json_path:
         pathlib.Path(json_path).write_text(
-            json.dumps({"outcomes": outcomes, "deselected": dropped, "copied_files": copied})
+            json.dumps(
+                {
+                    "outcomes": outcomes,
+                    "messages": messages,
+                    "deselected": dropped,
+                    "copied_files": copied,
+                },
+                indent=1,
+            )
         )
     return 0 if counts["failed"] == 0 else 1
 

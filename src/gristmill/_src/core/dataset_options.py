@@ -129,17 +129,55 @@ class DatasetOptions:
         return DatasetOptions(**merged)
 
 
+@dataclasses.dataclass(frozen=True)
+class MultiprocessingContext:
+    """Which worker process an iterator runs in: ``process_index`` of ``process_count``
+    (0 of 1 in the main process)."""
+
+    process_index: int = 0
+    process_count: int = 1
+
+
 class IteratorContext:
-    """What every iterator of one pipeline shares: its merged options."""
+    """What every iterator of one pipeline shares: its merged options, the worker process
+    it runs in, and whether a DataLoader drives it (Grain's fields, for subclasses that
+    read ``self._ctx``)."""
 
-    __slots__ = ("options",)
+    __slots__ = ("dataset_options", "is_dataloader_pipeline", "mp_context")
 
-    def __init__(self) -> None:
-        self.options = DatasetOptions()
+    def __init__(
+        self,
+        *,
+        dataset_options: DatasetOptions | None = None,
+        mp_context: MultiprocessingContext | None = None,
+        is_dataloader_pipeline: bool = False,
+    ) -> None:
+        self.dataset_options = DatasetOptions() if dataset_options is None else dataset_options
+        self.mp_context = MultiprocessingContext() if mp_context is None else mp_context
+        self.is_dataloader_pipeline = is_dataloader_pipeline
+
+    @property
+    def options(self) -> DatasetOptions:
+        """The merged dataset options (``dataset_options``)."""
+        return self.dataset_options
+
+    @options.setter
+    def options(self, value: DatasetOptions) -> None:
+        self.dataset_options = value
 
     def merge(self, other: IteratorContext) -> None:
-        """Takes in ``other``'s options; this context's explicit fields win."""
-        self.options = self.options.merge(other.options)
+        """Takes in ``other``'s options; this context's explicit fields win.
+
+        Raises:
+          ValueError: the two contexts belong to different worker processes.
+        """
+        if self.mp_context != other.mp_context:
+            raise ValueError(
+                "Cannot merge contexts from different worker processes: "
+                f"{self.mp_context} vs {other.mp_context}."
+            )
+        self.dataset_options = self.dataset_options.merge(other.dataset_options)
+        self.is_dataloader_pipeline = self.is_dataloader_pipeline or other.is_dataloader_pipeline
 
 
 def _disable_hint(name: str) -> str:

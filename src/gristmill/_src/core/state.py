@@ -23,6 +23,11 @@ class StateMismatchError(ValueError):
     """A state does not belong to this pipeline (or to this version of gristmill)."""
 
 
+class StateOutOfRangeError(StateMismatchError, IndexError):
+    """A state's position lies outside the dataset it is restored into (an ``IndexError``
+    too, as Grain raises for it)."""
+
+
 class Pipeline:
     """A pipeline's node descriptions and their compact fingerprint (computed once).
 

@@ -52,9 +52,7 @@ def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
 def _map_with_path(fn: Callable[..., Any], trees: Sequence[Any], prefix: tuple[Any, ...]) -> Any:
     first = trees[0]
     if isinstance(first, Mapping):
-        items = [
-            (k, _map_with_path(fn, [t[k] for t in trees], (*prefix, k))) for k in first.keys()
-        ]
+        items = [(k, _map_with_path(fn, [t[k] for t in trees], (*prefix, k))) for k in first.keys()]
         return _rebuild_mapping(first, items)
     if isinstance(first, (list, tuple)):
         children = [

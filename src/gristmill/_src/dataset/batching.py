@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -57,6 +58,20 @@ def make_batch(values: Sequence[Any], *, output_to_shared_memory: bool = False) 
     return tree.map_structure(to_shared_memory, batched)
 
 
+def with_shared_memory_output(batch_fn: Callable[[Sequence[Any]], Any]) -> Any:
+    """``batch_fn`` made to write its batches into shared memory, where it can.
+
+    The default batch function gets ``output_to_shared_memory``; a custom one that has an
+    ``enable_shared_memory_output()`` method is asked to; any other is kept as it is.
+    """
+    if batch_fn is make_batch:
+        return functools.partial(make_batch, output_to_shared_memory=True)
+    enable = getattr(batch_fn, "enable_shared_memory_output", None)
+    if callable(enable):
+        enable()
+    return batch_fn
+
+
 def _discarding_ancestor(ds: MapDataset[Any]) -> str | None:
     """The name of an upstream op that can leave holes (``None``), if any."""
     stack = [ds]
@@ -89,20 +104,25 @@ class BatchMapDataset(MapDataset[Any]):
             validation.check_callable(batch_fn, "batch_fn", hint="e.g. batch_fn=list")
         holes = _discarding_ancestor(parent)
         if holes is not None:
+            op = "MapDataset.filter" if holes == "FilterMapDataset" else holes
             raise ValueError(
-                f"`MapDataset.batch` can not follow `MapDataset.filter` (here {holes}) because "
-                "it can discard elements, which would leave holes in a batch; convert to an "
-                "IterDataset first: ds.to_iter_dataset().batch(...)"
+                f"`MapDataset.batch` can not follow `{op}` because it can discard elements "
+                "(as `MapDataset.filter` does), which would leave holes in a batch; convert "
+                "to an IterDataset first: ds.to_iter_dataset().batch(...)"
             )
         self._batch_size = batch_size
         self._drop_remainder = bool(drop_remainder)
-        self._batch_fn = tree.stack if batch_fn is None else batch_fn
+        self._batch_fn = make_batch if batch_fn is None else batch_fn
         n = len(parent)
         self._parent_length = n
         self._length = n // batch_size if drop_remainder else -(-n // batch_size)
 
     def __len__(self) -> int:
         return self._length
+
+    def enable_shared_memory_output(self) -> None:
+        """Makes the default batch function write batches into shared memory (as Grain)."""
+        self._batch_fn = with_shared_memory_output(self._batch_fn)
 
     def _member_indices(self, index: int) -> IndexArray | list[int]:
         length = self._length
@@ -142,7 +162,7 @@ class BatchMapDataset(MapDataset[Any]):
     @property
     def _element_spec(self) -> Any:
         return specs.batched(
-            self._parent, self._batch_size, self._drop_remainder, self._batch_fn, tree.stack
+            self._parent, self._batch_size, self._drop_remainder, self._batch_fn, make_batch
         )
 
     def __str__(self) -> str:

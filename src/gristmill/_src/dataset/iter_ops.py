@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gristmill._src.core import specs, transforms, tree, validation
+from gristmill._src.core import specs, transforms, validation
 from gristmill._src.core.dataset_options import FilterRatioCheck
 from gristmill._src.core.rng import IndexedRng
+from gristmill._src.dataset import batching
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.shuffle import resolve_seed
@@ -302,7 +303,11 @@ class BatchIterDataset(IterDataset[Any]):
         if batch_fn is not None:
             validation.check_callable(batch_fn, "batch_fn", hint="e.g. batch_fn=list")
         self._drop_remainder = bool(drop_remainder)
-        self._batch_fn = tree.stack if batch_fn is None else batch_fn
+        self._batch_fn = batching.make_batch if batch_fn is None else batch_fn
+
+    def enable_shared_memory_output(self) -> None:
+        """Makes the default batch function write batches into shared memory (as Grain)."""
+        self._batch_fn = batching.with_shared_memory_output(self._batch_fn)
 
     def __iter__(self) -> DatasetIterator[Any]:
         return _BatchIterator(
@@ -312,7 +317,11 @@ class BatchIterDataset(IterDataset[Any]):
     @property
     def _element_spec(self) -> Any:
         return specs.batched(
-            self._parent, self._batch_size, self._drop_remainder, self._batch_fn, tree.stack
+            self._parent,
+            self._batch_size,
+            self._drop_remainder,
+            self._batch_fn,
+            batching.make_batch,
         )
 
     def __str__(self) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 from gristmill._src.core import specs
 from gristmill._src.core.dataset_options import WINDOW, FilterRatioCheck
 from gristmill._src.core.options import ReadOptions
+from gristmill._src.core.state import StateOutOfRangeError
 from gristmill._src.dataset.base import MapDataset, register
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
@@ -333,7 +334,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 "dict returned by get_state() of an iterator over the same dataset"
             ) from None
         if not 0 <= next_index <= self._length:
-            raise ValueError(
+            raise StateOutOfRangeError(
                 f"Checkpoint `next_index` {next_index} is out of range for dataset of "
                 f"length {self._length}; the state belongs to another dataset"
             )

@@ -36,6 +36,12 @@ class SharedMemoryArrayMetadata:
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         object.__setattr__(self, "dtype", np.dtype(dtype))
 
+    def close_and_unlink_shm(self) -> None:
+        """Removes the segment this metadata names (its arrays stay valid while mapped)."""
+        segment = shared_memory.SharedMemory(self.name)
+        segment.close()
+        segment.unlink()
+
 
 class SharedMemoryArray(np.ndarray):
     """A numpy array in a shared-memory segment (see the module docstring).

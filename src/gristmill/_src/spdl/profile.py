@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gristmill._src.core.validation import check_positive_int
-from gristmill._src.spdl import defs
+from gristmill._src.spdl import config, defs
 from gristmill._src.spdl.builder import build_pipeline
 from gristmill._src.spdl.queues import StatsQueue
 
@@ -119,7 +119,8 @@ def profile_pipeline(
         raise TypeError(f"callback must be callable or None, got {callback!r}")
     if hook is not None and not isinstance(hook, ProfileHook):
         raise TypeError(f"hook must be a ProfileHook or None, got {hook!r}")
-    hook = hook or _NoHook()
+    callback = callback or config.get_default_profile_callback()
+    hook = hook or config.get_default_profile_hook() or _NoHook()
     with hook.pipeline_profile_hook():
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
             logger.info("Profiling runs on local rank 0 only; skipped on this rank.")

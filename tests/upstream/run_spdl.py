@@ -10,8 +10,9 @@ child process and prints one closing line::
     spdl: 430 passed, 2 failed, 0 skipped
 
 Usage: ``GRISTMILL_SPDL_TESTS=/path/to/spdl python tests/upstream/run_spdl.py [--json FILE]
-[--installed-spdl] [-k EXPR] [tests/pipeline/x_test.py ...] [PYTEST ARGS...]``. ``--installed-spdl`` runs the same tests
-against the installed spdl instead (the oracle: what upstream itself passes here).
+[--installed-spdl] [-k EXPR] [tests/pipeline/x_test.py ...] [PYTEST ARGS...]``.
+``--installed-spdl`` runs the same tests against the installed spdl instead (the oracle:
+what upstream itself passes here).
 Nothing of upstream's is kept in this repository: the tests are read at run time.
 """
 
@@ -137,8 +138,13 @@ def run(source: pathlib.Path, pytest_args: list[str], json_path: str | None, ora
         # test paths among the arguments (``tests/pipeline/aggregate_test.py``) narrow the run
         paths = [a for a in pytest_args if a.startswith("tests/")]
         command = [
-            sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}",
-            *(() if paths else FOLDERS), *pytest_args,
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            f"--junitxml={junit}",
+            *(() if paths else FOLDERS),
+            *pytest_args,
         ]
         proc = subprocess.run(command, cwd=root, env=env, check=False)
         if not junit.exists():
@@ -146,7 +152,9 @@ def run(source: pathlib.Path, pytest_args: list[str], json_path: str | None, ora
             return 2
         outcomes = parse_junit(junit)
         deselected = json.loads(deselected_path.read_text()) if deselected_path.exists() else {}
-    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")}
+    counts = {
+        k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")
+    }
     dropped = deselected.get("deselected", {})
     print(
         f"spdl upstream suite: {copied} files, {deselected.get('collected', '?')} tests "
@@ -155,7 +163,8 @@ def run(source: pathlib.Path, pytest_args: list[str], json_path: str | None, ora
     for name, outcome in sorted(outcomes.items()):
         if outcome == "failed":
             print(f"upstream FAILED {name}")
-    print(f"{label}: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    passed, failed, skipped = counts["passed"], counts["failed"], counts["skipped"]
+    print(f"{label}: {passed} passed, {failed} failed, {skipped} skipped")
     if json_path:
         pathlib.Path(json_path).write_text(
             json.dumps({"outcomes": outcomes, "deselected": dropped, "copied_files": copied})

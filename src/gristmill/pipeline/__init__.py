@@ -3,6 +3,7 @@ PipelineBuilder`` runs code written for ``spdl.pipeline``)."""
 
 from gristmill._src.engine.markers import is_eof, is_epoch_end
 from gristmill._src.public import export as _export
+from gristmill._src.spdl.arena import SharedMemoryRingBuffer, SharedMemorySegmentPool
 from gristmill._src.spdl.bg_tasks import BackgroundTask, BackgroundTaskFactory
 from gristmill._src.spdl.bridge import PipelineIterDataset
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
@@ -22,8 +23,8 @@ from gristmill._src.spdl.subinterpreter import (
     run_pipeline_in_subinterpreter,
 )
 from gristmill._src.spdl.subprocess import iterate_in_subprocess
-from gristmill._src.spdl.tasks import create_task
 from gristmill._src.spdl.subprocess_pipeline import run_pipeline_in_subprocess
+from gristmill._src.spdl.tasks import create_task
 
 _export(
     "gristmill.pipeline",
@@ -40,6 +41,8 @@ _export(
     ProfileResult,
     QueuePerfStats,
     RecordRng,
+    SharedMemoryRingBuffer,
+    SharedMemorySegmentPool,
     StageInfo,
     StatsQueue,
     TaskHook,
@@ -62,6 +65,8 @@ __all__ = [
     "ProfileResult",
     "QueuePerfStats",
     "RecordRng",
+    "SharedMemoryRingBuffer",
+    "SharedMemorySegmentPool",
     "StageInfo",
     "StatsQueue",
     "TaskHook",

@@ -10,6 +10,7 @@ on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -57,7 +58,9 @@ class BackgroundRunner:
     async def _main(self, tasks: list[Any], begun: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Event()
-        running = [create_task(task.run(), name=f"{self._name}:{type(task).__name__}") for task in tasks]
+        running = [
+            create_task(task.run(), name=f"{self._name}:{type(task).__name__}") for task in tasks
+        ]
         self._loop.call_soon(begun.set)  # after each task's first step
         await self._done.wait()
         for task in running:
@@ -71,9 +74,7 @@ class BackgroundRunner:
             return
         loop, done = self._loop, self._done
         if loop is not None and done is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop already ended
                 loop.call_soon_threadsafe(done.set)
-            except RuntimeError:  # the loop already ended
-                pass
         if thread is not threading.current_thread():
             thread.join()

@@ -406,8 +406,8 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
     if callable(getattr(target, "submit", None)):
         raise TypeError(
             "`to()` takes a serializable execution target (ProcessPoolExecutorConfig, "
-            "InterpreterPoolExecutorConfig, or MAIN_PROCESS), not a live Executor. To run a single stage on a custom executor, "
-            "pass it to `pipe(executor=...)` instead."
+            "InterpreterPoolExecutorConfig, or MAIN_PROCESS), not a live Executor. To run a "
+            "single stage on a custom executor, pass it to `pipe(executor=...)` instead."
         )
     if not isinstance(target, (ExecutorConfig, _MainProcess)):
         raise TypeError(

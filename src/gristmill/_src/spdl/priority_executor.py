@@ -218,7 +218,7 @@ class PriorityExecutorEntrypoint(concurrent.futures.Executor):
         """The shared pool this entrypoint submits to."""
         return self._pool
 
-    def submit(  # type: ignore[override]
+    def submit(
         self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[Any]:
         return self._pool.submit_ranked((self._rank, next(self._counter)), fn, args, kwargs)

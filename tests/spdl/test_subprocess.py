@@ -425,8 +425,8 @@ def test_a_config_that_cannot_be_pickled_is_named_in_a_type_error():
         ({"initializer": [fns.set_marker, "x"]}, TypeError, "initializer must be callable"),
         (
             {"arena": object()},
-            NotImplementedError,
-            r"gristmill has no arena objects; pass arena=None",
+            TypeError,
+            r"arena must be None, a SharedMemoryRingBuffer or a SharedMemorySegmentPool",
         ),
     ],
 )

@@ -3,28 +3,46 @@ PipelineBuilder`` runs code written for ``spdl.pipeline``)."""
 
 from gristmill._src.engine.markers import is_eof, is_epoch_end
 from gristmill._src.public import export as _export
+from gristmill._src.spdl.arena import SharedMemoryRingBuffer, SharedMemorySegmentPool
+from gristmill._src.spdl.bg_tasks import BackgroundTask, BackgroundTaskFactory
 from gristmill._src.spdl.bridge import PipelineIterDataset
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
 from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook
 from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
+from gristmill._src.spdl.priority_executor import (
+    PriorityExecutorEntrypoint,
+    PriorityProcessPoolExecutor,
+    PriorityThreadPoolExecutor,
+)
 from gristmill._src.spdl.profile import ProfileHook, ProfileResult, profile_pipeline
 from gristmill._src.spdl.queues import AsyncQueue, QueuePerfStats, StatsQueue
 from gristmill._src.spdl.rng import RecordRng
+from gristmill._src.spdl.subinterpreter import (
+    iterate_in_subinterpreter,
+    run_pipeline_in_subinterpreter,
+)
 from gristmill._src.spdl.subprocess import iterate_in_subprocess
 from gristmill._src.spdl.subprocess_pipeline import run_pipeline_in_subprocess
+from gristmill._src.spdl.tasks import create_task
 
 _export(
     "gristmill.pipeline",
     AsyncQueue,
+    BackgroundTask,
     Pipeline,
     PipelineBuilder,
     PipelineFailure,
     PipelineIterDataset,
+    PriorityExecutorEntrypoint,
+    PriorityProcessPoolExecutor,
+    PriorityThreadPoolExecutor,
     ProfileHook,
     ProfileResult,
     QueuePerfStats,
     RecordRng,
+    SharedMemoryRingBuffer,
+    SharedMemorySegmentPool,
     StageInfo,
     StatsQueue,
     TaskHook,
@@ -34,14 +52,21 @@ _export(
 
 __all__ = [
     "AsyncQueue",
+    "BackgroundTask",
+    "BackgroundTaskFactory",
     "Pipeline",
     "PipelineBuilder",
     "PipelineFailure",
     "PipelineIterDataset",
+    "PriorityExecutorEntrypoint",
+    "PriorityProcessPoolExecutor",
+    "PriorityThreadPoolExecutor",
     "ProfileHook",
     "ProfileResult",
     "QueuePerfStats",
     "RecordRng",
+    "SharedMemoryRingBuffer",
+    "SharedMemorySegmentPool",
     "StageInfo",
     "StatsQueue",
     "TaskHook",
@@ -49,9 +74,12 @@ __all__ = [
     "TaskStatsHook",
     "build_pipeline",
     "cache_iterator",
+    "create_task",
     "is_eof",
     "is_epoch_end",
+    "iterate_in_subinterpreter",
     "iterate_in_subprocess",
     "profile_pipeline",
+    "run_pipeline_in_subinterpreter",
     "run_pipeline_in_subprocess",
 ]

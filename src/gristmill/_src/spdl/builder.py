@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import copy
 import fractions
-from collections.abc import AsyncIterable, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 from gristmill._src.engine.asyncio_lane import new_event_loop
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import IteratorStream
-from gristmill._src.spdl import defs, ops
+from gristmill._src.spdl import config, defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
+from gristmill._src.spdl.bg_tasks import BackgroundRunner
 from gristmill._src.spdl.fanin import MergeStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
@@ -68,6 +69,7 @@ def build_pipeline(
     queue_class: Any = None,
     task_hook_factory: Any = None,
     stage_id: int = 0,
+    background_tasks: Sequence[Callable[[], Any]] | None = None,
     use_thread_output_queue: bool = False,
 ) -> Pipeline:
     """A runnable :class:`Pipeline` for ``cfg``.
@@ -77,9 +79,11 @@ def build_pipeline(
     after 100 invocations). Unlike SPDL 0.8.0 the budget is per stage (S1), as its docs say.
     ``task_hook_factory(StageInfo) -> list[TaskHook]`` adds hooks around each pipe stage's
     calls (none by default: ``Pipeline.statistics()`` has the engine's per-stage counters).
-    ``report_stats_interval``, ``queue_class`` and ``use_thread_output_queue`` are accepted
-    for compatibility and have no effect.
+    ``background_tasks``: factories of :class:`BackgroundTask` whose ``run()`` goes on while
+    the pipeline runs (after the defaults of ``config.set_default_background_tasks``).
+    ``use_thread_output_queue`` is accepted for compatibility and has no effect.
     """
+    config.run_build_callback(cfg)
     num_threads = _check_positive(num_threads, "num_threads")
     build_limit = defs.check_max_failures(max_failures, "max_failures")
     defs.check_regions(cfg.pipes)
@@ -144,6 +148,10 @@ def build_pipeline(
         skip_outputs=lowering.skip_outputs,
         queues=queues,
         sink_info=StageInfo(pipeline_id, str(stage_id + len(cfg.pipes) + 1), "sink"),
+        background=BackgroundRunner(
+            [*(config.get_default_background_tasks() or ()), *(background_tasks or ())],
+            name=f"gristmill[{pipeline_id}:background]",
+        ),
     )
 
 
@@ -306,7 +314,11 @@ class _Lowering:
         raise TypeError(f"unsupported stage config {stage!r}")
 
 
-class PipelineBuilder:
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+class PipelineBuilder(Generic[T, U]):
     """Builds a pipeline stage by stage: source, pipes, aggregation, sink (SPDL's builder).
 
     >>> from gristmill.pipeline import PipelineBuilder

@@ -11,12 +11,17 @@ import dataclasses
 import fractions
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gristmill._src.spdl.executors import check_executor
 
 OUTPUT_ORDERS = ("completion", "input")
+
+# type parameters of the generic configs (as in SPDL: item types in and out of a stage)
+T = TypeVar("T")
+U = TypeVar("U")
 
 
 class Aggregator(abc.ABC):
@@ -31,7 +36,7 @@ class Aggregator(abc.ABC):
         """Returns what is accumulated (None if nothing) and resets."""
 
 
-class Collate(Aggregator):
+class Collate(Aggregator, Generic[T]):
     """Lists of ``n`` consecutive items; ``flush`` returns the shorter rest (or None).
 
     >>> batcher = Collate(2)
@@ -92,13 +97,13 @@ def check_max_failures(value: Any, name: str) -> int | fractions.Fraction | None
 
 
 @dataclasses.dataclass(frozen=True)
-class SourceConfig:
+class SourceConfig(Generic[T]):
     source: Any
     continuous: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
-class PipeConfig:
+class PipeConfig(Generic[T, U]):
     op: Callable[..., Any]
     concurrency: int = 1
     name: str = ""
@@ -114,24 +119,24 @@ class PipeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class AggregateConfig:
+class AggregateConfig(Generic[T]):
     op: Aggregator
     drop_last: bool = False
     name: str = "aggregate"
 
 
 @dataclasses.dataclass(frozen=True)
-class DisaggregateConfig:
+class DisaggregateConfig(Generic[T]):
     name: str = "disaggregate"
 
 
 @dataclasses.dataclass(frozen=True)
-class SinkConfig:
+class SinkConfig(Generic[T]):
     buffer_size: int = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class PathVariantsConfig:
+class PathVariantsConfig(Generic[T]):
     """Fan-out / fan-in: ``router(item)`` picks one of ``paths`` for each item (see
     ``PipelineBuilder.path_variants``)."""
 
@@ -149,19 +154,26 @@ class PathVariantsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ProcessPoolExecutorConfig:
-    """Where a ``to()`` region runs: ``max_workers`` worker processes (default: the CPU
-    count), each running the region's stages as a pipeline of its own.
-
-    ``initializer(*initargs)`` runs in each worker first. ``mp_context`` is a start method
-    name (``"fork"``, ``"spawn"``, ``"forkserver"``); the default is ``"forkserver"`` where
-    available (``"spawn"`` elsewhere): unlike ``fork`` it is safe in a process that runs
-    threads, but the region's stages must be picklable (module-level functions).
-    """
+class ExecutorConfig:
+    """Where a ``to()`` region runs: a pool of ``max_workers`` workers (default: the CPU
+    count), each running the region's stages as a pipeline of its own, after
+    ``initializer(*initargs)``. Use a subclass: :class:`ProcessPoolExecutorConfig` or
+    :class:`InterpreterPoolExecutorConfig`."""
 
     max_workers: int | None = None
     initializer: Callable[..., object] | None = None
     initargs: tuple[Any, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessPoolExecutorConfig(ExecutorConfig):
+    """A ``to()`` region run in worker processes.
+
+    ``mp_context`` is a start method name (``"fork"``, ``"spawn"``, ``"forkserver"``); the
+    default is ``"forkserver"`` where available (``"spawn"`` elsewhere): unlike ``fork`` it
+    is safe in a process that runs threads, but the region's stages must be picklable.
+    """
+
     mp_context: str | None = None
 
     def __post_init__(self) -> None:
@@ -169,6 +181,21 @@ class ProcessPoolExecutorConfig:
 
         if self.mp_context is not None:
             start_method(self.mp_context)  # a ValueError naming the valid methods
+
+
+@dataclasses.dataclass(frozen=True)
+class InterpreterPoolExecutorConfig(ExecutorConfig):
+    """A ``to()`` region run in Python 3.14 sub-interpreters (no ``mp_context``: no new
+    process starts). On older Pythons a pipeline with such a region is rejected."""
+
+
+def check_interpreter_support(what: str) -> None:
+    """RuntimeError naming ``what`` unless this Python has sub-interpreters (3.14+)."""
+    if sys.version_info < (3, 14):
+        raise RuntimeError(
+            f"{what} requires Python 3.14 or later. Current version: "
+            f"{sys.version_info.major}.{sys.version_info.minor}"
+        )
 
 
 class _MainProcess:
@@ -196,7 +223,7 @@ class PlacementConfig:
     """A ``to()`` marker: the stages after it run on ``target`` (until the next marker);
     ``buffer_size`` items at most travel to a worker at once."""
 
-    target: ProcessPoolExecutorConfig | _MainProcess
+    target: ExecutorConfig | _MainProcess
     buffer_size: int = 1
 
     def __repr__(self) -> str:
@@ -209,7 +236,7 @@ StageConfig = (
 
 
 @dataclasses.dataclass(frozen=True)
-class PipelineConfig:
+class PipelineConfig(Generic[U]):
     src: SourceConfig | MergeConfig
     pipes: Sequence[StageConfig]
     sink: SinkConfig
@@ -378,13 +405,14 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
     """The config of ``PipelineBuilder.to(target, buffer_size=...)``."""
     if callable(getattr(target, "submit", None)):
         raise TypeError(
-            "`to()` takes a serializable execution target (ProcessPoolExecutorConfig or "
-            "MAIN_PROCESS), not a live Executor. To run a single stage on a custom executor, "
-            "pass it to `pipe(executor=...)` instead."
+            "`to()` takes a serializable execution target (ProcessPoolExecutorConfig, "
+            "InterpreterPoolExecutorConfig, or MAIN_PROCESS), not a live Executor. To run a "
+            "single stage on a custom executor, pass it to `pipe(executor=...)` instead."
         )
-    if not isinstance(target, (ProcessPoolExecutorConfig, _MainProcess)):
+    if not isinstance(target, (ExecutorConfig, _MainProcess)):
         raise TypeError(
-            "`to()` target must be a ProcessPoolExecutorConfig or MAIN_PROCESS. "
+            "`to()` target must be a ProcessPoolExecutorConfig, InterpreterPoolExecutorConfig, "
+            "or MAIN_PROCESS. "
             f"Got: {type(target).__name__}."
         )
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
@@ -409,7 +437,11 @@ def check_regions(pipes: Sequence[Any]) -> None:
                     "An empty `to(...)` region has no stages. Add stages before the next "
                     "`.to(...)`, or remove the redundant marker."
                 )
-            open_region = isinstance(stage.target, ProcessPoolExecutorConfig)
+            open_region = isinstance(stage.target, ExecutorConfig)
+            if isinstance(stage.target, InterpreterPoolExecutorConfig):
+                check_interpreter_support(
+                    "A subinterpreter region (`to(InterpreterPoolExecutorConfig(...))`)"
+                )
             size = 0
             continue
         size += 1

@@ -24,6 +24,7 @@ from gristmill._src.engine.feeds import ChunkFn
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.spdl.executors import on_executor
 from gristmill._src.spdl.hooks import StageHooks
+from gristmill._src.spdl.tasks import log_failure
 from gristmill._src.spdl.tracking import Keyed, KeyedBatch, Path, rekeyed, split
 
 logger = logging.getLogger("gristmill.pipeline")
@@ -119,7 +120,7 @@ def stage_function(
     counter = iter(range(1, 2**63))
 
     def failed(error: Exception) -> Any:
-        logger.error("Task [%s:%d] failed.", task_name, next(counter), exc_info=error)
+        log_failure(f"{task_name}:{next(counter)}", error, stacklevel=3)
         budget.failed(error)  # raises when the budget is exceeded
         return SKIP
 

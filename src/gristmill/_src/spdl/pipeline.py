@@ -16,7 +16,7 @@ import logging
 import warnings
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import ChunkStream
@@ -25,6 +25,7 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate_chunks
+from gristmill._src.spdl.bg_tasks import BackgroundRunner
 from gristmill._src.spdl.queue_monitor import ItemCount, QueueMonitor, counters_probe
 from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, Path, ResumableSource
 
@@ -59,8 +60,14 @@ class _Closer:
     exits the stages' hooks, then the queue objects' (the counters are final by then)."""
 
     def __init__(
-        self, last: ChunkStream, streams: list[Any], stage_hooks: list[Any], queues: Any
+        self,
+        last: ChunkStream,
+        streams: list[Any],
+        stage_hooks: list[Any],
+        queues: Any,
+        background: BackgroundRunner | None = None,
     ) -> None:
+        self.background = background
         self.last = last
         self.streams = streams
         self.stage_hooks = stage_hooks
@@ -68,6 +75,8 @@ class _Closer:
         self.sink: BackgroundProducer | None = None
 
     def shutdown(self) -> None:
+        if self.background is not None:
+            self.background.stop()
         for stream in reversed(self.streams):
             stream.close()
         if self.sink is not None:
@@ -84,7 +93,10 @@ class _Closer:
                 logger.exception("gristmill: a queue's stage hook failed while exiting")
 
 
-class Pipeline:
+T = TypeVar("T")
+
+
+class Pipeline(Generic[T]):
     """A running (or ready) pipeline; iterate it, or ``get_item()``.
 
     Not resumable once exhausted (unless the source is ``continuous``): build it again.
@@ -102,6 +114,7 @@ class Pipeline:
         skip_outputs: dict[Path, set[int]] | None = None,
         queues: QueueMonitor | None = None,
         sink_info: StageInfo | None = None,
+        background: BackgroundRunner | None = None,
     ) -> None:
         self._config = config
         self._sink_buffer = sink_buffer
@@ -114,7 +127,7 @@ class Pipeline:
                 counters_probe(self._counters, self._taken, self._pending),
                 buffer_size=sink_buffer,
             )
-        self._closer = _Closer(last, streams, stage_hooks or [], queues)
+        self._closer = _Closer(last, streams, stage_hooks or [], queues, background)
         self._resumable = resumable
         self._skip_outputs = skip_outputs if skip_outputs is not None else {}
         self._tracker = DeliveryTracker(continuous=resumable is not None and resumable.continuous)
@@ -152,6 +165,8 @@ class Pipeline:
             start = getattr(stream, "start_early", None) or getattr(stream, "start", None)
             if start is not None:
                 start()
+        if self._closer.background is not None:
+            self._closer.background.start()
 
     @property
     def started(self) -> bool:

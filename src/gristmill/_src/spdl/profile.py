@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gristmill._src.core.validation import check_positive_int
+from gristmill._src.spdl import config as defaults
 from gristmill._src.spdl import defs
 from gristmill._src.spdl.builder import build_pipeline
 from gristmill._src.spdl.queues import StatsQueue
@@ -119,7 +120,8 @@ def profile_pipeline(
         raise TypeError(f"callback must be callable or None, got {callback!r}")
     if hook is not None and not isinstance(hook, ProfileHook):
         raise TypeError(f"hook must be a ProfileHook or None, got {hook!r}")
-    hook = hook or _NoHook()
+    callback = callback or defaults.get_default_profile_callback()
+    hook = hook or defaults.get_default_profile_hook() or _NoHook()
     with hook.pipeline_profile_hook():
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
             logger.info("Profiling runs on local rank 0 only; skipped on this rank.")
@@ -144,7 +146,7 @@ def profile_pipeline(
 
 def _fetch(src: defs.SourceConfig | defs.MergeConfig, num_inputs: int) -> list[Any]:
     """The first ``num_inputs`` items of the source (one pass of a continuous one at most)."""
-    config = defs.PipelineConfig(src, (), defs.SinkConfig(1))
+    config: defs.PipelineConfig[Any] = defs.PipelineConfig(src, (), defs.SinkConfig(1))
     pipeline = build_pipeline(config, num_threads=1, queue_class=StatsQueue)
     items: list[Any] = []
     with pipeline.auto_stop():
@@ -175,7 +177,9 @@ def _profile_stage(
                 stage, concurrency=concurrency, executor=None, max_failures=None
             )
         sinks: list[StatsQueue] = []
-        config = defs.PipelineConfig(defs.SourceConfig(inputs), (alone,), defs.SinkConfig(2))
+        config: defs.PipelineConfig[Any] = defs.PipelineConfig(
+            defs.SourceConfig(inputs), (alone,), defs.SinkConfig(2)
+        )
         pipeline = build_pipeline(
             config, num_threads=concurrency, queue_class=_recording_queue_class(sinks)
         )

@@ -31,6 +31,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl import config
 from gristmill._src.spdl.hooks import TaskHook, TaskStatsHook, complete_now
 from gristmill._src.spdl.queues import (
     AsyncQueue,
@@ -64,7 +65,8 @@ def queue_factory(queue_class: Any, interval: float) -> Callable[[Any, int], Asy
     and ``buffer_size`` (SPDL passes the interval to its default alone).
     """
     if queue_class is None:
-        return lambda info, size: StatsQueue(info, buffer_size=size, interval=interval)
+        default = config.get_default_queue_class()  # StatsQueue unless configured
+        return lambda info, size: default(info, buffer_size=size, interval=interval)
     cls = _queue_class_of(queue_class)
     if cls is None:
         raise TypeError(
@@ -86,10 +88,20 @@ def queue_factory(queue_class: Any, interval: float) -> Callable[[Any, int], Asy
 def default_task_hooks(
     given: Callable[[Any], list[TaskHook]] | None, interval: float
 ) -> Callable[[Any], list[TaskHook]] | None:
-    """The task hooks to install: ``given``; else a ``TaskStatsHook(info, interval)`` per
-    stage when ``interval > 0`` (SPDL's default hook, reporting); else none (no cost)."""
-    if given is not None or interval <= 0:
+    """The task hooks to install: ``given``; else the configured default hook class
+    (``config.set_default_hook_class``; None: no hooks) as ``cls(info, interval=...)``;
+    else, with nothing configured, a ``TaskStatsHook(info, interval)`` per stage when
+    ``interval > 0`` (SPDL's default hook, reporting) and none otherwise (no cost: the
+    engine's counters give the end-of-stage figures)."""
+    if given is not None:
         return given
+    if not config.hook_class_is_default():
+        cls = config.get_default_hook_class()
+        if cls is None:
+            return None
+        return lambda info: [cls(info, interval=interval)]
+    if interval <= 0:
+        return None
     return lambda info: [TaskStatsHook(info, interval)]
 
 

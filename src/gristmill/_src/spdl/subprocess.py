@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from gristmill._src.core import validation
 from gristmill._src.engine import reaper
 from gristmill._src.spdl import subprocess_worker as proto
+from gristmill._src.spdl.arena import ARENAS, SharedMemoryRingBuffer, SharedMemorySegmentPool
 from gristmill._src.spdl.subprocess_handle import WorkerHandle
 
 T = TypeVar("T")
@@ -91,7 +92,7 @@ def iterate_in_subprocess(
     mp_context: str | multiprocessing.context.BaseContext | None = None,
     timeout: float | None = None,
     daemon: bool = False,
-    arena: None = None,
+    arena: SharedMemoryRingBuffer | SharedMemorySegmentPool | None = None,
 ) -> Iterable[T]:
     """Runs ``fn()`` once in a worker process; each ``iter()`` iterates its result there.
 
@@ -114,8 +115,9 @@ def iterate_in_subprocess(
         timeout: seconds without any item before the worker is terminated and a
             ``TimeoutError`` (also a ``RuntimeError``) is raised; None waits for ever.
         daemon: start the worker as a daemon process.
-        arena: only None: gristmill moves large numpy arrays through shared memory by
-          itself (SPDL's arena objects are not provided).
+        arena: None, or SPDL's ``SharedMemoryRingBuffer`` / ``SharedMemorySegmentPool``
+          (accepted for compatibility: gristmill moves large buffers through shared
+          memory by itself; see :mod:`gristmill._src.spdl.arena`).
 
     Returns:
         An iterable with ``close()``; the worker stops on ``close()``, on garbage
@@ -168,10 +170,10 @@ def launch(
     context = _context(mp_context)
     timeout = _check_timeout(timeout)
     daemon = validation.check_bool(daemon, "daemon")
-    if arena is not None:
-        raise NotImplementedError(
-            f"arena={arena!r}: gristmill has no arena objects; pass arena=None: items' numpy "
-            "arrays of 64 KiB or more already travel through shared memory (/dev/shm)"
+    if arena is not None and not isinstance(arena, ARENAS):
+        raise TypeError(
+            f"arena must be None, a SharedMemoryRingBuffer or a SharedMemorySegmentPool, got "
+            f"{arena!r}; large buffers travel through shared memory (/dev/shm) either way"
         )
     try:
         worker = WorkerHandle(

@@ -91,7 +91,7 @@ def run_pipeline_in_subprocess(
     mp_context: str | multiprocessing.context.BaseContext | None = None,
     timeout: float | None = None,
     daemon: bool = False,
-    arena: None = None,
+    arena: Any = None,
 ) -> Iterable[Any]:
     """Runs the pipeline ``config`` describes in one worker process; each ``iter()`` is an
     epoch.

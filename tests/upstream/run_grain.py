@@ -96,9 +96,11 @@ def parse_junit(path: pathlib.Path) -> tuple[dict[str, str], dict[str, str]]:
             problem = case.find("error")
         if problem is not None:
             outcomes[name] = "failed"
-            messages[name] = (problem.get("message") or "").splitlines()[0][:300] if (
-                problem.get("message")
-            ) else ""
+            messages[name] = (
+                (problem.get("message") or "").splitlines()[0][:300]
+                if (problem.get("message"))
+                else ""
+            )
         elif case.find("skipped") is not None:
             outcomes[name] = "skipped"
         else:
@@ -132,8 +134,13 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
         env["GRISTMILL_GRAIN_WHEEL"] = str(root)
         env["GRISTMILL_UPSTREAM_DESELECTED"] = str(deselected_path)
         command = [
-            sys.executable, "-m", "pytest", "-q", "--continue-on-collection-errors",
-            f"--junitxml={junit}", *pytest_args,
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--continue-on-collection-errors",
+            f"--junitxml={junit}",
+            *pytest_args,
         ]
         proc = subprocess.run(command, cwd=tests, env=env, check=False)
         if not junit.exists():
@@ -141,7 +148,9 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
             return 2
         outcomes, messages = parse_junit(junit)
         deselected = json.loads(deselected_path.read_text()) if deselected_path.exists() else {}
-    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")}
+    counts = {
+        k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")
+    }
     dropped = deselected.get("deselected", {})
     print(
         f"grain upstream suite: {copied} files, {deselected.get('collected', '?')} tests "
@@ -150,7 +159,9 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
     for name, outcome in sorted(outcomes.items()):
         if outcome == "failed":
             print(f"upstream FAILED {name}")
-    print(f"grain: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    print(
+        f"grain: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+    )
     if json_path:
         pathlib.Path(json_path).write_text(
             json.dumps(

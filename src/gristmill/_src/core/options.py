@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import logging
+
+_logger = logging.getLogger("gristmill")
 
 
 @dataclasses.dataclass(slots=True)
@@ -24,14 +26,16 @@ class ReadOptions:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int >= 0, got {value!r}")
             if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}; use 0 to read inline")
+                raise ValueError(
+                    f"{name} must be non-negative, got {value!r}; use 0 to read inline"
+                )
         if 0 < self.prefetch_buffer_size < self.num_threads:
-            warnings.warn(
-                f"prefetch_buffer_size={self.prefetch_buffer_size} is smaller than "
-                f"num_threads={self.num_threads}, so some threads will idle; use a buffer of "
-                "at least num_threads elements",
-                UserWarning,
-                stacklevel=3,
+            # logged, as Grain does: a valid configuration, only a wasteful one
+            _logger.warning(
+                "prefetch_buffer_size=%d is smaller than num_threads=%d, so some threads will "
+                "idle; use a buffer of at least num_threads elements",
+                self.prefetch_buffer_size,
+                self.num_threads,
             )
 
 

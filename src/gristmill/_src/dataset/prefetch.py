@@ -36,6 +36,11 @@ class ThreadPrefetchIterDataset(IterDataset[Any]):
                 f"parent must be an IterDataset, got {parent!r}; call "
                 "ds.to_iter_dataset() on a MapDataset first"
             )
+        if isinstance(prefetch_buffer_size, int) and prefetch_buffer_size < 0:
+            raise ValueError(  # Grain's wording, which its users' tests match
+                "`prefetch_buffer_size` must be greater than or equal to 0, got "
+                f"{prefetch_buffer_size!r}; use 0 to disable it"
+            )
         self._buffer_size = validation.check_int_in_range(
             prefetch_buffer_size, "prefetch_buffer_size", low=0, fix="; use 0 to disable it"
         )

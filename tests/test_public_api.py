@@ -136,6 +136,7 @@ EXPECTED = {
         "MapWithIndexTransform",
         "InterleaveIterDataset",
         "LimitIterDataset",
+        "PackAndBatchOperation",
         "ParquetIterDataset",
         "PerformanceConfig",
         "RebatchIterDataset",

@@ -8,7 +8,7 @@ insertion order of the first element (Grain 0.2.18 without jax).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,30 @@ def _rebuild_mapping(template: Mapping[Any, Any], items: list[tuple[Any, Any]]) 
 def map_structure(fn: Callable[..., Any], *trees: Any) -> Any:
     """Applies ``fn`` to the leaves of ``trees`` (which share one structure) position-wise."""
     return _map(fn, trees, "")
+
+
+def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
+    """Like :func:`map_structure`, calling ``fn(path, *leaves)``: ``path`` is the tuple of
+    keys and indices from the root to the leaf (``()`` for a leaf at the top).
+
+    >>> map_structure_with_path(lambda p, a, b: (p, a + b), {"x": [1, 2], "y": 3},
+    ...                         {"x": [10, 20], "y": 30})
+    {'x': [(('x', 0), 11), (('x', 1), 22)], 'y': (('y',), 33)}
+    """
+    paths = iter(_paths(trees[0], ()))
+    return _map(lambda *leaves: fn(next(paths), *leaves), trees, "")
+
+
+def _paths(tree: Any, prefix: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+    """The paths of ``tree``'s leaves, in the order ``_map`` visits them."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _paths(value, (*prefix, i))
+    else:
+        yield prefix
 
 
 def _mismatch(path: str, what: str) -> ValueError:

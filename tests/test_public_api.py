@@ -171,6 +171,7 @@ EXPECTED = {
         "MapWithIndexTransform",
         "InterleaveIterDataset",
         "LimitIterDataset",
+        "PackAndBatchOperation",
         "ParquetIterDataset",
         "PerformanceConfig",
         "RebatchIterDataset",

@@ -30,6 +30,7 @@ from gristmill._src.dataset.with_options import WithOptionsIterDataset
 from gristmill._src.dataset.zipping import ZipIterDataset, ZipMapDataset
 from gristmill._src.engine.reporting import log_statistics_every
 from gristmill._src.loader.elastic import ElasticIterator
+from gristmill._src.loader.pack_and_batch import PackAndBatchOperation
 from gristmill._src.public import export as _export
 from gristmill._src.sources.parquet_dataset import ParquetIterDataset
 from gristmill._src.sources.tfrecord import TFRecordIterDataset
@@ -48,6 +49,7 @@ _export(
     FlatMapMapDataset,
     InterleaveIterDataset,
     LimitIterDataset,
+    PackAndBatchOperation,
     ParquetIterDataset,
     PerformanceConfig,
     RebatchIterDataset,
@@ -79,6 +81,7 @@ __all__ = [
     "InterleaveIterDataset",
     "LimitIterDataset",
     "MapWithIndexTransform",
+    "PackAndBatchOperation",
     "ParquetIterDataset",
     "PerformanceConfig",
     "RebatchIterDataset",

@@ -28,6 +28,7 @@ from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
 from gristmill._src.loader import sharding
+from gristmill._src.loader.pack_and_batch import PackAndBatchIterDataset, PackAndBatchOperation
 from gristmill._src.loader.samplers import IndexSampler
 
 STATE_VERSION = 2
@@ -152,6 +153,8 @@ def _data(record: Record[Any]) -> Any:
 
 
 def _apply(ds: IterDataset[Any], operation: Any) -> IterDataset[Any]:
+    if isinstance(operation, PackAndBatchOperation):
+        return PackAndBatchIterDataset(ds, operation)
     if isinstance(operation, transforms.Batch):
         return ds.batch(
             operation.batch_size,
@@ -170,8 +173,8 @@ def _apply(ds: IterDataset[Any], operation: Any) -> IterDataset[Any]:
     ) or callable(getattr(operation, "map", None)):
         return ds.map(_OnData(operation))
     raise TypeError(
-        f"operations must be Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex or "
-        f"Batch objects, got {operation!r}"
+        f"operations must be Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex, "
+        f"Batch or PackAndBatchOperation objects, got {operation!r}"
     )
 
 
@@ -198,7 +201,8 @@ class DataLoader:
       sampler: an ``IndexSampler``, ``SequentialSampler`` or any object whose
         ``__getitem__(g)`` returns a ``RecordMetadata`` (raising IndexError past the end).
       operations: ``Map``, ``RandomMap`` (the record's RNG), ``Filter``, ``FlatMap``,
-        ``MapWithIndex`` (the record's global sampler index) and ``Batch`` objects, in order.
+        ``MapWithIndex`` (the record's global sampler index), ``Batch`` and
+        ``PackAndBatchOperation`` objects, in order.
       worker_count: worker processes (``None``: the CPU count; 0: this process).
       worker_buffer_size: elements each worker may produce ahead (at least).
       shard_options: which shard to read; ``None`` takes the sampler's.

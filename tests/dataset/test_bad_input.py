@@ -187,7 +187,10 @@ def test_getitems_rejects_non_integral_indices():
         ([(1, 2, 3), (1, 2)], ["sequence lengths 3 and 2"]),
         ([(1, 2), [1, 2]], ["a tuple and a list"]),
         ([{"a": 1}, {"a": (1,)}], ["['a']", "a leaf int and a tuple"]),
-        ([np.zeros(2), np.zeros(3)], ["leaves of different shapes", "(2,)", "(3,)", "batch_and_pad"]),
+        (
+            [np.zeros(2), np.zeros(3)],
+            ["leaves of different shapes", "(2,)", "(3,)", "batch_and_pad"],
+        ),
     ],
 )
 def test_mismatched_batch_structures_are_value_errors(elements, fragments):

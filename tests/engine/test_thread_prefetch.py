@@ -110,7 +110,10 @@ def test_statistics_include_the_prefetch_stage():
 
 
 def test_bad_buffer_size():
-    with pytest.raises(ValueError, match=r"`prefetch_buffer_size` must be greater than or equal to 0.*-1"):
+    with pytest.raises(
+        ValueError,
+        match=r"`prefetch_buffer_size` must be greater than or equal to 0.*-1",
+    ):
         TP(M.range(3).to_iter_dataset(), prefetch_buffer_size=-1)
     with pytest.raises(TypeError, match="parent must be an IterDataset"):
         TP(M.range(3), prefetch_buffer_size=1)

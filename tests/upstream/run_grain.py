@@ -28,7 +28,7 @@ import xml.etree.ElementTree as ET
 HERE = pathlib.Path(__file__).resolve().parent
 TEST_TIMEOUT_S = 120
 
-_GRAIN_PACKAGE = '''"""The grain shim (tests/upstream/grain_shim.py): gristmill under grain's names."""
+_GRAIN_PACKAGE = '''"""The grain shim (tests/upstream/grain_shim.py): gristmill as grain."""
 import sys
 import grain_shim
 grain_shim.adopt(sys.modules[__name__])

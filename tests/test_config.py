@@ -6,7 +6,11 @@ import pytest
 
 import gristmill as gm
 import gristmill.python
-from gristmill._src.core.config import OPTIONS
+
+# the option names, as dir() lists them
+OPTIONS = [
+    n for n in dir(gm.config) if not n.startswith("_") and n not in {"update", "get_or_default"}
+]
 
 
 @pytest.fixture(autouse=True)

@@ -211,9 +211,9 @@ class DataLoader:
         ``__getitem__(g)`` returns a ``RecordMetadata`` (raising IndexError past the end).
       operations: ``Map``, ``RandomMap`` (the record's RNG), ``Filter``, ``FlatMap``,
         ``MapWithIndex`` (the record's global sampler index), ``Batch`` and
-        ``PackAndBatchOperation`` objects, in order; any other callable is a legacy operation (``MapOperation``, ``BatchOperation``, …:
-        an iterator of Records in, an iterator of Records out). A ``BatchOperation`` runs as
-        the equivalent ``Batch``.
+        ``PackAndBatchOperation`` objects, in order; any other callable is a legacy
+        operation (``MapOperation``, ``BatchOperation``, …: an iterator of Records in, an
+        iterator of Records out). A ``BatchOperation`` runs as the equivalent ``Batch``.
       worker_count: worker processes (``None``: the CPU count; 0: this process).
       worker_buffer_size: elements each worker may produce ahead (at least).
       shard_options: which shard to read; ``None`` takes the sampler's.

@@ -38,24 +38,39 @@ _CONFTEST = '''"""Deselects the skip list (tests/upstream/grain_skips.py) and re
 import fnmatch
 import json
 import os
+import pathlib
 
 import grain_skips
 
+_IGNORED = {}
+
+
+def _reason(nodeid):
+    for pattern, why in grain_skips.SKIPS.items():
+        if fnmatch.fnmatchcase(nodeid, pattern):
+            return why
+    return None
+
+
+def pytest_ignore_collect(collection_path, config):
+    # a whole file listed (no "::"): not even imported, e.g. when it needs an absent package
+    relative = pathlib.Path(collection_path).relative_to(config.rootpath).as_posix()
+    reason = _reason(relative) if relative.endswith(".py") else None
+    if reason is not None:
+        _IGNORED[relative] = reason
+        return True
+    return None
+
 
 def pytest_collection_modifyitems(config, items):
-    keep, dropped = [], {}
+    keep, dropped = [], dict(_IGNORED)
     for item in items:
-        reason = next(
-            (why for pattern, why in grain_skips.SKIPS.items()
-             if fnmatch.fnmatchcase(item.nodeid, pattern)),
-            None,
-        )
+        reason = _reason(item.nodeid)
         if reason is None:
             keep.append(item)
         else:
             dropped[item.nodeid] = reason
     items[:] = keep
-    config.hook.pytest_deselected(items=[])
     with open(os.environ["GRISTMILL_UPSTREAM_DESELECTED"], "w") as f:
         json.dump({"collected": len(keep) + len(dropped), "deselected": dropped}, f)
 '''

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from gristmill._src.engine import shm
+from gristmill._src.engine import sending, shm
 
 READY = "ready"  # fn() returned: the worker waits for commands
 ITEM = "item"
@@ -118,13 +118,14 @@ class _Channel:
 
 
 def worker_main(
-    payload: tuple[Callable[[], Iterable[Any]], list[Callable[[], Any]]],
+    payload: Any,
     commands: Connection,
     data: Connection,
     buffer_size: int,
     shm_prefix: str | None = None,
 ) -> None:
-    """The worker process's entry point (``payload``: ``fn`` and the initializers)."""
+    """The worker process's entry point (``payload``: ``fn`` and the initializers, in a
+    :class:`sending.ForChild`, or as they are)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent decides when the
     # worker stops (it stops it on KeyboardInterrupt), so the worker ignores SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -137,11 +138,9 @@ def worker_main(
     data.close()
 
 
-def _start(
-    payload: tuple[Callable[[], Iterable[Any]], list[Callable[[], Any]]], channel: _Channel
-) -> Iterable[Any] | None:
+def _start(payload: Any, channel: _Channel) -> Iterable[Any] | None:
     """Runs the initializers and ``fn()``; the iterable, or None after reporting a failure."""
-    fn, initializers = payload
+    fn, initializers = sending.received(payload)
     for init in initializers:
         try:
             init()
@@ -149,7 +148,7 @@ def _start(
             channel.post_error(0, f"running the initializer {_name(init)}", error)
             return None
     try:
-        iterable = fn()
+        iterable: Iterable[Any] = fn()
     except BaseException as error:
         channel.post_error(0, "calling fn() to create the iterable", error)
         return None

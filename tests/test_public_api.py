@@ -54,6 +54,7 @@ EXPECTED = {
     ],
     "gristmill.multiprocessing": [
         "MultiprocessingOptions",
+        "MultiprocessingOrder",
         "SharedMemoryArray",
         "SharedMemoryArrayMetadata",
     ],

@@ -14,9 +14,10 @@ stage stops (a worker killed mid-task, results never read after an early close) 
 then.
 
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
-with its text) plus the worker's formatted traceback, located at its element like any read
-failure. A worker that dies is reported within ``_POLL_S`` as a RuntimeError naming the
-worker and its exit code. Closing stops the workers: asked, then terminated, then killed.
+with its text), with the worker's frames as its traceback and its formatted traceback as a
+note, located at its element like any read failure. A worker that dies is reported within
+``_POLL_S`` as a RuntimeError naming the worker and its exit code. Closing stops the
+workers: asked, then terminated, then killed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from gristmill._src.engine import sending, shm
+from gristmill._src.engine import remote_traceback, sending, shm
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
@@ -143,8 +144,9 @@ def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ())
         payload = pickle.dumps(error)
     except Exception:
         payload = None
+    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__)]
     with contextlib.suppress(Exception):
-        conn.send(("error", list(values), payload, text))
+        conn.send(("error", list(values), payload, text, frames))
 
 
 class ProcessCore(Core):
@@ -268,12 +270,13 @@ class ProcessCore(Core):
             except Exception as decode_error:
                 return Chunk(task.start, [], decode_error)
             return task.chunk(values, task.upstream_error)
-        _, values, payload, text = reply
+        _, values, payload, text, frames = reply
         error: BaseException
         try:
             error = pickle.loads(payload) if payload is not None else RuntimeError(text)
         except Exception:
             error = RuntimeError(text)
+        remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
         error.add_note(f"Raised in worker process {index}:\n{text.rstrip()}")
         return Chunk(task.start, values, error)
 

@@ -69,15 +69,18 @@ _GRAIN_MP_KEYS = frozenset(
 )
 
 
-def grain_mp_state(state: Any) -> Any:
+def grain_mp_state(state: Any, own: dict[str, Any]) -> Any:
     """The pipeline's state in a state Grain's ``mp_prefetch`` wrote, else ``state``.
 
     Grain's ``mp_prefetch`` state is an interleave's over its workers. With one worker, the
     worker's state is the pipeline's own (what gristmill writes), so it restores exactly.
     With several, Grain's per-worker order has no position in the pipeline's order: that
-    is a ValueError naming the option that reproduces it.
+    is a ValueError naming the option that reproduces it. A pipeline whose own state is an
+    interleave's (``own``, its current state, has those keys) takes ``state`` as its own.
     """
     if not isinstance(state, dict) or set(state) != _GRAIN_MP_KEYS:
+        return state
+    if set(own) >= _GRAIN_MP_KEYS:
         return state
     workers = state["iterators_in_use_states"]
     if isinstance(workers, list) and len(workers) == 1 and isinstance(workers[0], dict):
@@ -171,7 +174,7 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
         if self._reads_grain_mp_states:
-            state = grain_mp_state(state)
+            state = grain_mp_state(state, self._parent.get_state())
         with self._guard.repositioning(self):
             if self._producer is not None:
                 self._producer.close()

@@ -58,6 +58,7 @@ EXPECTED = {
     ],
     "gristmill.multiprocessing": [
         "MultiprocessingOptions",
+        "MultiprocessingOrder",
         "SharedMemoryArray",
         "SharedMemoryArrayMetadata",
     ],

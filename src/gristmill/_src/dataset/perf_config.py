@@ -56,7 +56,7 @@ def _average_mb(datasets: list[Any], samples: int) -> float:
     if not datasets:
         return 0.0
     per_dataset = math.ceil(samples / len(datasets))
-    sizes = []
+    sizes: list[int] = []
     for ds in datasets:
         iterator = iter(ds)
         try:

@@ -584,17 +584,10 @@ def _first(ds: Any, count: int) -> list[Any]:
         iterator.close()
 
 
-# Class names are not part of the behaviour contract. grain reuses its mix class for
-# `select_from_datasets`, gristmill has a class of its own; every other name is compared as is.
-_GRISTMILL_TO_GRAIN_NAMES = {
-    "SelectionMapDataset": "MixedMapDataset",
-}
-
-
-def _graph(ds: Any, names: dict[str, str] | None) -> Any:
+def _graph(ds: Any, *, names: bool) -> Any:
     """The parents graph: node names (or a placeholder) and, recursively, their parents."""
-    name = "node" if names is None else names.get(type(ds).__name__, type(ds).__name__)
-    return (name, tuple(_graph(p, names) for p in ds.parents))
+    name = type(ds).__name__ if names else "node"
+    return (name, tuple(_graph(p, names=names) for p in ds.parents))
 
 
 # --------------------------------------------------------------------------- parity tests
@@ -637,13 +630,13 @@ def test_parents_graph_matches_grain(pipeline: Pipeline) -> None:
     expected, actual = _both(pipeline)
     assert isinstance(actual, gm.MapDataset)
     assert isinstance(actual.parents, tuple)
-    assert _graph(actual, None) == _graph(expected, None)
+    assert _graph(actual, names=False) == _graph(expected, names=False)
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_parents_type_names_match_grain(pipeline: Pipeline) -> None:
     expected, actual = _both(pipeline)
-    assert _graph(actual, _GRISTMILL_TO_GRAIN_NAMES) == _graph(expected, {})
+    assert _graph(actual, names=True) == _graph(expected, names=True)
 
 
 # --------------------------------------------------------------------------- reference examples

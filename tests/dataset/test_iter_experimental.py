@@ -404,7 +404,7 @@ def test_zip_strict_errors_are_grains():
         ours, theirs = iter(build(gm, lengths)), iter(build(grain, lengths))
         for _ in range(3):
             assert next(ours) == next(theirs)
-        with pytest.raises(ValueError) as caught:
+        with pytest.raises(ValueError, match=message) as caught:
             next(ours)
         assert str(caught.value) == message  # literally Grain's; the fix is a note
         assert "pass strict=False" in "".join(caught.value.__notes__)

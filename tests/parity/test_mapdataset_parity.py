@@ -813,6 +813,24 @@ def test_index_shuffle_other_rounds_match_grain(rounds: int) -> None:
             assert got == want, f"index_shuffle({index}, {max_index}, 42, {rounds})"
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ((0, 8, 33, 2), "rounds must be an even integer between 4 and 1024"),
+        ((0, 8, 33, 5), "rounds must be an even integer between 4 and 1024"),
+        ((0, 1, 0, 4294967294), "rounds must be an even integer between 4 and 1024"),
+        ((-1, 8, 33, 4), r"index must be in \[0, max_index\]"),
+        ((9, 8, 76, 4), r"index must be in \[0, max_index\]"),
+    ],
+)
+def test_index_shuffle_bad_arguments_raise_grains_message(args, fragment) -> None:
+    for lib in (grain, gm):
+        with pytest.raises(ValueError, match=fragment):
+            lib.experimental.index_shuffle(*args)
+    with pytest.raises(ValueError, match=f"got {args[0] if 'index' in fragment else args[3]}"):
+        gm.experimental.index_shuffle(*args)  # and ours names the value received
+
+
 @pytest.mark.parametrize(("max_index", "seed"), [(9, 0), (9, 7), (100, 42)])
 def test_index_shuffle_full_permutation_matches_grain(max_index: int, seed: int) -> None:
     want = [grain.experimental.index_shuffle(i, max_index, seed, 4) for i in range(max_index + 1)]

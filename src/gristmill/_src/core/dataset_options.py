@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import time
-import warnings
 from typing import Any
 
 from gristmill._src.core import validation
+
+_logger = logging.getLogger("gristmill")
 
 WINDOW = 1000
 """The filtered ratio is measured over non-overlapping windows of this many inputs."""
@@ -245,9 +247,11 @@ class FilterRatioCheck:
             now = time.monotonic()
             if self._last_warning is None or now - self._last_warning >= WARN_INTERVAL_S:
                 self._last_warning = now
-                warnings.warn(
-                    f"{summary} That is at least filter_warn_threshold_ratio={self._warn}. "
-                    "Check the filtering logic. " + _disable_hint("filter_warn_threshold_ratio"),
-                    UserWarning,
-                    stacklevel=4,
+                # Logged, as Grain does (and as ReadOptions' advice): at most once a minute.
+                _logger.warning(
+                    "%s That is at least filter_warn_threshold_ratio=%s. Check the filtering "
+                    "logic. %s",
+                    summary,
+                    self._warn,
+                    _disable_hint("filter_warn_threshold_ratio"),
                 )

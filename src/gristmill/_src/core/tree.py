@@ -169,4 +169,4 @@ def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0)
         fill = np.full((padding, *batch.shape[1:]), pad_value, dtype=np.asarray(first).dtype)
         return np.concatenate([batch, fill])
 
-    return map_structure(pad, stacked, values[0])
+    return _map(pad, [stacked, values[0]], "")

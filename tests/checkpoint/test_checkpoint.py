@@ -219,6 +219,10 @@ def test_async_save_awaits_directory_creation(tmp_path):
             [M.range(3), M.range(10, 15)], cycle_length=2
         ).batch(2),
         lambda: gm.experimental.multithread_prefetch(M.range(9).to_iter_dataset().batch(2), 2, 2),
+        # iter() of an ElasticIterator is always the same iterator: restored in place
+        lambda: gm.experimental.ElasticIterator(
+            M.range(20).shuffle(seed=3), 4, gm.sharding.NoSharding()
+        ),
     ],
 )
 @pytest.mark.parametrize("namespace", [gm.testing, gm.experimental])

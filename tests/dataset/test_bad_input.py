@@ -139,7 +139,7 @@ def test_combining_nothing_or_non_datasets(factory):
 
 
 def test_concatenate_infinite():
-    with raises(ValueError, "Cannot concatenate infinite datasets", "datasets[1]"):
+    with raises(ValueError, "Cannot concatenate infinite datasets", "dataset at index 1"):
         M.concatenate([M.range(2), M.range(2).repeat()])
 
 

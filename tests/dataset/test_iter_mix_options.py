@@ -4,6 +4,7 @@ behaviour beyond the parity tests (tests/parity/test_iter_mix_options_parity.py)
 
 import functools
 import itertools
+import logging
 import re
 
 import grain
@@ -428,30 +429,46 @@ def test_filter_raises_at_the_end_of_the_first_bad_window():
     count, error = count_until_error(it)
     assert (count, to_grain(it.get_state())) == (100, {"next_index": 1000})
     assert isinstance(error, ValueError)
-    for fragment in ("filter(every_tenth)", "90.00 %", "last 1000", "filter_raise_threshold_ratio"):
+    for fragment in (
+        "Transformation FilterDatasetIterator(transform=every_tenth) skipped 90.00 % of the last "
+        "seen 1000 elements.",
+        "filter_raise_threshold_ratio",
+    ):
         assert fragment in str(error)
     # The check goes on window by window: iteration can continue (and fails again).
     assert count_until_error(it)[0] == 100
 
 
-def test_filter_warns_by_default_at_ninety_percent():
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_filter_logs_a_warning_by_default_at_ninety_percent(caplog):
     it = iter(it_range(0, 2000).filter(every_tenth))
-    with pytest.warns(UserWarning, match=r"filter\(every_tenth\) dropped 90.00 % of the last 1000"):
+    with caplog.at_level(logging.WARNING, logger="gristmill"):
         out = list(it)
     assert len(out) == 200
+    (message,) = _warnings(caplog)
+    assert message.startswith(
+        "Transformation FilterDatasetIterator(transform=every_tenth) skipped 90.00 % of the "
+        "last seen 1000 elements."
+    )
+    assert "filter_warn_threshold_ratio=None" in message
 
 
-def test_filter_warns_at_most_once_a_minute():
+def test_filter_warns_at_most_once_a_minute(caplog):
     it = iter(it_range(0, 5000).filter(every_tenth))
-    with pytest.warns(UserWarning, match="dropped 90.00 %") as record:
+    with caplog.at_level(logging.WARNING, logger="gristmill"):
         list(it)
-    assert len(record) == 1  # five windows of 90 %, one warning
+    assert len(_warnings(caplog)) == 1  # five windows of 90 %, one warning
 
 
-def test_filter_below_the_thresholds_is_silent():
-    # 899 of each 1000 dropped: under the default 0.9 warning threshold (error if it warned).
+def test_filter_below_the_thresholds_is_silent(caplog):
+    # 899 of each 1000 dropped: under the default 0.9 warning threshold.
     keep = set(range(0, 3000, 10)) | {1, 1001, 2001}
-    assert len(list(it_range(0, 3000).filter(lambda x: x in keep))) == 303
+    with caplog.at_level(logging.WARNING, logger="gristmill"):
+        assert len(list(it_range(0, 3000).filter(lambda x: x in keep))) == 303
+    assert _warnings(caplog) == []
     assert len(list(E.WithOptionsIterDataset(it_range(0, 3000).filter(every_tenth), QUIET))) == 300
 
 
@@ -486,14 +503,16 @@ def test_mix_children_share_the_options():
     assert (count, type(error)) == (200, ValueError)  # 100 from each; the filter's 1000th input
 
 
-def test_to_iter_dataset_counts_filtered_out_holes():
+def test_to_iter_dataset_counts_filtered_out_holes(caplog):
     holes = M.range(3000).filter(every_tenth).to_iter_dataset()
     it = iter(E.WithOptionsIterDataset(holes, RAISE))
     count, error = count_until_error(it)
     assert (count, to_grain(it.get_state())) == (100, {"next_index": 1000})
     assert "to_iter_dataset (Range → Filter(every_tenth))" in str(error)
-    with pytest.warns(UserWarning, match="skipping filtered-out elements"):
+    with caplog.at_level(logging.WARNING, logger="gristmill"):
         assert len(list(holes)) == 300
+    (message,) = _warnings(caplog)
+    assert "Transformation to_iter_dataset (Range → Filter(every_tenth)) skipped" in message
 
 
 def test_to_iter_dataset_with_allow_nones_counts_nothing():
@@ -508,7 +527,7 @@ def test_each_filter_counts_its_own_inputs():
     it = iter(E.WithOptionsIterDataset(ds, options))
     count, error = count_until_error(it)
     assert count == 200  # the filter's 1000th input is x = 1998
-    assert "filter(every_tenth) dropped 80.00 %" in str(error)
+    assert "FilterDatasetIterator(transform=every_tenth) skipped 80.00 %" in str(error)
 
 
 @pytest.mark.parametrize("threads", [1, 3])
@@ -532,7 +551,7 @@ def test_fused_holes_are_checked_too():
     count, error = count_until_error(it)
     it.close()
     assert (count, type(error)) == (100, ValueError)
-    assert "skipping filtered-out elements" in str(error)
+    assert "Transformation to_iter_dataset (Range → Filter(every_tenth)" in str(error)
 
 
 def test_the_window_goes_on_across_a_restore():
@@ -583,7 +602,9 @@ def test_element_spec_of_a_custom_batch_fn_with_output_spec():
 
 
 def test_element_spec_errors_say_what_to_do():
-    with raises(ValueError, "transform <lambda>", "no output_spec method", "output_spec(self"):
+    with raises(
+        ValueError, "transform <lambda>", "does not implement `output_spec`", "output_spec(self"
+    ):
         E.get_element_spec(M.range(3).map(lambda x: x))
     with raises(NotImplementedError, "not implemented for SourceMapDataset"):
         E.get_element_spec(M.source([1, 2]).shuffle(0))

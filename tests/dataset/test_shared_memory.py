@@ -82,6 +82,7 @@ def test_a_shared_data_source_is_read_by_index_and_by_other_processes():
         with multiprocessing.get_context("spawn").Pool(1) as pool:
             assert pool.map(fns.read_shared, [(source, 0), (source, 2)]) == [10, 2.5]
         assert "SharedMemoryDataSource(name=" in repr(source)
+        assert str(source) == f"InMemoryDataSource(name={source.shm.name}, len=4)"  # Grain's
         ds = gm.MapDataset.source(source)
         assert list(ds) == [10, "b", 2.5]  # iterating a MapDataset skips None, as upstream
         again.close()

@@ -1,5 +1,7 @@
 """Grain's subclassing contract: user datasets work with every fluent method."""
 
+import pickle
+
 import gristmill as gm
 
 
@@ -92,3 +94,73 @@ def test_user_iter_dataset_and_iterator():
     with it:
         pass
     assert Count().pipe(lambda ds: type(ds).__name__) == "Count"
+
+
+class ProportionalSlice(gm.MapDataset):
+    """Written against Grain: times its own index arithmetic with ``self._stats``."""
+
+    def __init__(self, parent, fraction):
+        super().__init__(parent)
+        self._length = int(len(parent) * fraction)
+
+    def __len__(self):
+        return self._length
+
+    def __getitem__(self, index):
+        with self._stats.record_self_time():
+            parent_index = index % self._length
+        return self._stats.record_output_spec(self._parent[parent_index])
+
+    def _getitems(self, indices):
+        with self._stats.record_self_time(num_elements=len(indices)):
+            keys = [i % self._length for i in indices]
+        return self._stats.record_output_spec_for_batch(self._parent._getitems(keys))
+
+
+def test_user_map_dataset_records_self_time_through_stats():
+    ds = ProportionalSlice(gm.MapDataset.range(10).map(lambda x: x * 3), 0.5)
+    assert [ds[i] for i in range(7)] == [0, 3, 6, 9, 12, 0, 3]
+    assert ds._getitems([1, 2]) == [3, 6]
+    assert list(ds.to_iter_dataset()) == [0, 3, 6, 9, 12]
+    assert ds._stats.num_elements >= 7 + 2
+    assert ds._stats.self_time_ns >= 0
+
+
+def test_stats_record_self_time_works_as_a_decorator_with_an_offset():
+    ds = gm.MapDataset.range(3)
+
+    @ds._stats.record_self_time(num_elements=2, offset_ns=1_000_000)
+    def work():
+        return "done"
+
+    assert [work(), work()] == ["done", "done"]
+    assert ds._stats.num_elements == 4
+    assert ds._stats.self_time_ns >= 2_000_000
+
+
+def test_stats_are_per_node_and_start_empty_in_a_copy_sent_to_workers():
+    ds = ProportionalSlice(gm.MapDataset.range(10), 0.5)
+    assert ds[0] == 0
+    assert ds._stats is not ds.parents[0]._stats
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._stats.num_elements == 0
+    assert [copy[i] for i in range(5)] == [0, 1, 2, 3, 4]
+
+
+def test_user_iterator_records_self_time_through_stats():
+    class Doubling(gm.DatasetIterator):
+        def __next__(self):
+            element = next(self._parent)
+            with self._stats.record_self_time():
+                return self._stats.record_output_spec(element * 2)
+
+        def get_state(self):
+            return self._parent.get_state()
+
+        def set_state(self, state):
+            self._parent.set_state(state)
+
+    it = Doubling(iter(gm.MapDataset.range(4).to_iter_dataset()))
+    assert list(it) == [0, 2, 4, 6]
+    assert it._stats.num_elements == 4
+    it._stats.report()  # nothing to report: statistics() has the engine's numbers

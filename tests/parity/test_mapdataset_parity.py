@@ -584,17 +584,10 @@ def _first(ds: Any, count: int) -> list[Any]:
         iterator.close()
 
 
-# Class names are not part of the behaviour contract. grain reuses its mix class for
-# `select_from_datasets`, gristmill has a class of its own; every other name is compared as is.
-_GRISTMILL_TO_GRAIN_NAMES = {
-    "SelectionMapDataset": "MixedMapDataset",
-}
-
-
-def _graph(ds: Any, names: dict[str, str] | None) -> Any:
+def _graph(ds: Any, *, names: bool) -> Any:
     """The parents graph: node names (or a placeholder) and, recursively, their parents."""
-    name = "node" if names is None else names.get(type(ds).__name__, type(ds).__name__)
-    return (name, tuple(_graph(p, names) for p in ds.parents))
+    name = type(ds).__name__ if names else "node"
+    return (name, tuple(_graph(p, names=names) for p in ds.parents))
 
 
 # --------------------------------------------------------------------------- parity tests
@@ -637,13 +630,13 @@ def test_parents_graph_matches_grain(pipeline: Pipeline) -> None:
     expected, actual = _both(pipeline)
     assert isinstance(actual, gm.MapDataset)
     assert isinstance(actual.parents, tuple)
-    assert _graph(actual, None) == _graph(expected, None)
+    assert _graph(actual, names=False) == _graph(expected, names=False)
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_parents_type_names_match_grain(pipeline: Pipeline) -> None:
     expected, actual = _both(pipeline)
-    assert _graph(actual, _GRISTMILL_TO_GRAIN_NAMES) == _graph(expected, {})
+    assert _graph(actual, names=True) == _graph(expected, names=True)
 
 
 # --------------------------------------------------------------------------- reference examples
@@ -818,6 +811,24 @@ def test_index_shuffle_other_rounds_match_grain(rounds: int) -> None:
             want = grain.experimental.index_shuffle(index, max_index, 42, rounds)
             got = gm.experimental.index_shuffle(index, max_index, 42, rounds)
             assert got == want, f"index_shuffle({index}, {max_index}, 42, {rounds})"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ((0, 8, 33, 2), "rounds must be an even integer between 4 and 1024"),
+        ((0, 8, 33, 5), "rounds must be an even integer between 4 and 1024"),
+        ((0, 1, 0, 4294967294), "rounds must be an even integer between 4 and 1024"),
+        ((-1, 8, 33, 4), r"index must be in \[0, max_index\]"),
+        ((9, 8, 76, 4), r"index must be in \[0, max_index\]"),
+    ],
+)
+def test_index_shuffle_bad_arguments_raise_grains_message(args, fragment) -> None:
+    for lib in (grain, gm):
+        with pytest.raises(ValueError, match=fragment):
+            lib.experimental.index_shuffle(*args)
+    with pytest.raises(ValueError, match=f"got {args[0] if 'index' in fragment else args[3]}"):
+        gm.experimental.index_shuffle(*args)  # and ours names the value received
 
 
 @pytest.mark.parametrize(("max_index", "seed"), [(9, 0), (9, 7), (100, 42)])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,12 +24,26 @@ def _decoded(state: Any) -> Any:
     return json.loads(state) if isinstance(state, bytes) else state
 
 
+@contextlib.contextmanager
+def _fresh_iterator(ds: Any) -> Iterator[Any]:
+    """``iter(ds)``, closed afterwards, unless ``ds`` checkpoints itself (an iterator, or an
+    ElasticIterator, whose ``iter()`` is always the same iterator): that one is restored
+    and iterated again, so it stays open."""
+    it = iter(ds)
+    if hasattr(ds, "set_state"):
+        yield it
+        return
+    with it:
+        yield it
+
+
 def assert_equal_output_after_checkpoint(ds: Any) -> None:
     """Checks ``ds``'s iterator checkpoints: restoring at every step continues exactly.
 
     ``ds`` is a dataset or a ``DataLoader`` (whose states are JSON bytes).
     Iterates ``ds`` once, taking ``get_state()`` before every element; then, for every
-    step, restores the (JSON round-tripped) state in a fresh iterator and compares the
+    step, restores the (JSON round-tripped) state in a fresh iterator (or, when ``ds``
+    checkpoints itself, as an ElasticIterator does, in ``ds``) and compares the
     rest of its output with the uninterrupted run. Also checks that the state's key
     structure stays the same at every step. For small datasets: the cost is quadratic.
 
@@ -38,7 +54,7 @@ def assert_equal_output_after_checkpoint(ds: Any) -> None:
     >>> gm.testing.assert_equal_output_after_checkpoint(
     ...     gm.MapDataset.range(6).shuffle(seed=1).to_iter_dataset().batch(2))
     """
-    with iter(ds) as it:
+    with _fresh_iterator(ds) as it:
         states = [it.get_state()]
         outputs = []
         for element in it:
@@ -55,7 +71,7 @@ def assert_equal_output_after_checkpoint(ds: Any) -> None:
             restored_state = state if isinstance(state, bytes) else json.loads(json.dumps(state))
         except TypeError as e:
             raise AssertionError(f"the state at step {step} is not JSON-able: {e}") from None
-        with iter(ds) as restored:
+        with _fresh_iterator(ds) as restored:
             restored.set_state(restored_state)
             tail = list(restored)
         expected = outputs[step:]

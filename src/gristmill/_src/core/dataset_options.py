@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import time
-import warnings
 from typing import Any
 
 from gristmill._src.core import validation
+
+_logger = logging.getLogger("gristmill")
 
 WINDOW = 1000
 """The filtered ratio is measured over non-overlapping windows of this many inputs."""
@@ -187,6 +189,11 @@ def _disable_hint(name: str) -> str:
     )
 
 
+def filter_iterator_name(transform_name: str) -> str:
+    """How a filter over an iterator is named in the ratio check's messages (as upstream)."""
+    return f"FilterDatasetIterator(transform={transform_name})"
+
+
 class FilterRatioCheck:
     """Counts inputs and drops of one filtering node; warns or raises per window of inputs.
 
@@ -226,19 +233,25 @@ class FilterRatioCheck:
         ratio = self.skipped / WINDOW
         self.left = WINDOW
         self.skipped = 0
-        summary = f"{self._name} dropped {ratio * 100:.2f} % of the last {WINDOW} elements it read"
+        # Grain's phrasing up to "elements." (code matches it), then the threshold and the fix.
+        summary = (
+            f"Transformation {self._name} skipped {ratio * 100:.2f} % of the last seen "
+            f"{WINDOW} elements."
+        )
         if self._raise is not None and ratio >= self._raise:
             raise ValueError(
-                f"{summary}, at least filter_raise_threshold_ratio={self._raise}. "
+                f"{summary} That is at least filter_raise_threshold_ratio={self._raise}. "
                 "Check the filtering logic. " + _disable_hint("filter_raise_threshold_ratio")
             )
         if self._warn is not None and ratio >= self._warn:
             now = time.monotonic()
             if self._last_warning is None or now - self._last_warning >= WARN_INTERVAL_S:
                 self._last_warning = now
-                warnings.warn(
-                    f"{summary}, at least filter_warn_threshold_ratio={self._warn}. "
-                    "Check the filtering logic. " + _disable_hint("filter_warn_threshold_ratio"),
-                    UserWarning,
-                    stacklevel=4,
+                # Logged, as Grain does (and as ReadOptions' advice): at most once a minute.
+                _logger.warning(
+                    "%s That is at least filter_warn_threshold_ratio=%s. Check the filtering "
+                    "logic. %s",
+                    summary,
+                    self._warn,
+                    _disable_hint("filter_warn_threshold_ratio"),
                 )

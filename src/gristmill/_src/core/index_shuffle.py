@@ -86,7 +86,7 @@ def _check(max_index: int, rounds: int) -> None:
     if max_index >= 1 << 64:
         raise ValueError(f"max_index must be < 2**64, got {max_index!r}")
     if rounds % 2 or not _MIN_ROUNDS <= rounds <= _MAX_ROUNDS:
-        raise ValueError(f"rounds must be an even number in [4, 1024], got {rounds!r}")
+        raise ValueError(f"rounds must be an even integer between 4 and 1024, got {rounds!r}")
 
 
 def index_shuffle(index: int, max_index: int, seed: int, rounds: int = 4) -> int:
@@ -103,7 +103,7 @@ def index_shuffle(index: int, max_index: int, seed: int, rounds: int = 4) -> int
     """
     _check(max_index, rounds)
     if not 0 <= index <= max_index:
-        raise ValueError(f"index must be in [0, max_index={max_index}], got {index!r}")
+        raise ValueError(f"index must be in [0, max_index] = [0, {max_index}], got {index!r}")
     if max_index == 0:
         return 0
     w = _half_width(max_index)

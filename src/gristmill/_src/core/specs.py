@@ -77,10 +77,10 @@ def from_transform(transform: Any, parent: Any) -> Any:
     if not callable(output_spec):
         name = transforms.describe(transform)
         raise ValueError(
-            f"cannot infer the element spec after transform {name}: it has no output_spec "
-            f"method. Give it one — output_spec(self, input_spec) returning the output's tree "
-            "of ShapeDtypeStruct — e.g. by passing a transforms.Map subclass instead of a "
-            "function"
+            f"Cannot infer element spec for transform {name} because it does not implement "
+            f"`output_spec` method. Give it one — output_spec(self, input_spec) returning the "
+            "output's tree of ShapeDtypeStruct — e.g. by passing a transforms.Map subclass "
+            "instead of a function"
         )
     return output_spec(get_element_spec(parent))
 

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gristmill._src.core import seeds, validation
+from gristmill._src.core.node_stats import NodeStats
 
 if TYPE_CHECKING:
     from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
@@ -140,6 +141,11 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
     def _own_seed(self) -> int | None:
         """The seed this node sets for downstream random ops (only ``ds.seed()`` nodes)."""
         return None
+
+    @functools.cached_property
+    def _stats(self) -> NodeStats:
+        """Grain's recorder for subclasses: ``with self._stats.record_self_time(): ...``."""
+        return NodeStats()
 
     @functools.cached_property
     def _default_seed(self) -> int | None:

@@ -1,4 +1,9 @@
-"""Datasets read from several parents: mix, concatenate, select_from_datasets."""
+"""Datasets read from several parents: mix, concatenate, select_from_datasets.
+
+One node, :class:`MixedMapDataset`, reads ``parents[d][j]`` for ``(d, j) = selection_map[i]``
+(Grain's constructor and classes); mixing by proportions and concatenation are the two
+built-in selection maps, which also answer a whole chunk of positions at once.
+"""
 
 from __future__ import annotations
 
@@ -10,27 +15,27 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.core import specs, validation
+from gristmill._src.core.transforms import DatasetSelectionMap
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
 # Vectorised mix arithmetic multiplies an index by a proportion; beyond this, exact Python ints.
 _SAFE_PRODUCT = 2**62
 
 
-def _check_datasets(datasets: Any, op_name: str) -> tuple[MapDataset[Any], ...]:
+def _check_datasets(datasets: Any, param: str, call: str) -> tuple[MapDataset[Any], ...]:
     if isinstance(datasets, MapDataset) or not isinstance(datasets, Sequence):
         raise TypeError(
-            f"datasets must be a sequence of MapDatasets, got {datasets!r}; write "
-            f"MapDataset.{op_name}([ds_a, ds_b])"
+            f"{param} must be a sequence of MapDatasets, got {datasets!r}; write "
+            f"{call}([ds_a, ds_b])"
         )
     if not datasets:
         raise ValueError(
-            f"datasets must not be empty, got {datasets!r}; MapDataset.{op_name} needs at "
-            "least one dataset"
+            f"{param} must not be empty, got {datasets!r}; {call} needs at least one dataset"
         )
     for i, ds in enumerate(datasets):
         if not isinstance(ds, MapDataset):
             raise TypeError(
-                f"datasets[{i}] must be a MapDataset, got {ds!r} of type {type(ds).__name__}; "
+                f"{param}[{i}] must be a MapDataset, got {ds!r} of type {type(ds).__name__}; "
                 "wrap sequences with MapDataset.source(...)"
             )
     return tuple(datasets)
@@ -48,18 +53,20 @@ def _read_grouped(
     return out
 
 
-def mix_proportions(weights: Sequence[float] | None, count: int) -> list[int]:
+def mix_proportions(
+    weights: Sequence[float] | None, count: int, param: str = "weights"
+) -> list[int]:
     """Integer proportions ``int(w * (100 / min(w)))`` (all 1s without weights)."""
     if weights is None:
         return [1] * count
     weights = list(weights)
     if len(weights) != count:
         raise ValueError(
-            f"weights must have one entry per dataset ({count}), got {len(weights)}: {weights!r}"
+            f"{param} must have one entry per dataset ({count}), got {len(weights)}: {weights!r}"
         )
     if any(not w > 0 for w in weights):
         raise ValueError(
-            f"weights must all be > 0, got {weights!r}; leave out a dataset instead of "
+            f"{param} must all be > 0, got {weights!r}; leave out a dataset instead of "
             "giving it weight 0 (Must specify all non-zero proportions for mixing)"
         )
     # Scale first, then multiply: the float rounding must match upstream's bit for bit
@@ -104,17 +111,23 @@ def mix_positions(ks: IndexArray, proportions: Sequence[int]) -> tuple[IndexArra
     return which, local
 
 
-@register("mix")
-class MixedMapDataset(MapDataset[Any]):
-    """Interleaves parents deterministically in proportion to their weights."""
+class SelectionWithProportionsMap(DatasetSelectionMap):
+    """Mixed position ``k`` -> ``(dataset, local index)`` in proportion to ``proportions``.
+
+    Its length is the longest prefix in which no element of any parent repeats.
+    """
 
     def __init__(
-        self, datasets: Sequence[MapDataset[Any]], weights: Sequence[float] | None = None
+        self, parents: Sequence[MapDataset[Any]], proportions: Sequence[float] | None = None
     ) -> None:
-        parents = _check_datasets(datasets, "mix")
-        super().__init__(parents)
-        self._proportions = mix_proportions(weights, len(parents))
+        self._proportions = tuple(mix_proportions(proportions, len(parents), "proportions"))
         total = sum(self._proportions)
+        empty = [f"index {i} ({parent})" for i, parent in enumerate(parents) if len(parent) == 0]
+        if empty:
+            raise ValueError(
+                "All datasets must have positive length for mixing, but dataset(s) at "
+                f"{', '.join(empty)} have length 0. Leave the empty datasets out of the mix"
+            )
         self._length = min(
             sys.maxsize,
             int(
@@ -126,37 +139,33 @@ class MixedMapDataset(MapDataset[Any]):
     def __len__(self) -> int:
         return self._length
 
-    def _get(self, index: int) -> Any:
-        d, local = mix_position(index, self._proportions)
-        return self._parents[d]._get(local)
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return mix_position(index, self._proportions)
 
-    def _read(self, indices: IndexArray) -> list[Any]:
+    def select(self, indices: IndexArray) -> tuple[IndexArray, IndexArray]:
+        """Vectorised ``__getitem__``: (dataset indices, local indices)."""
         if indices.size and np.abs(indices).max() >= self._max_safe_index:
-            return [self._get(i) for i in indices.tolist()]
-        which, local = mix_positions(indices, self._proportions)
-        return _read_grouped(self._parents, which, local)
+            pairs = [mix_position(i, self._proportions) for i in indices.tolist()]
+            return _pairs_to_arrays(pairs)
+        return mix_positions(indices, self._proportions)
 
-    @property
-    def _element_spec(self) -> Any:
-        return specs.get_element_spec(self._parents[0])
-
-    def __str__(self) -> str:
-        return f"MixedMapDataset[{len(self._parents)} parents]"
+    def __repr__(self) -> str:
+        return (
+            f"SelectionWithProportionsMap(proportions={self._proportions}, length={self._length})"
+        )
 
 
-@register("concatenate")
-class ConcatenateMapDataset(MapDataset[Any]):
-    """One epoch is each parent's epoch in turn; epoch ``e`` reads each parent's epoch ``e``."""
+class ConcatenationMap(DatasetSelectionMap):
+    """Position ``i`` of epoch ``e`` -> the parent holding it, reading that parent's epoch ``e``."""
 
-    def __init__(self, datasets: Sequence[MapDataset[Any]]) -> None:
-        parents = _check_datasets(datasets, "concatenate")
-        super().__init__(parents)
+    def __init__(self, parents: Sequence[MapDataset[Any]]) -> None:
         lengths = [len(ds) for ds in parents]
         for i, n in enumerate(lengths):
             if n >= sys.maxsize:
                 raise ValueError(
-                    f"Cannot concatenate infinite datasets: datasets[{i}] has length "
-                    f"{n} (sys.maxsize); drop its repeat() or use MapDataset.mix"
+                    f"Cannot concatenate infinite datasets: the dataset at index {i} "
+                    f"({parents[i]}) has length {n} (sys.maxsize); drop its repeat() or use "
+                    "MapDataset.mix"
                 )
         self._lengths = lengths
         self._starts = [0]
@@ -167,47 +176,75 @@ class ConcatenateMapDataset(MapDataset[Any]):
     def __len__(self) -> int:
         return self._length
 
-    def _get(self, index: int) -> Any:
-        if not self._length:
-            raise validation.empty_dataset_error(self, index)
+    def __getitem__(self, index: int) -> tuple[int, int]:
         epoch, j = divmod(index, self._length)
         d = bisect.bisect_right(self._starts, j) - 1
-        return self._parents[d]._get(j - self._starts[d] + epoch * self._lengths[d])
+        return d, j - self._starts[d] + epoch * self._lengths[d]
 
-    def _read(self, indices: IndexArray) -> list[Any]:
-        if not self._length:
-            return empty_read(self, indices)
+    def select(self, indices: IndexArray) -> tuple[IndexArray, IndexArray]:
+        """Vectorised ``__getitem__``: (dataset indices, local indices)."""
         epochs, j = np.divmod(indices, self._length)
         starts = np.asarray(self._starts, dtype=np.int64)
         which = (np.searchsorted(starts, j, side="right") - 1).astype(np.int64)
         lengths = np.asarray(self._lengths, dtype=np.int64)
-        local = (j - starts[which] + epochs * lengths[which]).astype(np.int64)
-        return _read_grouped(self._parents, which, local)
+        return which, (j - starts[which] + epochs * lengths[which]).astype(np.int64)
 
-    @property
-    def _element_spec(self) -> Any:
-        return specs.get_element_spec(self._parents[0])
-
-    def __str__(self) -> str:
-        return f"ConcatenateMapDataset[{len(self._parents)} parents]"
+    def __repr__(self) -> str:
+        return f"ConcatenationMap(lengths={self._lengths})"
 
 
-@register("select_from_datasets")
-class SelectionMapDataset(MapDataset[Any]):
-    """``ds[i] = datasets[d][j]`` where ``(d, j) = selection_map[i]``."""
+def _pairs_to_arrays(pairs: Sequence[tuple[int, int]]) -> tuple[IndexArray, IndexArray]:
+    which = np.fromiter((d for d, _ in pairs), dtype=np.int64, count=len(pairs))
+    local = np.fromiter((j for _, j in pairs), dtype=np.int64, count=len(pairs))
+    return which, local
 
-    def __init__(self, datasets: Sequence[MapDataset[Any]], selection_map: Any) -> None:
-        parents = _check_datasets(datasets, "select_from_datasets")
-        super().__init__(parents)
-        if not (hasattr(selection_map, "__len__") and hasattr(selection_map, "__getitem__")):
-            raise TypeError(
-                "selection_map must be a DatasetSelectionMap (with __len__ and __getitem__ "
-                f"returning (dataset_index, index_in_dataset)), got {selection_map!r}"
+
+def _check_selection_map(selection_map: Any) -> Any:
+    if not (hasattr(selection_map, "__len__") and hasattr(selection_map, "__getitem__")):
+        raise TypeError(
+            "selection_map must be a DatasetSelectionMap (with __len__ and __getitem__ "
+            f"returning (dataset_index, index_in_dataset)), got {selection_map!r}"
+        )
+    return selection_map
+
+
+class MixedMapDataset(MapDataset[Any]):
+    """Reads position ``i`` from ``parents[d][j]`` where ``(d, j) = selection_map[i]``.
+
+    Without a ``selection_map`` the parents are interleaved deterministically in proportion
+    to ``proportions`` (equal by default): :class:`SelectionWithProportionsMap`.
+
+    >>> import gristmill as gm
+    >>> from gristmill._src.dataset.combine import MixedMapDataset
+    >>> evens, odds = gm.MapDataset.range(0, 10, 2), gm.MapDataset.range(1, 10, 2)
+    >>> list(MixedMapDataset([evens, odds], proportions=[1, 2]))
+    [0, 1, 3, 2, 5, 7, 4]
+    """
+
+    def __init__(
+        self,
+        parents: Sequence[MapDataset[Any]],
+        proportions: Sequence[float] | None = None,
+        selection_map: DatasetSelectionMap | None = None,
+    ) -> None:
+        checked = _check_datasets(parents, "parents", "MixedMapDataset")
+        super().__init__(checked)
+        if proportions is not None and selection_map is not None:
+            raise ValueError(
+                "Cannot set both proportions and selection_map: got proportions="
+                f"{proportions!r} and selection_map={selection_map!r}; give one of them"
             )
-        self._selection_map = selection_map
+        if selection_map is None:
+            self._selection_map: Any = SelectionWithProportionsMap(checked, proportions)
+        else:
+            self._selection_map = _check_selection_map(selection_map)
+        # Built-in maps answer a whole chunk at once; a user's map is asked index by index.
+        built_in = isinstance(self._selection_map, (SelectionWithProportionsMap, ConcatenationMap))
+        self._select_many = self._selection_map.select if built_in else None
+        self._length = len(self._selection_map)
 
     def __len__(self) -> int:
-        return len(self._selection_map)
+        return self._length
 
     def _select(self, index: int) -> tuple[int, int]:
         d, j = self._selection_map[index]
@@ -219,18 +256,62 @@ class SelectionMapDataset(MapDataset[Any]):
         return d, j
 
     def _get(self, index: int) -> Any:
+        if not self._length:
+            raise validation.empty_dataset_error(self, index)
         d, j = self._select(index)
-        return self._parents[d]._get(j)
+        try:
+            return self._parents[d]._get(j)
+        except Exception as e:
+            e.add_note(f"gristmill: raised by parents[{d}] of {type(self).__name__}")
+            raise
 
     def _read(self, indices: IndexArray) -> list[Any]:
-        pairs = [self._select(i) for i in indices.tolist()]
-        which = np.fromiter((d for d, _ in pairs), dtype=np.int64, count=len(pairs))
-        local = np.fromiter((j for _, j in pairs), dtype=np.int64, count=len(pairs))
+        if not self._length:
+            return empty_read(self, indices)
+        if self._select_many is not None:
+            which, local = self._select_many(indices)
+        else:
+            which, local = _pairs_to_arrays([self._select(i) for i in indices.tolist()])
         return _read_grouped(self._parents, which, local)
 
     @property
     def _element_spec(self) -> Any:
-        return specs.get_element_spec(self._parents[0])
+        return specs.get_element_spec(self._parents[0])  # the parents share one spec
 
     def __str__(self) -> str:
-        return f"SelectionMapDataset[{len(self._parents)} parents]"
+        return f"{type(self).__name__}[{len(self._parents)} parents]"
+
+    def __repr__(self) -> str:
+        # Parent lengths, not parent reprs: user datasets rarely have a stable repr.
+        return (
+            f"{type(self).__name__}(parent_lengths={[len(p) for p in self._parents]}, "
+            f"selection_map={self._selection_map!r})"
+        )
+
+
+class ConcatenateMapDataset(MixedMapDataset):
+    """One epoch is each parent's epoch in turn; epoch ``e`` reads each parent's epoch ``e``."""
+
+    def __init__(self, parents: Sequence[MapDataset[Any]]) -> None:
+        checked = _check_datasets(parents, "parents", "ConcatenateMapDataset")
+        super().__init__(checked, selection_map=ConcatenationMap(checked))
+
+
+@register("mix")
+def _mix(datasets: Sequence[MapDataset[Any]], weights: Sequence[float] | None) -> MixedMapDataset:
+    checked = _check_datasets(datasets, "datasets", "MapDataset.mix")
+    mix_proportions(weights, len(checked))  # phrased with this call's parameter name
+    return MixedMapDataset(checked, weights)
+
+
+@register("concatenate")
+def _concatenate(datasets: Sequence[MapDataset[Any]]) -> ConcatenateMapDataset:
+    return ConcatenateMapDataset(_check_datasets(datasets, "datasets", "MapDataset.concatenate"))
+
+
+@register("select_from_datasets")
+def _select_from_datasets(
+    datasets: Sequence[MapDataset[Any]], selection_map: Any
+) -> MixedMapDataset:
+    checked = _check_datasets(datasets, "datasets", "MapDataset.select_from_datasets")
+    return MixedMapDataset(checked, selection_map=_check_selection_map(selection_map))

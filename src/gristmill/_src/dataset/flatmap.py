@@ -11,6 +11,7 @@ many outputs an input expands to, and their spec, are known only by calling ``fl
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,8 @@ def _check_transform(transform: Any) -> transforms.FlatMap:
 class FlatMapMapDataset(MapDataset[Any]):
     """Element ``i`` is output ``i % fan_out`` of ``flat_map(parent[i // fan_out])``.
 
-    ``len = len(parent) * max_fan_out``; slots past an input's actual output read ``None``.
+    ``len = len(parent) * max_fan_out`` (at most ``sys.maxsize``: over an infinite parent
+    it stays infinite); slots past an input's actual output read ``None``.
     """
 
     _may_discard = True
@@ -61,7 +63,7 @@ class FlatMapMapDataset(MapDataset[Any]):
         self._transform = transform
 
     def __len__(self) -> int:
-        return len(self._parent) * self._fan_out
+        return min(sys.maxsize, len(self._parent) * self._fan_out)
 
     def _expand(self, element: Any, slot: int) -> Any:
         if element is None:

@@ -19,6 +19,7 @@ from gristmill._src.checkpoint import files
 from gristmill._src.core import seeds
 from gristmill._src.core import state as state_meta
 from gristmill._src.core.dataset_options import IteratorContext
+from gristmill._src.core.node_stats import NodeStats
 from gristmill._src.dataset.base import MapDataset, op
 
 T = TypeVar("T")
@@ -261,6 +262,11 @@ class DatasetIterator(Generic[T], abc.ABC):
     _parent: DatasetIterator[Any] = _SingleParent()  # type: ignore[assignment]
     _is_root = True  # False once another iterator's state includes this one's
     _pipeline_cache: state_meta.Pipeline | None = None
+
+    @functools.cached_property
+    def _stats(self) -> NodeStats:
+        """Grain's recorder for subclasses: ``with self._stats.record_self_time(): ...``."""
+        return NodeStats()
 
     def __iter__(self) -> DatasetIterator[T]:
         return self

@@ -96,12 +96,13 @@ class MixedIterDataset(IterDataset[Any]):
     [0, 1, 100, 2, 3, 101, 4]
     """
 
-    def __init__(self, datasets: Any, weights: Any = None) -> None:
-        names, parents, proportions = _paired(datasets, weights)
-        super().__init__(parents)
+    def __init__(self, parents: Any, proportions: Any = None) -> None:
+        # Grain's constructor names; errors use IterDataset.mix's (datasets, weights).
+        names, checked, integer_proportions = _paired(parents, proportions)
+        super().__init__(checked)
         self._names = names
-        self._proportions = proportions
-        self._tuple_state = isinstance(datasets, tuple)  # upstream keeps the container type
+        self._proportions = integer_proportions
+        self._tuple_state = isinstance(parents, tuple)  # upstream keeps the container type
 
     def __iter__(self) -> MixedDatasetIterator:
         return MixedDatasetIterator(

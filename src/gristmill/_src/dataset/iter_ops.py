@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gristmill._src.core import specs, transforms, validation
-from gristmill._src.core.dataset_options import FilterRatioCheck
+from gristmill._src.core.dataset_options import FilterRatioCheck, filter_iterator_name
 from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset import batching
 from gristmill._src.dataset.base import register
@@ -151,7 +151,7 @@ class FilterIterDataset(IterDataset[Any]):
         self._fn = transforms.filter_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
-        name = f"filter({transforms.describe(self._transform)})"
+        name = filter_iterator_name(transforms.describe(self._transform))
         return _FilterIterator(iter(self._parent), self._fn, name)
 
     @property

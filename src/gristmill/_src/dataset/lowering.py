@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gristmill._src.core import specs, transforms
+from gristmill._src.core.dataset_options import filter_iterator_name
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.iter_ops import FilterIterDataset, MapIterDataset
@@ -116,10 +117,17 @@ def _fused_ops(nodes: list[IterDataset[Any]]) -> FusedOps:
     ops = tuple((_FUSABLE[type(n)], n._fn) for n in nodes)  # type: ignore[attr-defined]
     name = "".join(f" → {kind}({_name_of(fn)})" for kind, fn in ops)
     labels = tuple(
-        f"{kind}({transforms.describe(n._transform)})"  # type: ignore[attr-defined]
+        _label(kind, transforms.describe(n._transform))  # type: ignore[attr-defined]
         for (kind, _), n in zip(ops, nodes, strict=True)
     )
     return FusedOps(ops, name, labels)
+
+
+def _label(kind: str, transform_name: str) -> str:
+    """An op's name in messages: a filter's is the unfused filter's (same ratio-check text)."""
+    if kind == "filter":
+        return filter_iterator_name(transform_name)
+    return f"{kind}({transform_name})"
 
 
 def _reattach(lowered: IterDataset[Any], nodes: list[IterDataset[Any]]) -> IterDataset[Any]:

@@ -22,7 +22,7 @@ class SliceMapDataset(MapDataset[Any]):
         super().__init__(parent)
         if not isinstance(sl, slice):
             raise ValueError(
-                f"sl must be a slice object, got {sl!r} of type {type(sl).__name__}; "
+                f"sl is not a slice: {type(sl)} ({sl!r}); sl must be a slice object: "
                 "write ds.slice(slice(2, 8)) or ds[2:8]"
             )
         if sl.step == 0:

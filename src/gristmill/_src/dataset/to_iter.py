@@ -268,7 +268,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         options = self._ctx.options
         if not self._allow_nones:
             self._holes_check = FilterRatioCheck.for_options(
-                f"to_iter_dataset ({self._stage_name}), skipping filtered-out elements,", options
+                f"to_iter_dataset ({self._stage_name})", options
             )
             if self._holes_check is not None:
                 self._window_end = self._next_index + self._holes_check.left

@@ -99,13 +99,15 @@ class ZipIterDataset(IterDataset[Any]):
 
 
 def _mismatch(argument: int, longer: bool) -> ValueError:
-    """Grain's (and CPython's ``zip(strict=True)``) message for parents of unequal length."""
+    """Grain's (and CPython's ``zip(strict=True)``) message for parents of unequal length.
+
+    The message is exactly Grain's (code matches it literally); the fix is a note.
+    """
     before = "argument 1" if argument == 1 else f"arguments 1-{argument}"
     relation = "longer" if longer else "shorter"
-    return ValueError(
-        f"ZipIterDataset argument {argument + 1} is {relation} than {before}; pass "
-        "strict=False to stop at the shortest parent"
-    )
+    error = ValueError(f"ZipIterDataset argument {argument + 1} is {relation} than {before}")
+    error.add_note("gristmill: pass strict=False to stop at the shortest parent")
+    return error
 
 
 class _ZipIterator(ForwardingIterator):

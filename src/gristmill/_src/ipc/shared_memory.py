@@ -150,3 +150,7 @@ class SharedMemoryDataSource(shared_memory.ShareableList):
 
     def __repr__(self) -> str:
         return f"SharedMemoryDataSource(name={self.shm.name!r}, len={len(self)})"
+
+    def __str__(self) -> str:
+        # Grain's str, under the class's older name (InMemoryDataSource).
+        return f"InMemoryDataSource(name={self.shm.name}, len={len(self)})"

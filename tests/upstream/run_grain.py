@@ -27,6 +27,7 @@ import xml.etree.ElementTree as ET
 
 HERE = pathlib.Path(__file__).resolve().parent
 TEST_TIMEOUT_S = 120
+WORKERS = 4  # pytest-xdist processes
 
 _GRAIN_PACKAGE = '''"""The grain shim (tests/upstream/grain_shim.py): gristmill as grain."""
 import sys

@@ -89,6 +89,8 @@ EXPECTED = {
         "PriorityExecutorEntrypoint",
         "PriorityProcessPoolExecutor",
         "PriorityThreadPoolExecutor",
+        "ProcessGroupResourceUsage",
+        "ProcessGroupStatsMonitor",
         "ProfileHook",
         "ProfileResult",
         "QueuePerfStats",

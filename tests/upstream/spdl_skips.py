@@ -29,7 +29,50 @@ def _private(*names: str) -> str:
     return "checks SPDL's private " + ", ".join(names)
 
 
+_OFFLOAD = _private(
+    "spdl.pipeline._arena._offload._offload, _restore", "_registry._default_registry"
+)
+
 SKIPS: dict[str, str] = {
+    "tests/pipeline/arena_ring_test.py::OffloadRestoreTest::*": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_close_tolerates_live_view": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_offload_restore_round_trips": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_numpy_restore_is_a_zero_copy_view": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_segment_reclaimed_only_after_view_released": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_torch_restore_is_a_zero_copy_view": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_torch_segment_held_until_view_released": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_segment_held_until_shallow_copy_released": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_bytes_like_restore_is_a_zero_copy_view": _OFFLOAD,
+    "tests/pipeline/aggregate_test.py::AggregatePipeBulkDrainTest::*": _private(
+        "spdl.pipeline._components._aggregate._aggregate (the aggregate stage's coroutine)"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::LiveProcMonitorTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_pgrp_stats", "_collect_pgrp_stats"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ReadFileTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_file"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ReadNetworkTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_network_bytes"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ParseProcStatTest::*": _private(
+        "spdl.pipeline._pgrp_stats._parse_proc_stat"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ParseProcIoTest::*": _private(
+        "spdl.pipeline._pgrp_stats._parse_proc_io"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ParseSmapsRollupTest::*": _private(
+        "spdl.pipeline._pgrp_stats._parse_smaps_rollup"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ReadPgrpStatsTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_pgrp_stats (mock.patch of its /proc readers)"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::PgrpMonitorSubprocessFunctionTest::*": _private(
+        "spdl.pipeline._pgrp_stats._pgrp_monitor_subprocess"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ProcessGroupStatsMonitorSubprocessTest::test_monitor_warns_on_unexpected_exit": _private(
+        "logger of the module spdl.pipeline._pgrp_stats (assertLogs on that name)"
+    ),
     "tests/dataloader/iterator_test.py::TestRepeatSource::test_repeat_source_iterable_with_shuffle": _NEWER,
     "tests/dataloader/iterator_test.py::TestShuffleAndIterate::test_shuffle_and_iterate_picklable": _private(
         "spdl.pipeline._components._subprocess_pipe._put"
@@ -151,11 +194,14 @@ SKIPS: dict[str, str] = {
     "tests/pipeline/pipeline_builder_test.py::TestRunPipeline::test_run_pipeline_in_subprocess_pipeline_id": _private(
         "spdl.pipeline._components._set_global_id"
     ),
-    "tests/pipeline/pipeline_builder_test.py::TestSink::test_async_sink_cancel": _private(
-        "spdl.pipeline._components._sink._sink"
+    "tests/pipeline/pipeline_builder_test.py::TestSink::*": _private(
+        "spdl.pipeline._components._sink._sink (the sink stage's coroutine)"
     ),
-    "tests/pipeline/pipeline_builder_test.py::TestSource::test_async_enqueue_cancel": _private(
-        "spdl.pipeline._components._source._source"
+    "tests/pipeline/pipeline_builder_test.py::TestSource::*": _private(
+        "spdl.pipeline._components._source._source (the source stage's coroutine)"
+    ),
+    "tests/pipeline/pipeline_builder_test.py::TestPipe::*": _private(
+        "spdl.pipeline._components._pipe._pipe (the pipe stage's coroutine)"
     ),
     "tests/pipeline/pipeline_cleanup_test.py::TestPipelineCleanup::test_auto_start_and_cleanup_continuous_source": _private(
         "_impl"

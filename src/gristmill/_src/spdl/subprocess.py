@@ -24,7 +24,12 @@ from typing import Any, TypeVar
 from gristmill._src.core import validation
 from gristmill._src.engine import reaper
 from gristmill._src.spdl import subprocess_worker as proto
-from gristmill._src.spdl.arena import ARENAS, SharedMemoryRingBuffer, SharedMemorySegmentPool
+from gristmill._src.spdl.arena import (
+    ARENAS,
+    SharedMemoryRingBuffer,
+    SharedMemorySegmentPool,
+    release_arena,
+)
 from gristmill._src.spdl.subprocess_handle import WorkerHandle
 
 T = TypeVar("T")
@@ -117,7 +122,8 @@ def iterate_in_subprocess(
         daemon: start the worker as a daemon process.
         arena: None, or SPDL's ``SharedMemoryRingBuffer`` / ``SharedMemorySegmentPool``
           (accepted for compatibility: gristmill moves large buffers through shared
-          memory by itself; see :mod:`gristmill._src.spdl.arena`).
+          memory by itself; the call owns the arena, closed and unlinked when the
+          returned iterable goes away; see :mod:`gristmill._src.spdl.arena`).
 
     Returns:
         An iterable with ``close()``; the worker stops on ``close()``, on garbage
@@ -190,7 +196,11 @@ def launch(
     kind, message = worker.receive(0, activity)
     if kind == proto.ERROR:
         raise worker.child_error(message)
-    return _SubprocessIterable(worker)
+    iterable: _SubprocessIterable[T] = _SubprocessIterable(worker)
+    if arena is not None:
+        # the call owns the arena (as in SPDL): its shared memory goes with the iterable
+        weakref.finalize(iterable, release_arena, arena)
+    return iterable
 
 
 def _check_initializers(initializer: Any) -> list[Callable[[], Any]]:

@@ -17,6 +17,7 @@ import multiprocessing
 import multiprocessing.context
 import numbers
 import pickle
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -33,6 +34,9 @@ from gristmill._src.spdl.arena import (
 from gristmill._src.spdl.subprocess_handle import WorkerHandle
 
 T = TypeVar("T")
+
+# the worker's credit count when buffer_size <= 0 (no bound on the items sent ahead)
+UNBOUNDED = sys.maxsize
 
 
 class _SubprocessIterable(Iterable[T]):
@@ -114,7 +118,8 @@ def iterate_in_subprocess(
     Args:
         fn: a picklable function of no arguments returning an iterable (a module-level
             function; bind arguments with ``functools.partial``).
-        buffer_size: how many items may wait for the consumer (>= 1).
+        buffer_size: how many items may wait for the consumer; 0 or less: no bound
+            (as SPDL, which gives it to ``multiprocessing.Queue(maxsize=...)``).
         initializer: a picklable callable, or a sequence of them, run in the worker first.
         mp_context: ``"spawn"`` (default), ``"forkserver"``, ``"fork"`` or a context.
         timeout: seconds without any item before the worker is terminated and a
@@ -171,7 +176,11 @@ def launch(
 
     ``what`` names ``fn`` in a pickling error; ``first_initializers`` run before the user's.
     """
-    buffer_size = validation.check_positive_int(buffer_size, "buffer_size")
+    buffer_size = validation.check_int(
+        buffer_size, "buffer_size", fix="; 0 or less means no bound, as in SPDL"
+    )
+    if buffer_size <= 0:  # SPDL hands it to Queue(maxsize=...): unbounded
+        buffer_size = UNBOUNDED
     initializers = [*first_initializers, *_check_initializers(initializer)]
     context = _context(mp_context)
     timeout = _check_timeout(timeout)

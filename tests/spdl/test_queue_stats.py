@@ -411,3 +411,24 @@ def test_task_stats_hook_interval_callbacks_may_be_async_or_plain(style):
     assert reports
     assert all(isinstance(stats, TaskPerfStats) for stats in reports)
     assert sum(stats.num_tasks for stats in reports) <= 12
+
+
+def test_task_stats_hook_counts_tasks_successes_and_their_mean_time():
+    from gristmill.pipeline import TaskStatsHook
+
+    hook = TaskStatsHook(StageInfo(0, "0", "work"))
+    assert (hook.num_tasks, hook.num_success, hook.ave_time) == (0, 0, 0.0)
+
+    async def run():
+        async with hook.stage_hook():
+            for _ in range(2):
+                async with hook.task_hook():
+                    await asyncio.sleep(0.02)
+            with contextlib.suppress(RuntimeError):
+                async with hook.task_hook():
+                    await asyncio.sleep(0.2)  # failures are not timed
+                    raise RuntimeError("task failed")
+
+    asyncio.run(run())
+    assert (hook.num_tasks, hook.num_success) == (3, 2)
+    assert 0.01 < hook.ave_time < 0.15

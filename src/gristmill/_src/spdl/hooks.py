@@ -70,6 +70,22 @@ class TaskStatsHook(TaskHook):
         self._times: collections.deque[float] = collections.deque(maxlen=4096)
         self._lap = (0, 0, 0.0, time.monotonic())  # tasks, failures, time, started
 
+    @property
+    def num_tasks(self) -> int:
+        """Tasks finished so far, failed ones included (as SPDL's attribute)."""
+        return self._num_tasks
+
+    @property
+    def num_success(self) -> int:
+        """Tasks that finished without raising."""
+        return self._num_tasks - self._num_failures
+
+    @property
+    def ave_time(self) -> float:
+        """Mean seconds of the successful tasks (0.0 before the first)."""
+        successes = self.num_success
+        return self._total_time / successes if successes else 0.0
+
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
         try:

@@ -1,15 +1,17 @@
 """gristmill.pipeline behaviour beyond parity: the S1 and S6 fixes, timeouts, bad input,
 clean shutdown, statistics."""
 
+import contextlib
 import gc
 import logging
 import re
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 
-from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
+from gristmill.pipeline import PipelineBuilder, PipelineFailure, TaskHook, defs
 
 
 def gristmill_threads():
@@ -211,7 +213,7 @@ def test_statistics_name_every_stage():
     names = [s.name for s in pipeline.statistics().stages]
     assert names[0].endswith(":0:src")
     assert names[1].endswith(":1:absolute[2]")
-    assert names[2].endswith(":2:aggregate(5)")
+    assert names[2].endswith(":2:aggregate(op=collate(5), drop_last=False)")
 
 
 def test_config_objects_are_readable():
@@ -333,3 +335,86 @@ def test_a_stage_that_hangs_times_out_and_stop_still_returns():
     assert time.monotonic() - began < 5
     release.set()  # the stuck call returns; then nothing is left running
     assert wait_for_no_threads()
+
+
+class _CountingHook(TaskHook):
+    def __init__(self):
+        self.stages = [0, 0]  # entered, exited
+        self.tasks = 0
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self):
+        self.stages[0] += 1
+        yield  # no try/finally: the exit must run normally (not through GeneratorExit)
+        self.stages[1] += 1
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self, input_item=None):
+        self.tasks += 1
+        yield
+
+
+async def _async_identity(x):
+    return x
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_task_hooks_cover_aggregate_and_disaggregate_stages_as_in_spdl(drop_last):
+    infos, hooks = [], {}
+
+    def factory(info):
+        infos.append(info)
+        hooks[info.stage_name.split("(")[0]] = hook = _CountingHook()
+        return [hook]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(_async_identity)
+        .aggregate(4, drop_last=drop_last)
+        .disaggregate()
+        .add_sink(20)
+        .build(num_threads=1, task_hook_factory=factory)
+    )
+    with pipeline.auto_stop():
+        assert list(pipeline.get_iterator(timeout=30)) == list(range(8 if drop_last else 10))
+    assert [str(info).split(":", 1)[1] for info in infos] == [  # after the pipeline id
+        "1:_async_identity",
+        f"2:aggregate(op=collate(4), drop_last={drop_last})",
+        "3:disaggregate",
+    ]
+    assert all(info.concurrency is None for info in infos)  # SPDL's, for concurrency 1
+    assert hooks["_async_identity"].tasks == 10
+    assert hooks["aggregate"].tasks == (10 if drop_last else 11)  # the flush is a task
+    assert hooks["disaggregate"].tasks == (2 if drop_last else 3)  # one per input list
+    assert all(hook.stages == [1, 1] for hook in hooks.values())
+
+
+def test_drop_last_does_not_call_a_custom_aggregators_flush():
+    class Pairs(defs.Aggregator):
+        flushes: ClassVar[list[bool]] = []  # shared by the stage's copy of the aggregator
+
+        def __init__(self):
+            self.items = []
+
+        def accumulate(self, item):
+            self.items.append(item)
+            if len(self.items) == 2:
+                out, self.items = self.items, []
+                return out
+            return None
+
+        def flush(self):
+            self.flushes.append(True)
+            return self.items or None
+
+    for drop_last, expected in ((True, [[0, 1], [2, 3]]), (False, [[0, 1], [2, 3], [4]])):
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(5))
+            .aggregate(Pairs(), drop_last=drop_last)
+            .add_sink(3)
+            .build(num_threads=1)
+        )
+        assert list(pipeline) == expected
+    assert Pairs.flushes == [True]  # only without drop_last

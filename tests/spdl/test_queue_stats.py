@@ -24,7 +24,7 @@ from gristmill.pipeline import (
 )
 
 LINE = re.compile(
-    r"^\[(?P<name>\S+_queue)\]\tProcessed +(?P<items>\d+) items in +[\d.]+ \[ ?(us|ms|sec)\] "
+    r"^\[(?P<name>[^\t]+_queue)\]\tProcessed +(?P<items>\d+) items in +[\d.]+ \[ ?(us|ms|sec)\] "
     r"\(QPS: +(?P<qps>[\d.]+)\) Ave wait time: put: +[\d.]+ \[ ?\w+\], get \(by next stage\): "
     r"+[\d.]+ \[ ?\w+\]\. P90: put: +[\d.]+ \[ ?\w+\], get: +[\d.]+ \[ ?\w+\]\. "
     r"P99: put: +[\d.]+ \[ ?\w+\], get: +[\d.]+ \[ ?\w+\]\. Occupancy rate: (?P<occupancy>\d+)%$"
@@ -103,7 +103,7 @@ def test_stage_ids_follow_build_stage_id(caplog):
     _, lines = run_logged(caplog, builder, stage_id=5)
     assert list(lines) == [
         "5:src_queue",
-        "6:aggregate(2)_queue",
+        "6:aggregate(op=collate(2), drop_last=False)_queue",
         "7:disaggregate_queue",
         "8:sink_queue",
     ]
@@ -217,7 +217,7 @@ class Lifecycle(AsyncQueue):
 BOUNDARIES = [
     ("0:src_queue", 2),
     ("1:plus_one_queue", 2),
-    ("2:aggregate(2)_queue", 2),
+    ("2:aggregate(op=collate(2), drop_last=False)_queue", 2),
     ("3:sink_queue", 5),
 ]
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import copy
 import fractions
+import functools
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.engine.asyncio_lane import new_event_loop
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
+from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import config, defs, ops
@@ -27,7 +29,7 @@ from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 from gristmill._src.spdl.regions import RegionStream
-from gristmill._src.spdl.tracking import KeyItems, Path, ResumableSource
+from gristmill._src.spdl.tracking import Keyed, KeyItems, Path, ResumableSource
 from gristmill._src.spdl.variants import PathVariantsStream
 
 
@@ -236,18 +238,25 @@ class _Lowering:
         )
         return self._observed(info, region)
 
+    def _hooks(self, info: StageInfo) -> StageHooks | None:
+        """The stage's task hooks from ``task_hook_factory`` (None without one)."""
+        if self.task_hook_factory is None:
+            return None
+        hooks = StageHooks(self.task_hook_factory(info))
+        self.stage_hooks.append(hooks)
+        return hooks
+
     def _stage(
         self, upstream: ChunkStream, stage: Any, chunk_keyed: bool, sid: str
     ) -> tuple[ChunkStream, bool]:
         pipeline_id, continuous = self.pipeline_id, self.continuous
         if isinstance(stage, defs.PipeConfig):
-            info = StageInfo(pipeline_id, sid, stage.name, stage.concurrency)
+            # SPDL's StageInfo carries a concurrency above 1 only
+            concurrency = stage.concurrency if stage.concurrency > 1 else None
+            info = StageInfo(pipeline_id, sid, stage.name, concurrency)
             limit = stage.max_failures if stage.max_failures is not None else self.build_limit
             budget = ops.FailureBudget(str(info), limit)
-            hooks = None
-            if self.task_hook_factory is not None:
-                hooks = StageHooks(self.task_hook_factory(info))
-                self.stage_hooks.append(hooks)
+            hooks = self._hooks(info)
             fn, chunk_fn = ops.stage_function(
                 stage.op, str(info), budget, hooks, self.skip_outputs, stage.executor
             )
@@ -278,14 +287,19 @@ class _Lowering:
                 drop_last=stage.drop_last,
                 name=str(info),
                 epochs=continuous,
+                hooks=self._hooks(info),
             )
             return self._observed(info, aggregate), False  # aggregates are Keyed values
         if isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:
                 upstream = KeyItems(upstream)
+            split: Any = ops.disaggregate
+            hooks = self._hooks(info)
+            if hooks is not None:  # each input's split runs inside the task hooks
+                split = functools.partial(_hooked_split, hooks)
             runner = ChunkRunner(
-                StreamFeed(upstream, ops.disaggregate, barriers=continuous),
+                StreamFeed(upstream, split, barriers=continuous),
                 workers=0,  # inline in whoever pulls: a list split is cheap
                 buffer_size=16,
                 name=str(info),
@@ -454,3 +468,11 @@ class PipelineBuilder(Generic[T, U]):
             stage_id=stage_id,
             use_thread_output_queue=use_thread_output_queue,
         )
+
+
+def _hooked_split(hooks: StageHooks, item: Any) -> Any:
+    """``disaggregate`` of one input inside the stage's task hooks, which see the list."""
+    shown = item.value if isinstance(item, Keyed) else item
+    if shown is SKIP or shown is EPOCH_END:  # engine markers are no tasks
+        return ops.disaggregate(item)
+    return hooks.call_sync(ops.disaggregate, item, shown)

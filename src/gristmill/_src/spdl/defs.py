@@ -62,7 +62,7 @@ class Collate(Aggregator, Generic[T]):
         return batch or None
 
     def __repr__(self) -> str:
-        return f"Collate(n={self.n})"
+        return f"collate({self.n})"  # SPDL's spelling (it appears in the stage name)
 
 
 def op_name(op: Any) -> str:
@@ -319,14 +319,18 @@ def Aggregate(  # noqa: N802
     *,
     drop_last: bool = False,
 ) -> AggregateConfig:
-    """Groups items: ``n`` -> lists of ``n`` (``Collate(n)``), or a custom Aggregator."""
+    """Groups items: ``n`` -> lists of ``n`` (``Collate(n)``), or a custom Aggregator.
+
+    The stage is named as in SPDL: ``aggregate(op=collate(4), drop_last=False)``.
+    """
     if isinstance(input, int) and not isinstance(input, bool):
-        return AggregateConfig(
-            Collate(input), drop_last=bool(drop_last), name=f"aggregate({input})"
-        )
-    if not isinstance(input, Aggregator):
+        op: Aggregator = Collate(input)
+    elif isinstance(input, Aggregator):
+        op = input
+    else:
         raise TypeError(f"aggregate takes an int or an Aggregator, got {input!r}")
-    return AggregateConfig(input, drop_last=bool(drop_last), name=type(input).__name__)
+    drop_last = bool(drop_last)
+    return AggregateConfig(op, drop_last=drop_last, name=f"aggregate({op=}, {drop_last=})")
 
 
 def Disaggregate() -> DisaggregateConfig:  # noqa: N802

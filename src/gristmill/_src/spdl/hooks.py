@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -159,6 +160,9 @@ class TaskStatsHook(TaskHook):
         )
 
 
+_SAME = object()  # call_sync's default: the hooks see the op's own input
+
+
 class StageHooks:
     """A stage's hooks: entered once (first call), exited once (pipeline end)."""
 
@@ -201,7 +205,15 @@ class StageHooks:
     async def ensure_entered_async(self) -> None:
         if not self._entered:
             self._entered = True
-            await self._enter()
+            # The stage's loop, when it shuts down, finalises the async generators it has
+            # seen, which would skip a stage hook's code after ``yield`` (the pipeline exits
+            # the hooks after that). Entered untracked, they are exited by close() only.
+            tracking = sys.get_asyncgen_hooks()
+            sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+            try:
+                await self._enter()
+            finally:
+                sys.set_asyncgen_hooks(*tracking)
 
     def close(self) -> None:
         """Exits the stage hooks (once) on a private loop; closes the workers' loops."""
@@ -223,14 +235,16 @@ class StageHooks:
                 if not worker_loop.is_running():
                     worker_loop.close()
 
-    def call_sync(self, op: Callable[[Any], Any], item: Any) -> Any:
-        """``op(item)`` inside every hook's ``task_hook`` (on this thread's loop)."""
+    def call_sync(self, op: Callable[[Any], Any], item: Any, shown: Any = _SAME) -> Any:
+        """``op(item)`` inside every hook's ``task_hook(shown)`` (default: ``item``), on
+        this thread's loop."""
         self.ensure_entered_sync()
+        hook_input = item if shown is _SAME else shown
 
         async def invoke() -> Any:
             async with contextlib.AsyncExitStack() as stack:
                 for hook in self.hooks:
-                    await stack.enter_async_context(hook.task_hook(item))
+                    await stack.enter_async_context(hook.task_hook(hook_input))
                 return op(item)
 
         if self._direct:

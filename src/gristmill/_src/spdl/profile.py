@@ -111,7 +111,7 @@ def profile_pipeline(
     >>> cfg = PipelineBuilder().add_source(range(50)).pipe(abs).aggregate(8).add_sink(3)
     >>> results = profile_pipeline(cfg.get_config(), num_inputs=20)
     >>> [(r.name, [s.concurrency for s in r.stats]) for r in results]
-    [('abs', [32, 16, 8, 4, 1]), ('aggregate(8)', [1])]
+    [('abs', [32, 16, 8, 4, 1]), ('aggregate(op=collate(8), drop_last=False)', [1])]
     """
     if not isinstance(cfg, defs.PipelineConfig):
         raise TypeError(f"cfg must be a PipelineConfig, got {cfg!r}; pass builder.get_config()")

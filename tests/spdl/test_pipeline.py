@@ -221,7 +221,38 @@ def test_config_objects_are_readable():
         PipelineBuilder().add_source(range(3)).pipe(abs, concurrency=2).add_sink(4).get_config()
     )
     assert config.sink == defs.SinkConfig(4)
-    assert "PipeConfig(name='abs'" in repr(config.pipes[0])
+    assert repr(config.pipes[0]) == "abs(concurrency=2)"  # SPDL's: a builtin has no file
+
+
+def _double(x):
+    return 2 * x
+
+
+def test_config_reprs_are_spdls_short_multiline_layout():
+    source = list(range(100_000))
+    inner = PipelineBuilder().add_source(source).pipe(_double, concurrency=3).add_sink(5)
+    merged = defs.MergeConfig((inner.get_config(),))
+    outer = defs.PipelineConfig(
+        src=merged, pipes=[defs.Aggregate(2), defs.Disaggregate()], sink=defs.SinkConfig(1)
+    )
+    where = f"{__file__}:{_double.__code__.co_firstlineno}"
+    assert repr(outer).split("\n") == [
+        "PipelineConfig",
+        " - Source:",
+        "   MergeConfig(",
+        "     Pipeline 1:",
+        "       PipelineConfig",
+        f"        - Source: SourceConfig(source=<list object at 0x{id(source):x}>)",
+        "        - Pipes:",
+        f"          - _double(concurrency=3, op={_double.__module__}._double at {where})",
+        "        - Sink: SinkConfig(buffer_size=5)",
+        "   )",
+        " - Pipes:",
+        "   - aggregate(op=collate(2), drop_last=False)",
+        "   - disaggregate",
+        " - Sink: SinkConfig(buffer_size=1)",
+    ]
+    assert len(repr(defs.SourceConfig(source))) < 100  # never the items
 
 
 def test_record_rng_depends_only_on_seed_epoch_and_index():

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.spdl import config_repr
 from gristmill._src.spdl.executors import check_executor
 
 OUTPUT_ORDERS = ("completion", "input")
@@ -72,15 +73,6 @@ def op_name(op: Any) -> str:
     return getattr(op, "__name__", None) or type(op).__name__
 
 
-def _location(op: Any) -> str:
-    try:
-        target = op.func if isinstance(op, functools.partial) else op
-        file = inspect.getsourcefile(target) or "?"
-        return f"{file}:{inspect.getsourcelines(target)[1]}"
-    except (TypeError, OSError):
-        return "?"
-
-
 def check_max_failures(value: Any, name: str) -> int | fractions.Fraction | None:
     """``None``, an int (negative: unlimited) or a Fraction in (0, 1]."""
     if value is None:
@@ -101,6 +93,10 @@ class SourceConfig(Generic[T]):
     source: Any
     continuous: bool = False
 
+    def __repr__(self) -> str:
+        continuous = ", continuous=True" if self.continuous else ""
+        return f"SourceConfig(source={config_repr.short_source(self.source)}{continuous})"
+
 
 @dataclasses.dataclass(frozen=True)
 class PipeConfig(Generic[T, U]):
@@ -112,9 +108,8 @@ class PipeConfig(Generic[T, U]):
     executor: Any = None
 
     def __repr__(self) -> str:
-        return (
-            f"PipeConfig(name={self.name!r}, op={_location(self.op)}, "
-            f"concurrency={self.concurrency}, output_order={self.output_order!r})"
+        return config_repr.pipe(
+            self.name, self.concurrency, self.op, self.output_order, self.executor
         )
 
 
@@ -124,10 +119,16 @@ class AggregateConfig(Generic[T]):
     drop_last: bool = False
     name: str = "aggregate"
 
+    def __repr__(self) -> str:
+        return self.name
+
 
 @dataclasses.dataclass(frozen=True)
 class DisaggregateConfig(Generic[T]):
     name: str = "disaggregate"
+
+    def __repr__(self) -> str:
+        return self.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +242,11 @@ class PipelineConfig(Generic[U]):
     pipes: Sequence[StageConfig]
     sink: SinkConfig
 
+    def __repr__(self) -> str:
+        return config_repr.pipeline(
+            self.src, self.pipes, self.sink, src_is_merge=isinstance(self.src, MergeConfig)
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class MergeConfig:
@@ -248,6 +254,9 @@ class MergeConfig:
 
     pipeline_configs: tuple[PipelineConfig, ...]
     op: Callable[..., Any] | None = None
+
+    def __repr__(self) -> str:
+        return config_repr.merge(self.pipeline_configs, self.op)
 
 
 def _short(stage: Any) -> str:

@@ -298,8 +298,7 @@ class ChunkRunner:
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
         self._core = _make_core(executor, feed, self._counters, self._policy, process_options)
         self._next_seq = 0  # sequence number of the next task to deliver (input order)
-        reaper.ensure_started()
-        self._finalizer = weakref.finalize(self, reaper.reap, self._core)
+        self._finalizer = reaper.watch(self, self._core)
 
     @property
     def name(self) -> str:

@@ -140,8 +140,7 @@ class Pipeline(Generic[T]):
         self._failure: PipelineFailure | None = None
         self._failure_seen = False
         self._warned_rerun = False
-        reaper.ensure_started()
-        self._finalizer = weakref.finalize(self, reaper.reap, self._closer)
+        self._finalizer = reaper.watch(self, self._closer)
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ class _SubprocessIterable(Iterable[T]):
 
     def __init__(self, worker: WorkerHandle) -> None:
         self._worker = worker
-        self._finalizer = weakref.finalize(self, reaper.reap, worker)
+        self._finalizer = reaper.watch(self, worker)
         self._finalizer.atexit = False  # the multiprocessing exit hook stops it then
 
     def __iter__(self) -> Iterator[T]:

@@ -19,7 +19,7 @@ import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import reaper, shm
+from gristmill._src.engine import shm
 from gristmill._src.spdl import subprocess_worker as proto
 
 _GRACE_S = 1.0  # how long a stopping worker may take before SIGTERM, then SIGKILL
@@ -54,7 +54,6 @@ class WorkerHandle:
         daemon: bool,
     ) -> None:
         _register_exit_hook()
-        reaper.ensure_started()
         commands_in, self._commands = context.Pipe(duplex=False)
         self._data, data_out = context.Pipe(duplex=False)
         self._shm_prefix = shm.prefix_for(self)  # items' large arrays: shared memory

@@ -449,3 +449,24 @@ def test_drop_last_does_not_call_a_custom_aggregators_flush():
         )
         assert list(pipeline) == expected
     assert Pairs.flushes == [True]  # only without drop_last
+
+
+class _NotAContextManager(TaskHook):
+    async def stage_hook(self):  # missing @contextlib.asynccontextmanager
+        yield
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self, input_item=None):
+        yield
+
+
+class _SyncGeneratorHook(_NotAContextManager):
+    def stage_hook(self):  # neither async nor decorated
+        yield
+
+
+@pytest.mark.parametrize("hook_class", [_NotAContextManager, _SyncGeneratorHook])
+def test_a_stage_hook_that_is_no_async_context_manager_fails_the_build(hook_class):
+    builder = PipelineBuilder().add_source(range(3)).pipe(abs).add_sink(3)
+    with pytest.raises(ValueError, match=r"stage_hook\(\)` of .* must return an async context"):
+        builder.build(num_threads=1, task_hook_factory=lambda _: [hook_class()])

@@ -168,6 +168,8 @@ class StageHooks:
 
     def __init__(self, hooks: Sequence[TaskHook]) -> None:
         self.hooks = list(hooks)
+        # made now, so a hook defined without @asynccontextmanager fails the build (SPDL)
+        self._stage_contexts = [_stage_context(hook) for hook in self.hooks]
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock = threading.Lock()
         self._entered = False
@@ -187,8 +189,9 @@ class StageHooks:
 
     async def _enter(self) -> None:
         stack = contextlib.AsyncExitStack()
-        for hook in self.hooks:
-            await stack.enter_async_context(hook.stage_hook())
+        contexts, self._stage_contexts = self._stage_contexts, []
+        for context in contexts:
+            await stack.enter_async_context(context)
         self._stack = stack
 
     def ensure_entered_sync(self) -> None:
@@ -258,6 +261,17 @@ class StageHooks:
             for hook in self.hooks:
                 await stack.enter_async_context(hook.task_hook(item))
             return await op(item)
+
+
+def _stage_context(hook: TaskHook) -> contextlib.AbstractAsyncContextManager[None]:
+    context = hook.stage_hook()
+    if not (hasattr(context, "__aenter__") and hasattr(context, "__aexit__")):
+        raise ValueError(
+            f"`stage_hook()` of {hook!r} must return an async context manager (an object "
+            f"with `__aenter__` and `__aexit__`), got {context!r}; decorate it with "
+            "@contextlib.asynccontextmanager"
+        )
+    return context
 
 
 def _never_suspends(hook: TaskHook) -> bool:

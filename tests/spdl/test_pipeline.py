@@ -1,6 +1,7 @@
 """gristmill.pipeline behaviour beyond parity: the S1 and S6 fixes, timeouts, bad input,
 clean shutdown, statistics."""
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -470,3 +471,20 @@ def test_a_stage_hook_that_is_no_async_context_manager_fails_the_build(hook_clas
     builder = PipelineBuilder().add_source(range(3)).pipe(abs).add_sink(3)
     with pytest.raises(ValueError, match=r"stage_hook\(\)` of .* must return an async context"):
         builder.build(num_threads=1, task_hook_factory=lambda _: [hook_class()])
+
+
+async def _sleep_tenths(i):
+    await asyncio.sleep(i / 20)
+    return i
+
+
+def test_an_async_stage_in_completion_order_delivers_each_item_as_it_finishes():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(list(reversed(range(10))))
+        .pipe(_sleep_tenths, concurrency=10, output_order="completion")
+        .add_sink(100)
+        .build(num_threads=1)
+    )
+    with pipeline.auto_stop():
+        assert list(pipeline.get_iterator(timeout=30)) == list(range(10))

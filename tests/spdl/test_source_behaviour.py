@@ -133,3 +133,11 @@ def test_import_gristmill_does_not_load_the_spdl_helpers():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_merge_iterator_exposes_the_iterables_and_weights_it_draws_from():
+    merged = MergeIterator([[0, 1], [10], [20, 21], [30]], weights=[1, 0, 2, 0])
+    assert merged.iterables == [[0, 1], [20, 21]]  # zero weights are never read
+    assert merged.weights == [1, 2]
+    unweighted = MergeIterator([[0], [1]])
+    assert (unweighted.iterables, unweighted.weights) == ([[0], [1]], None)

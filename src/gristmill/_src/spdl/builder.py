@@ -88,7 +88,7 @@ def build_pipeline(
     config.run_build_callback(cfg)
     num_threads = _check_positive(num_threads, "num_threads")
     build_limit = defs.check_max_failures(max_failures, "max_failures")
-    defs.check_regions(cfg.pipes)
+    defs.check_regions(cfg.pipes, open_at_end=True)
     pipeline_id = next(PIPELINE_IDS)
     queues = QueueMonitor(queue_class, report_stats_interval, pipeline_id)
     task_hook_factory = default_task_hooks(task_hook_factory, queues.interval)
@@ -203,9 +203,12 @@ class _Lowering:
             if isinstance(stage, defs.PlacementConfig):
                 if isinstance(stage.target, defs.ProcessPoolExecutorConfig):
                     end = next(
-                        i
-                        for i in range(offset, len(configs))
-                        if isinstance(configs[i], defs.PlacementConfig)
+                        (
+                            i
+                            for i in range(offset, len(configs))
+                            if isinstance(configs[i], defs.PlacementConfig)
+                        ),
+                        len(configs),  # open at the end (build_pipeline): closed at the sink
                     )
                     if chunk_keyed:  # outputs arrive in completion order, with their keys
                         upstream, chunk_keyed = KeyItems(upstream), False

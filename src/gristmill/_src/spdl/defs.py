@@ -438,9 +438,10 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
     return PlacementConfig(target, buffer_size)
 
 
-def check_regions(pipes: Sequence[Any]) -> None:
+def check_regions(pipes: Sequence[Any], *, open_at_end: bool = False) -> None:
     """Raises ValueError for a ``to()`` region that is empty, holds an input-order stage,
-    or is still open at the sink."""
+    or is still open at the sink (allowed with ``open_at_end``: ``build_pipeline`` closes
+    it there, as SPDL's does; ``PipelineBuilder`` does not)."""
     open_region = False
     size = 0
     for stage in pipes:
@@ -463,7 +464,12 @@ def check_regions(pipes: Sequence[Any]) -> None:
                 "A stage with `output_order='input'` cannot run inside a `to()` region: input "
                 "order cannot be preserved across the region's independent workers."
             )
-    if open_region:
+    if open_region and size == 0:
+        raise ValueError(
+            "An empty `to(...)` region has no stages. Add stages after the last "
+            "`.to(...)`, or remove the redundant marker."
+        )
+    if open_region and not open_at_end:
         raise ValueError(
             "A `to()` execution region must be closed with `to(MAIN_PROCESS)` before "
             "`add_sink()`. The sink always runs in the main process."

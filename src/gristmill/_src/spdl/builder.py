@@ -96,6 +96,7 @@ def build_pipeline(
     resumable: ResumableSource | None = None
     upstream: ChunkStream
     if isinstance(cfg.src, defs.MergeConfig):
+        _check_one_continuous_mode(cfg.src)
         upstream = MergeStream(
             cfg.src,
             lambda sub: build_pipeline(sub, num_threads=num_threads, max_failures=max_failures),
@@ -479,3 +480,19 @@ def _hooked_split(hooks: StageHooks, item: Any) -> Any:
     if shown is SKIP or shown is EPOCH_END:  # engine markers are no tasks
         return ops.disaggregate(item)
     return hooks.call_sync(ops.disaggregate, item, shown)
+
+
+def _source_modes(src: defs.SourceConfig | defs.MergeConfig) -> set[bool]:
+    if isinstance(src, defs.MergeConfig):
+        return {mode for sub in src.pipeline_configs for mode in _source_modes(sub.src)}
+    return {bool(src.continuous)}
+
+
+def _check_one_continuous_mode(src: defs.MergeConfig) -> None:
+    """A merge's sources, at every depth, must all be continuous or all not (SPDL's rule)."""
+    if len(_source_modes(src)) > 1:
+        raise ValueError(
+            "Mixed continuous mode is not supported. All sources in a pipeline (including "
+            "merged sub-pipelines) must have the same continuous setting; pass the same "
+            "continuous= to every add_source()"
+        )

@@ -153,3 +153,21 @@ def test_bad_arguments(kwargs, error, match):
     arguments = {"cfg": config(lambda b: b.pipe(plus_one)), **kwargs}
     with pytest.raises(error, match=match):
         profile_pipeline(arguments.pop("cfg"), **arguments)
+
+
+def test_a_merge_profiles_each_merged_pipeline_then_the_stages_after_it():
+    from gristmill.pipeline import defs
+
+    first = config(lambda b: b.pipe(plus_one, name="first"))
+    second_seen = Seen()
+    second = config(lambda b: b.pipe(second_seen, name="second"))
+    after = Seen()
+    cfg = defs.PipelineConfig(
+        src=defs.Merge([first, second]),
+        pipes=[defs.Pipe(after, name="after")],
+        sink=defs.SinkConfig(3),
+    )
+    results = profile_pipeline(cfg, num_inputs=4)
+    assert [r.name for r in results] == ["first", "second", "after"]
+    # the stage after the merge is fed both pipelines' outputs
+    assert sorted(after.inputs[-8:]) == sorted([*range(1, 5), *range(4)])

@@ -488,3 +488,32 @@ def test_an_async_stage_in_completion_order_delivers_each_item_as_it_finishes():
     )
     with pipeline.auto_stop():
         assert list(pipeline.get_iterator(timeout=30)) == list(range(10))
+
+
+class _Repeat:
+    """A callable object whose ``__call__`` is a generator: each output is an item."""
+
+    def __call__(self, x):
+        yield x
+        yield x + 10
+
+
+def test_a_callable_object_with_a_generator_call_yields_items():
+    pipeline = PipelineBuilder().add_source(range(3)).pipe(_Repeat()).add_sink(10)
+    assert list(pipeline.build(num_threads=1)) == [0, 10, 1, 11, 2, 12]
+
+
+def test_a_pipeline_failures_subgroup_is_a_pipeline_failure():
+    def failing():
+        yield 1
+        raise ValueError("source failed")
+
+    pipeline = PipelineBuilder().add_source(failing()).pipe(abs).add_sink(3).build(num_threads=1)
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    sub = info.value.subgroup(ValueError)
+    assert isinstance(sub, PipelineFailure)
+    assert [type(e) for e in sub.exceptions] == [ValueError]
+    matched, rest = info.value.split(ValueError)
+    assert isinstance(matched, PipelineFailure)
+    assert rest is None

@@ -141,3 +141,11 @@ def test_merge_iterator_exposes_the_iterables_and_weights_it_draws_from():
     assert merged.weights == [1, 2]
     unweighted = MergeIterator([[0], [1]])
     assert (unweighted.iterables, unweighted.weights) == ([[0], [1]], None)
+
+
+def test_embed_shuffle_exposes_the_wrapped_source_as_src():
+    source = Shuffleable()
+    wrapped = embed_shuffle(source)
+    assert wrapped.src is source
+    list(wrapped)
+    assert wrapped.src.seeds == [0]

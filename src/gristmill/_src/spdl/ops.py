@@ -80,14 +80,14 @@ class FailureBudget:
 
 
 def kind_of(op: Callable[..., Any]) -> str:
-    """``"async"``, ``"async_gen"``, ``"gen"`` or ``"sync"``."""
-    if inspect.isasyncgenfunction(op):
+    """``"async"``, ``"async_gen"``, ``"gen"`` or ``"sync"``: the function's kind, or an
+    object's ``__call__``'s."""
+    candidates = (op, getattr(op, "__call__", None))  # noqa: B004 (a callable object)
+    if any(inspect.isasyncgenfunction(f) for f in candidates):
         return "async_gen"
-    if inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(
-        getattr(op, "__call__", None)  # noqa: B004 (an object with an async __call__)
-    ):
+    if any(inspect.iscoroutinefunction(f) for f in candidates):
         return "async"
-    if inspect.isgeneratorfunction(op):
+    if any(inspect.isgeneratorfunction(f) for f in candidates):
         return "gen"
     return "sync"
 

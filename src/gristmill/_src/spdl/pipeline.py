@@ -56,6 +56,10 @@ class StageInfo:
 class PipelineFailure(ExceptionGroup):
     """The pipeline ended because stages failed; each sub-exception names its stage."""
 
+    def derive(self, excs: Any) -> PipelineFailure:
+        # subgroup() / split() keep the type, as SPDL's (ExceptionGroup's would not)
+        return PipelineFailure(self.message, excs)
+
 
 class _Closer:
     """Stops a pipeline's threads: the stages first (waking the sink), then the sink; then

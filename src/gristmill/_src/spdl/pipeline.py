@@ -56,7 +56,7 @@ class StageInfo:
 class PipelineFailure(ExceptionGroup):
     """The pipeline ended because stages failed; each sub-exception names its stage."""
 
-    def derive(self, excs: Any) -> PipelineFailure:
+    def derive(self, excs: Any) -> PipelineFailure:  # type: ignore[override]
         # subgroup() / split() keep the type, as SPDL's (ExceptionGroup's would not)
         return PipelineFailure(self.message, excs)
 

@@ -3,6 +3,7 @@ clean shutdown, statistics."""
 
 import asyncio
 import contextlib
+import fractions
 import gc
 import logging
 import re
@@ -517,3 +518,23 @@ def test_a_pipeline_failures_subgroup_is_a_pipeline_failure():
     matched, rest = info.value.split(ValueError)
     assert isinstance(matched, PipelineFailure)
     assert rest is None
+
+
+def _fail_on_multiples_of_5(x):
+    if x % 5 == 0:
+        raise ValueError(f"multiple of 5: {x}")
+    return x
+
+
+def test_a_failure_rate_over_its_limit_fails_once_probation_ends_even_on_a_success():
+    # 20 failures in 100 items, all before the 100th invocation (a success): over 15 %
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .pipe(_fail_on_multiples_of_5, max_failures=fractions.Fraction(3, 20))
+        .add_sink(1)
+        .build(num_threads=1)
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert "failed 20 times out of 100 invocations (20.0%)" in str(info.value.exceptions[0])

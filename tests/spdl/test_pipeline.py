@@ -538,3 +538,24 @@ def test_a_failure_rate_over_its_limit_fails_once_probation_ends_even_on_a_succe
     with pytest.raises(PipelineFailure) as info:
         list(pipeline)
     assert "failed 20 times out of 100 invocations (20.0%)" in str(info.value.exceptions[0])
+
+
+def test_a_stage_on_its_own_executor_runs_its_concurrency_beyond_num_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(4)
+
+    def meet(x):
+        barrier.wait(timeout=30)  # breaks unless 4 calls run at once
+        return x
+
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(8))
+            .pipe(meet, executor=executor, concurrency=4)
+            .add_sink(1)
+            .build(num_threads=1)
+        )
+        with pipeline.auto_stop():
+            assert sorted(pipeline.get_iterator(timeout=60)) == list(range(8))

@@ -268,8 +268,10 @@ class _Lowering:
             is_async = kind in ("async", "async_gen")
             if chunk_keyed and kind in ("gen", "async_gen"):  # keys its outputs per input
                 upstream, chunk_keyed = KeyItems(upstream), False
+            # an async op, or one on its own executor, is not bounded by num_threads
+            own_threads = is_async or stage.executor is not None
             concurrency = (
-                stage.concurrency if is_async else min(stage.concurrency, self.num_threads)
+                stage.concurrency if own_threads else min(stage.concurrency, self.num_threads)
             )
             runner = ChunkRunner(
                 StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),

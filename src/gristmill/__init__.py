@@ -12,6 +12,8 @@ from gristmill import (
     checkpoint,
     constants,
     experimental,
+    monitoring,
+    multiprocessing,
     samplers,
     sharding,
     sources,
@@ -19,16 +21,18 @@ from gristmill import (
     transforms,
 )
 from gristmill._src import dataset as _dataset  # registers the transformations
+from gristmill._src.core.config import config
 from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-from gristmill._src.loader.data_loader import DataLoader, load
+from gristmill._src.loader.data_loader import DataLoader, DataLoaderIterator, load
 from gristmill._src.public import export as _export
 
 _export(
     "gristmill",
     DataLoader,
+    DataLoaderIterator,
     MapDataset,
     IterDataset,
     DatasetIterator,
@@ -39,6 +43,7 @@ _export(
 )
 
 __version__ = "0.1.0.dev0"
+__version_info__ = (0, 1, 0, "dev0")
 
 __all__ = [
     "MapDataset",
@@ -49,10 +54,14 @@ __all__ = [
     "Record",
     "RecordMetadata",
     "DataLoader",
+    "DataLoaderIterator",
     "load",
+    "config",
     "checkpoint",
     "constants",
     "experimental",
+    "monitoring",
+    "multiprocessing",
     "samplers",
     "sharding",
     "sources",

@@ -3,6 +3,7 @@
 from gristmill._src.checkpoint.testing import assert_equal_output_after_checkpoint
 from gristmill._src.core.dataset_options import DatasetOptions, ExecutionTrackingMode
 from gristmill._src.core.index_shuffle import index_shuffle
+from gristmill._src.core.rng import RngPool
 from gristmill._src.core.specs import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
 from gristmill._src.core.transforms import FlatMap as FlatMapTransform
 from gristmill._src.core.transforms import MapWithIndex as MapWithIndexTransform
@@ -10,6 +11,7 @@ from gristmill._src.core.tree import batch_and_pad
 from gristmill._src.dataset.apply import apply_transformations
 from gristmill._src.dataset.cache import CacheIterDataset
 from gristmill._src.dataset.concat_split import BOSHandling, ConcatThenSplitIterDataset
+from gristmill._src.dataset.device_put import device_put
 from gristmill._src.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from gristmill._src.dataset.interleave import InterleaveIterDataset
 from gristmill._src.dataset.iter_slicing import LimitIterDataset, RepeatIterDataset
@@ -30,6 +32,7 @@ from gristmill._src.dataset.with_options import WithOptionsIterDataset
 from gristmill._src.dataset.zipping import ZipIterDataset, ZipMapDataset
 from gristmill._src.engine.reporting import log_statistics_every
 from gristmill._src.loader.elastic import ElasticIterator
+from gristmill._src.loader.pack_and_batch import PackAndBatchOperation
 from gristmill._src.public import export as _export
 from gristmill._src.sources.parquet_dataset import ParquetIterDataset
 from gristmill._src.sources.tfrecord import TFRecordIterDataset
@@ -48,10 +51,12 @@ _export(
     FlatMapMapDataset,
     InterleaveIterDataset,
     LimitIterDataset,
+    PackAndBatchOperation,
     ParquetIterDataset,
     PerformanceConfig,
     RebatchIterDataset,
     RepeatIterDataset,
+    RngPool,
     ShapeDtypeStruct,
     ShapeDtypeStructProtocol,
     TFRecordIterDataset,
@@ -79,10 +84,12 @@ __all__ = [
     "InterleaveIterDataset",
     "LimitIterDataset",
     "MapWithIndexTransform",
+    "PackAndBatchOperation",
     "ParquetIterDataset",
     "PerformanceConfig",
     "RebatchIterDataset",
     "RepeatIterDataset",
+    "RngPool",
     "ShapeDtypeStruct",
     "ShapeDtypeStructProtocol",
     "TFRecordIterDataset",
@@ -96,6 +103,7 @@ __all__ = [
     "apply_transformations",
     "assert_equal_output_after_checkpoint",
     "batch_and_pad",
+    "device_put",
     "get_element_spec",
     "get_next_index",
     "index_shuffle",

@@ -1,9 +1,16 @@
 """Worker-process helpers (``grain.multiprocessing``): options and shared-memory arrays."""
 
-from gristmill._src.core.options import MultiprocessingOptions
+from gristmill._src.core.options import MultiprocessingOptions, MultiprocessingOrder
 from gristmill._src.ipc.shared_memory import SharedMemoryArray, SharedMemoryArrayMetadata
 from gristmill._src.public import export as _export
 
-_export("gristmill.multiprocessing", SharedMemoryArray, SharedMemoryArrayMetadata)
+_export(
+    "gristmill.multiprocessing", MultiprocessingOrder, SharedMemoryArray, SharedMemoryArrayMetadata
+)
 
-__all__ = ["MultiprocessingOptions", "SharedMemoryArray", "SharedMemoryArrayMetadata"]
+__all__ = [
+    "MultiprocessingOptions",
+    "MultiprocessingOrder",
+    "SharedMemoryArray",
+    "SharedMemoryArrayMetadata",
+]

@@ -1,5 +1,6 @@
 """Invalid arguments fail at construction with a message naming parameter, value and fix."""
 
+import logging
 import re
 import sys
 
@@ -186,7 +187,10 @@ def test_getitems_rejects_non_integral_indices():
         ([(1, 2, 3), (1, 2)], ["sequence lengths 3 and 2"]),
         ([(1, 2), [1, 2]], ["a tuple and a list"]),
         ([{"a": 1}, {"a": (1,)}], ["['a']", "a leaf int and a tuple"]),
-        ([np.zeros(2), np.zeros(3)], ["leaves of different shapes", "(2,)", "(3,)", "batch_and_pad"]),
+        (
+            [np.zeros(2), np.zeros(3)],
+            ["leaves of different shapes", "(2,)", "(3,)", "batch_and_pad"],
+        ),
     ],
 )
 def test_mismatched_batch_structures_are_value_errors(elements, fragments):
@@ -195,13 +199,14 @@ def test_mismatched_batch_structures_are_value_errors(elements, fragments):
         M.source(elements).batch(2)[0]
 
 
-def test_read_options_validation():
-    with raises(ValueError, "num_threads must be >= 0", "-1"):
+def test_read_options_validation(caplog):
+    with raises(ValueError, "num_threads must be non-negative", "-1"):
         gm.ReadOptions(num_threads=-1)
     with raises(TypeError, "prefetch_buffer_size must be an int", "'8'"):
         gm.ReadOptions(prefetch_buffer_size="8")
-    with pytest.warns(UserWarning, match="prefetch_buffer_size=2 is smaller than num_threads=4"):
+    with caplog.at_level(logging.WARNING, logger="gristmill"):
         gm.ReadOptions(num_threads=4, prefetch_buffer_size=2)
+    assert "prefetch_buffer_size=2 is smaller than num_threads=4" in caplog.text
     with raises(TypeError, "read_options must be a gristmill.ReadOptions", "ReadOptions("):
         M.range(3).to_iter_dataset({"num_threads": 2})
 

@@ -41,7 +41,7 @@ def test_make_batch_of_nothing_is_a_value_error():
 
 
 def test_make_batch_of_mismatched_structures_says_so_in_grains_words():
-    with pytest.raises(ValueError, match="same structure but got:.*mapping keys differ"):
+    with pytest.raises(ValueError, match=r"same structure but got:.*mapping keys differ"):
         make_batch([{"a": 1}, {"b": 2}])
 
 

@@ -124,7 +124,9 @@ def test_an_early_break_leaves_no_process_or_thread():
 
 
 def test_an_unpicklable_transform_is_named():
-    ds = gm.MapDataset.range(4).map(lambda x: x).to_iter_dataset().mp_prefetch(options(1))
+    lock = threading.Lock()  # lambdas travel (cloudpickle); a lock does not
+    ds = gm.MapDataset.range(4).map(lambda x: (lock, x)[1]).to_iter_dataset()
+    ds = ds.mp_prefetch(options(1))
     with pytest.raises(TypeError, match="cannot be sent to worker processes"):
         list(ds)
 

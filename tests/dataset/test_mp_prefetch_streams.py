@@ -145,7 +145,8 @@ def test_an_early_close_stops_the_workers():
 
 
 def test_an_unpicklable_op_is_named():
-    ds = interleaved().map(lambda x: x).mp_prefetch(options(1))
+    lock = threading.Lock()  # lambdas travel (cloudpickle); a lock does not
+    ds = interleaved().map(lambda x: (lock, x)[1]).mp_prefetch(options(1))
     with pytest.raises(TypeError, match="cannot be sent to worker processes"):
         list(ds)
 

@@ -110,7 +110,10 @@ def test_statistics_include_the_prefetch_stage():
 
 
 def test_bad_buffer_size():
-    with pytest.raises(ValueError, match=r"prefetch_buffer_size must be >= 0.*-1"):
+    with pytest.raises(
+        ValueError,
+        match=r"`prefetch_buffer_size` must be greater than or equal to 0.*-1",
+    ):
         TP(M.range(3).to_iter_dataset(), prefetch_buffer_size=-1)
     with pytest.raises(TypeError, match="parent must be an IterDataset"):
         TP(M.range(3), prefetch_buffer_size=1)
@@ -206,3 +209,25 @@ def test_pick_performance_config_follows_the_ram_budget():
         gm.experimental.pick_performance_config(
             ds, ram_budget_mb=0, max_workers=None, max_buffer_size=None
         )
+
+
+@pytest.mark.parity
+def test_pick_performance_config_sizes_the_buffer_from_what_each_reader_reads_as_grain():
+    def pipeline(lib):
+        mb = [np.zeros(k * 1024 * 1024, dtype=np.uint8) for k in (1, 3, 5)]
+        a = lib.MapDataset.source(mb).to_iter_dataset()
+        b = lib.MapDataset.source([mb[0]] * 10).to_iter_dataset()
+        c = lib.MapDataset.source([mb[1], mb[2]] * 5).to_iter_dataset()
+        return lib.IterDataset.mix([c, lib.IterDataset.mix([a, b])])
+
+    def picked(lib):
+        config = lib.experimental.pick_performance_config(
+            pipeline(lib), ram_budget_mb=500, max_workers=None, max_buffer_size=None
+        )
+        return (
+            config.read_options.prefetch_buffer_size,
+            config.multiprocessing_options.num_workers,
+        )
+
+    assert picked(gm) == picked(grain)
+    assert picked(gm)[0] == 71  # 500 MB / (3 readers x 2.33 MB read by them on average)

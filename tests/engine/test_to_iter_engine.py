@@ -309,3 +309,30 @@ def test_policy_flipping_while_chunks_are_in_flight_keeps_every_chunk():
     thread.join(60)
     assert not thread.is_alive(), "the runner hung"
     assert delivered == list(range(3000))
+
+
+def test_after_a_slow_first_element_the_threads_read_ahead_in_the_background():
+    """The first element is probed inline; once it proves slow, the worker threads start
+    before it is returned, so reads overlap the consumer's work (as Grain's prefetch)."""
+    import threading
+    import time
+
+    import gristmill as gm
+
+    reads = []
+    lock = threading.Lock()
+
+    def slow(i):
+        time.sleep(0.02)
+        with lock:
+            reads.append(i)
+        return i
+
+    it = iter(gm.MapDataset.range(64).map(slow).to_iter_dataset(gm.ReadOptions(num_threads=2)))
+    assert next(it) == 0
+    deadline = time.monotonic() + 10
+    while len(reads) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the consumer "trains"; no next() call in between
+    assert len(reads) >= 5
+    assert list(it) == list(range(1, 64))
+    it.close()

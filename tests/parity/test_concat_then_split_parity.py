@@ -5,7 +5,9 @@ both sides run the same user code. For each pipeline: identical outputs (dtypes,
 order), identical states after every step (``to_grain_state``), and restoring at every step —
 from gristmill's own state and from Grain's (also after a JSON round trip) — continues with
 exactly the uninterrupted tail. The pipelines include remainders longer than one feature's
-target and Grain's BOS token on empty pieces, which gristmill reproduces.
+target and Grain's BOS token on empty pieces, which gristmill reproduces, and scalar features
+(an example id) as meta features, limiting rows or not, with and without
+``split_full_length_features``.
 
 Deliberate difference: when a remainder is longer than one feature's target while another
 feature has placed part of its sequence already, Grain 0.2.18 repeats or drops that other
@@ -67,7 +69,27 @@ def _cts(g: types.ModuleType, parent: Any, **kw: Any) -> Any:
     return g.experimental.ConcatThenSplitIterDataset(parent, **kw)
 
 
+def _with_ids(g: types.ModuleType, lengths: list[int], dtype: Any = np.int64) -> Any:
+    """Element i: ``tokens`` = ``[n] * n`` for the given lengths, ``id`` the scalar ``i + 1``
+    (a Python int, or a numpy scalar of ``dtype`` when it is not int64)."""
+    elements = [
+        {
+            "tokens": np.full(n, n, np.int32),
+            "id": i + 1 if dtype is np.int64 else np.asarray(i + 1, dtype)[()],
+        }
+        for i, n in enumerate(lengths)
+    ]
+    return g.MapDataset.source(elements).to_iter_dataset()
+
+
+def _scalar_meta(g: types.ModuleType, lengths: list[int], **kw: Any) -> Any:
+    kw.setdefault("length_struct", {"tokens": 6, "id": 6})
+    return _cts(g, _with_ids(g, lengths, kw.pop("dtype", np.int64)), meta_features={"id"}, **kw)
+
+
 LENGTHS = [3, 5, 4, 8, 2, 7, 6, 1, 14, 2, 9, 4, 6]
+# Sequences 1..7 cycled: some shorter than, equal to and longer than a target of 6.
+CYCLE = [1 + k % 7 for k in range(15)]
 # Long remainders of `b` (elements 1, 5) and of `a` (element 5) with the other feature at 0.
 PAIRS = [(6, 2), (2, 9), (4, 5), (8, 3), (1, 1), (15, 2), (6, 4), (2, 4)]
 BOS = "REPLACE_FIRST_TOKEN_WITH_BOS"
@@ -135,6 +157,49 @@ PIPELINES: dict[str, Builder] = {
         ).to_iter_dataset(),
         length_struct={"e": 4},
     ),
+    "scalar_meta_id": lambda g: _scalar_meta(g, CYCLE),
+    "scalar_meta_id_no_split_of_full_length": lambda g: _scalar_meta(
+        g, CYCLE, split_full_length_features=False
+    ),
+    "scalar_meta_id_limits_rows": lambda g: _scalar_meta(
+        g, CYCLE, length_struct={"tokens": 6, "id": 2}, split_full_length_features=False
+    ),
+    "scalar_meta_id_first_and_int32": lambda g: _scalar_meta(
+        g, CYCLE[:11], length_struct={"id": 3, "tokens": 8}, dtype=np.int32
+    ),
+    "scalar_meta_id_fills_its_target_alone": lambda g: _scalar_meta(
+        g,
+        [2, 9, 3, 6, 1, 4],
+        length_struct={"tokens": 6, "id": 1},
+        split_full_length_features=False,
+    ),
+    "scalar_meta_id_with_bos": lambda g: _scalar_meta(
+        g,
+        CYCLE[:10],
+        split_full_length_features=False,
+        bos_handling=getattr(g.experimental.BOSHandling, BOS),
+        bos_features=("tokens",),
+        bos_token_id=1000,
+    ),
+    "only_meta_features": lambda g: _cts(
+        g,
+        g.MapDataset.source(
+            [{"id": i, "w": np.full(i % 3, i)} for i in range(9)]
+        ).to_iter_dataset(),
+        length_struct={"id": 3, "w": 4},
+        meta_features=("id", "w"),
+    ),
+    "full_length_elements_after_a_full_row": lambda g: _cts(
+        g,
+        _one(g, [2, 4, 6, 6, 3, 6, 3, 3, 5]),
+        length_struct={"a": 6},
+        split_full_length_features=False,
+    ),
+    "nothing_of_an_element_fits_after_one_feature_is_full": lambda g: _cts(
+        g,
+        _pairs(g, [(6, 1), (3, 0), (0, 2), (2, 0), (4, 4), (0, 0), (2, 1)]),
+        length_struct={"a": 6, "b": 4},
+    ),
     "after_shuffle_map_filter_then_batch": lambda g: _cts(
         g,
         g.MapDataset.range(40)
@@ -176,6 +241,17 @@ def test_grain_bug_inputs_conserve_tokens_where_grain_repeats_them(name: str) ->
     assert {f: _tokens(ours, f) for f in ("a", "b")} == expected
     theirs = list(itertools.islice(_cts(grain, _pairs(grain, pairs), **kw), 100))
     assert _tokens(theirs, "a") != expected["a"]
+
+
+def test_grain_repeats_a_non_meta_scalar_where_gristmill_places_it_once() -> None:
+    """Deliberate difference from Grain 0.2.18: a scalar that is not a meta feature is one
+    token; Grain writes it again in every row holding a remainder of its element."""
+    kw = {"length_struct": {"tokens": 6, "id": 4}}
+    ours = list(_cts(gm, _with_ids(gm, CYCLE[:9]), **kw))
+    theirs = list(_cts(grain, _with_ids(grain, CYCLE[:9]), **kw))
+    assert _tokens(ours, "id") == list(range(1, 10))
+    assert _tokens(theirs, "id") != list(range(1, 10))
+    assert _tokens(ours, "tokens") == _tokens(theirs, "tokens")
 
 
 def run(ds: Any) -> tuple[list[Any], list[Any]]:

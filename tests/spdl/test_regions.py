@@ -189,15 +189,16 @@ def test_killing_a_worker_is_reported():
 
 def test_unpicklable_stages_are_named_with_the_fix():
     target = defs.ProcessPoolExecutorConfig(max_workers=1, mp_context="spawn")
+    lock = threading.Lock()  # lambdas travel (cloudpickle); a lock does not
 
     def middle(b):
-        b.pipe(lambda x: x)
+        b.pipe(lambda x: (lock, x)[1])
 
     with pytest.raises(PipelineFailure) as info:
         list(region(target, middle=middle))
     message = str(info.value.exceptions[0])
     assert "mp_context='spawn'" in message
-    assert "define their ops at module level" in message
+    assert "creating them in the worker (or pass mp_context='fork')" in message
 
 
 def set_marker(value):
@@ -257,9 +258,10 @@ def test_unpicklable_stages_start_no_process():
         subprocess.run(["pgrep", "-f", "spawn_main"], capture_output=True, text=True).stdout.split()
     )
     target = defs.ProcessPoolExecutorConfig(max_workers=2, mp_context="spawn")
+    lock = threading.Lock()
 
     def middle(b):
-        b.pipe(lambda x: x)
+        b.pipe(lambda x: (lock, x)[1])
 
     with pytest.raises(PipelineFailure):
         list(region(target, middle=middle))

@@ -416,14 +416,18 @@ def test_torchs_cpu_generator_is_copied_when_torch_is_imported():
 
 @pytest.mark.usefixtures("no_new_children")
 def test_a_function_that_cannot_be_pickled_is_named_in_a_type_error():
-    with pytest.raises(TypeError, match=r"fn must be picklable .*'spawn'.*<lambda>"):
-        iterate_in_subprocess(lambda: [1])
+    lock = threading.Lock()  # lambdas travel (cloudpickle); a lock does not
+    with pytest.raises(TypeError, match=r"fn must be picklable .*'spawn'.*<lambda>.*lock"):
+        iterate_in_subprocess(lambda: [lock])
     with pytest.raises(TypeError, match=r"initializer must be picklable .*<lambda>"):
-        iterate_in_subprocess(fns.facts, initializer=[fns.set_marker, lambda: None])
+        iterate_in_subprocess(fns.facts, initializer=[fns.set_marker, lambda: lock])
 
 
 def test_a_config_that_cannot_be_pickled_is_named_in_a_type_error():
-    config = PipelineBuilder().add_source(range(3)).pipe(lambda x: x).add_sink(3).get_config()
+    lock = threading.Lock()
+    config = (
+        PipelineBuilder().add_source(range(3)).pipe(lambda x: (lock, x)[1]).add_sink(3).get_config()
+    )
     with pytest.raises(TypeError, match=r"config \(its source, ops .*must be picklable"):
         run_pipeline_in_subprocess(config, num_threads=1)
 

@@ -33,7 +33,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "grain.sharding": ("gristmill.sharding",),
     "grain.sources": ("gristmill.sources",),
     "grain.transforms": ("gristmill.transforms",),
-    "grain._src.core.config": ("gristmill.config",),
+    "grain._src.core.config": ("gristmill._src.core.config",),
     "grain._src.core.sharding": ("gristmill.sharding",),
     "grain._src.core.transforms": ("gristmill.transforms",),
     "grain._src.core.tree_lib": ("gristmill._src.core.tree",),

@@ -28,7 +28,7 @@ import xml.etree.ElementTree as ET
 HERE = pathlib.Path(__file__).resolve().parent
 TEST_TIMEOUT_S = 120
 
-_GRAIN_PACKAGE = '''"""The grain shim (tests/upstream/grain_shim.py): gristmill under grain's names."""
+_GRAIN_PACKAGE = '''"""The grain shim (tests/upstream/grain_shim.py): gristmill as grain."""
 import sys
 import grain_shim
 grain_shim.adopt(sys.modules[__name__])
@@ -38,24 +38,39 @@ _CONFTEST = '''"""Deselects the skip list (tests/upstream/grain_skips.py) and re
 import fnmatch
 import json
 import os
+import pathlib
 
 import grain_skips
 
+_IGNORED = {}
+
+
+def _reason(nodeid):
+    for pattern, why in grain_skips.SKIPS.items():
+        if fnmatch.fnmatchcase(nodeid, pattern):
+            return why
+    return None
+
+
+def pytest_ignore_collect(collection_path, config):
+    # a whole file listed (no "::"): not even imported, e.g. when it needs an absent package
+    relative = pathlib.Path(collection_path).relative_to(config.rootpath).as_posix()
+    reason = _reason(relative) if relative.endswith(".py") else None
+    if reason is not None:
+        _IGNORED[relative] = reason
+        return True
+    return None
+
 
 def pytest_collection_modifyitems(config, items):
-    keep, dropped = [], {}
+    keep, dropped = [], dict(_IGNORED)
     for item in items:
-        reason = next(
-            (why for pattern, why in grain_skips.SKIPS.items()
-             if fnmatch.fnmatchcase(item.nodeid, pattern)),
-            None,
-        )
+        reason = _reason(item.nodeid)
         if reason is None:
             keep.append(item)
         else:
             dropped[item.nodeid] = reason
     items[:] = keep
-    config.hook.pytest_deselected(items=[])
     with open(os.environ["GRISTMILL_UPSTREAM_DESELECTED"], "w") as f:
         json.dump({"collected": len(keep) + len(dropped), "deselected": dropped}, f)
 '''
@@ -96,9 +111,11 @@ def parse_junit(path: pathlib.Path) -> tuple[dict[str, str], dict[str, str]]:
             problem = case.find("error")
         if problem is not None:
             outcomes[name] = "failed"
-            messages[name] = (problem.get("message") or "").splitlines()[0][:300] if (
-                problem.get("message")
-            ) else ""
+            messages[name] = (
+                (problem.get("message") or "").splitlines()[0][:300]
+                if (problem.get("message"))
+                else ""
+            )
         elif case.find("skipped") is not None:
             outcomes[name] = "skipped"
         else:
@@ -132,8 +149,13 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
         env["GRISTMILL_GRAIN_WHEEL"] = str(root)
         env["GRISTMILL_UPSTREAM_DESELECTED"] = str(deselected_path)
         command = [
-            sys.executable, "-m", "pytest", "-q", "--continue-on-collection-errors",
-            f"--junitxml={junit}", *pytest_args,
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--continue-on-collection-errors",
+            f"--junitxml={junit}",
+            *pytest_args,
         ]
         proc = subprocess.run(command, cwd=tests, env=env, check=False)
         if not junit.exists():
@@ -141,7 +163,9 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
             return 2
         outcomes, messages = parse_junit(junit)
         deselected = json.loads(deselected_path.read_text()) if deselected_path.exists() else {}
-    counts = {k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")}
+    counts = {
+        k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "failed", "skipped")
+    }
     dropped = deselected.get("deselected", {})
     print(
         f"grain upstream suite: {copied} files, {deselected.get('collected', '?')} tests "
@@ -150,7 +174,9 @@ def run(pytest_args: list[str], json_path: str | None) -> int:
     for name, outcome in sorted(outcomes.items()):
         if outcome == "failed":
             print(f"upstream FAILED {name}")
-    print(f"grain: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    print(
+        f"grain: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
+    )
     if json_path:
         pathlib.Path(json_path).write_text(
             json.dumps(

@@ -17,9 +17,15 @@ def _structure(state: Any) -> Any:
     return type(state).__name__ if state is None else "value"
 
 
+def _decoded(state: Any) -> Any:
+    """A DataLoader iterator's state is its JSON already (bytes)."""
+    return json.loads(state) if isinstance(state, bytes) else state
+
+
 def assert_equal_output_after_checkpoint(ds: Any) -> None:
     """Checks ``ds``'s iterator checkpoints: restoring at every step continues exactly.
 
+    ``ds`` is a dataset or a ``DataLoader`` (whose states are JSON bytes).
     Iterates ``ds`` once, taking ``get_state()`` before every element; then, for every
     step, restores the (JSON round-tripped) state in a fresh iterator and compares the
     rest of its output with the uninterrupted run. Also checks that the state's key
@@ -38,15 +44,15 @@ def assert_equal_output_after_checkpoint(ds: Any) -> None:
         for element in it:
             outputs.append(element)
             states.append(it.get_state())
-    first = _structure(states[0])
+    first = _structure(_decoded(states[0]))
     for step, state in enumerate(states):
-        if _structure(state) != first:
+        if _structure(_decoded(state)) != first:
             raise AssertionError(
                 f"the state's key structure changed at step {step}: {state!r} has another "
                 f"shape than the initial {states[0]!r}"
             )
         try:
-            restored_state = json.loads(json.dumps(state))
+            restored_state = state if isinstance(state, bytes) else json.loads(json.dumps(state))
         except TypeError as e:
             raise AssertionError(f"the state at step {step} is not JSON-able: {e}") from None
         with iter(ds) as restored:

@@ -3,7 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import enum
+import logging
+
+_logger = logging.getLogger("gristmill")
+
+
+class MultiprocessingOrder(enum.Enum):
+    """The order in which ``mp_prefetch`` delivers what its worker processes compute.
+
+    Attributes:
+      PIPELINE: the pipeline's own order (as without workers), for any worker count; the
+        state is the pipeline's and restores under any worker count, or none.
+      GRAIN_PER_WORKER: Grain 0.2.18's order: worker ``i`` of ``W`` iterates the pipeline
+        on its slice ``i::W`` of the data (batching per worker), and the workers' outputs
+        are interleaved one at a time; the state is Grain's (an interleave's), so a state
+        Grain wrote for ``W`` workers restores here, under ``W`` workers only.
+    """
+
+    PIPELINE = "pipeline"
+    GRAIN_PER_WORKER = "grain_per_worker"
 
 
 @dataclasses.dataclass(slots=True)
@@ -24,14 +43,16 @@ class ReadOptions:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int >= 0, got {value!r}")
             if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}; use 0 to read inline")
+                raise ValueError(
+                    f"{name} must be non-negative, got {value!r}; use 0 to read inline"
+                )
         if 0 < self.prefetch_buffer_size < self.num_threads:
-            warnings.warn(
-                f"prefetch_buffer_size={self.prefetch_buffer_size} is smaller than "
-                f"num_threads={self.num_threads}, so some threads will idle; use a buffer of "
-                "at least num_threads elements",
-                UserWarning,
-                stacklevel=3,
+            # logged, as Grain does: a valid configuration, only a wasteful one
+            _logger.warning(
+                "prefetch_buffer_size=%d is smaller than num_threads=%d, so some threads will "
+                "idle; use a buffer of at least num_threads elements",
+                self.prefetch_buffer_size,
+                self.num_threads,
             )
 
 
@@ -44,11 +65,14 @@ class MultiprocessingOptions:
       per_worker_buffer_size: elements each worker may produce ahead.
       enable_profiling: log the pipeline's per-stage statistics (the ``gristmill.statistics``
         logger, INFO) every 60 s and at the end of the data.
+      order: a :class:`MultiprocessingOrder`: the pipeline's order (default) or Grain's
+        per-worker order and states.
     """
 
     num_workers: int = 0
     per_worker_buffer_size: int = 1
     enable_profiling: bool = False
+    order: MultiprocessingOrder = MultiprocessingOrder.PIPELINE
 
     def __post_init__(self) -> None:
         for name, low in (("num_workers", 0), ("per_worker_buffer_size", 1)):
@@ -57,3 +81,8 @@ class MultiprocessingOptions:
                 raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value!r}")
+        if not isinstance(self.order, MultiprocessingOrder):
+            raise TypeError(
+                f"order must be a gristmill.multiprocessing.MultiprocessingOrder, got "
+                f"{self.order!r}; e.g. order=MultiprocessingOrder.GRAIN_PER_WORKER"
+            )

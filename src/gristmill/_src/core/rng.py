@@ -56,3 +56,49 @@ class IndexedRng:
         self._key = state["key"]  # type: ignore[assignment]
         self._op_seed = state["op_seed"]  # type: ignore[assignment]
         self._local = threading.local()
+
+
+class RngPool:
+    """Reusable per-index generators for ``seed`` (Grain's ``RngPool``).
+
+    ``acquire_rng(index, op_seed=...)`` returns a generator positioned as ``IndexedRng``
+    positions it: the same ``(seed, op_seed, index)`` always gives the same draws.
+    ``release_rng`` hands it back for reuse; a released generator must not be used again.
+    A pool pickles as its seed.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self._seed = seed
+        self._key = np.random.Philox(seed).state["state"]["key"].copy()
+        self._free: list[np.random.Generator] = []
+        self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[type[RngPool], tuple[int]]:
+        return (RngPool, (self._seed,))
+
+    def acquire_rng(self, index: int, *, op_seed: int = 0) -> np.random.Generator:
+        """A generator for element ``index`` of the op seeded ``op_seed``, at its start."""
+        with self._lock:
+            generator = self._free.pop() if self._free else None
+        if generator is None:
+            generator = np.random.Generator(np.random.Philox(key=self._key))
+        generator.bit_generator.state = {
+            "bit_generator": "Philox",
+            "state": {
+                "counter": np.array([0, 0, op_seed, index], dtype=np.uint64),
+                "key": self._key,
+            },
+            "buffer": np.zeros(4, dtype=np.uint64),
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
+        return generator
+
+    def release_rng(self, rng: np.random.Generator) -> None:
+        """Returns ``rng`` to the pool."""
+        with self._lock:
+            self._free.append(rng)
+
+    def __repr__(self) -> str:
+        return f"RngPool(seed={self._seed!r})"

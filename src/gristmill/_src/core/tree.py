@@ -8,7 +8,7 @@ insertion order of the first element (Grain 0.2.18 without jax).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,26 +40,27 @@ def map_structure(fn: Callable[..., Any], *trees: Any) -> Any:
 
 
 def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
-    """Like :func:`map_structure`, with each leaf's path (a tuple of keys and indices) as the
-    first argument of ``fn``.
+    """Like :func:`map_structure`, calling ``fn(path, *leaves)``: ``path`` is the tuple of
+    keys and indices from the root to the leaf (``()`` for a leaf at the top).
 
-    >>> map_structure_with_path(lambda path, x: (path, x), {"a": [5]})
-    {'a': [(('a', 0), 5)]}
+    >>> map_structure_with_path(lambda p, a, b: (p, a + b), {"x": [1, 2], "y": 3},
+    ...                         {"x": [10, 20], "y": 30})
+    {'x': [(('x', 0), 11), (('x', 1), 22)], 'y': (('y',), 33)}
     """
-    return _map_with_path(fn, trees, ())
+    paths = iter(_paths(trees[0], ()))
+    return _map(lambda *leaves: fn(next(paths), *leaves), trees, "")
 
 
-def _map_with_path(fn: Callable[..., Any], trees: Sequence[Any], prefix: tuple[Any, ...]) -> Any:
-    first = trees[0]
-    if isinstance(first, Mapping):
-        items = [(k, _map_with_path(fn, [t[k] for t in trees], (*prefix, k))) for k in first.keys()]
-        return _rebuild_mapping(first, items)
-    if isinstance(first, (list, tuple)):
-        children = [
-            _map_with_path(fn, [t[i] for t in trees], (*prefix, i)) for i in range(len(first))
-        ]
-        return type(first)(*children) if _is_namedtuple(first) else type(first)(children)
-    return fn(prefix, *trees)
+def _paths(tree: Any, prefix: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+    """The paths of ``tree``'s leaves, in the order ``_map`` visits them."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _paths(value, (*prefix, i))
+    else:
+        yield prefix
 
 
 def _mismatch(path: str, what: str) -> ValueError:

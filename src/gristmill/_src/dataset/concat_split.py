@@ -11,6 +11,10 @@ opens it, ``remainder_slices`` the ``(start, stop)`` of that element still to pl
 feature (``(-1, -1)`` when it is a fresh element), and the counter how many rows of the
 build were returned. Restoring re-reads that element, rebuilds and skips the returned rows.
 
+A row is closed only by an element that does not fit, as in Grain: once a row is full the
+next element is read, and with ``split_full_length_features=False`` the full-length elements
+met before that one come out with the row. Scalars are sequences of one token.
+
 Grain's behaviour is reproduced as observed, with one quirk kept: in
 ``REPLACE_FIRST_TOKEN_WITH_BOS`` mode a piece with no tokens still writes the BOS token at its
 start (Grain raises IndexError when that start is the end of the row; we skip it).
@@ -21,7 +25,9 @@ fits) and the meta features, and nothing else; each feature then goes on from it
 so every token is placed exactly once, in order. Grain 0.2.18 cuts the other features at
 index ``stop - start`` of the element instead: a feature partly placed already (``start >
 0``) is repeated or skipped from there (with ``a[3:5]`` left over, it writes no ``a`` and
-then ``a[2:5]``: ``a[2]`` twice). Where every other feature starts at 0 both agree.
+then ``a[2:5]``: ``a[2]`` twice). Where every other feature starts at 0 both agree. In the
+same way a scalar feature that is not a meta feature is placed once; Grain writes it again
+in every row holding a remainder of its element.
 """
 
 from __future__ import annotations
@@ -115,9 +121,6 @@ class _Row:
                 array[start] = spec.bos_token
             self.fills[feature] = stop
 
-    def is_full(self) -> bool:
-        return all(self.fills[f] == self._spec.targets[f] for f in self._spec.segmented)
-
     def output(self) -> dict[Any, np.ndarray]:
         out: dict[Any, np.ndarray] = {}
         for feature in self._spec.targets:
@@ -132,22 +135,24 @@ class ConcatThenSplitIterDataset(IterDataset[Any]):
     """Concatenates the elements' features and cuts them into rows of fixed lengths.
 
     Elements are dicts with exactly the features of ``length_struct``, each an array whose
-    first axis is the sequence. Sequences are appended to the current row; one that does not
-    fit is split and its rest opens the next row. Each row has ``<f>`` (padded with 0),
-    ``<f>_segment_ids`` (1-based piece number, 0 on padding) and ``<f>_positions`` (0-based
-    within the piece), int32. Meta features are never split: they are copied whole into each
-    row that holds part of their element, get no segment ids, and an element whose meta
-    features do not fit starts a new row.
+    first axis is the sequence, or a scalar (a sequence of one token, e.g. an example id).
+    Sequences are appended to the current row; one that does not fit is split and its rest
+    opens the next row. Each row has ``<f>`` (padded with 0), ``<f>_segment_ids`` (1-based
+    piece number, 0 on padding) and ``<f>_positions`` (0-based within the piece), int32. Meta
+    features are never split: they are copied whole into each row that holds part of their
+    element, get no segment ids, and an element whose meta features do not fit starts a new
+    row. Every feature may be a meta feature: rows then hold whole elements.
 
     Args:
       parent: dataset of dicts of numpy arrays.
       length_struct: feature -> target length (int >= 1).
       meta_features: features of ``length_struct`` copied whole, never split.
       split_full_length_features: if False, an element filling some feature exactly (and
-        exceeding none) is not split but returned alone, after the row being filled.
+        exceeding none; meta features count, as in Grain) is not split but returned alone,
+        after the row being filled, including one read once that row is full.
       bos_handling: ``BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS`` writes ``bos_token_id`` over
         the first token of every piece of ``bos_features``, continuations included.
-      bos_features: features whose pieces start with the BOS token.
+      bos_features: features whose pieces start with the BOS token (not meta features).
       bos_token_id: the BOS token (required with ``REPLACE_FIRST_TOKEN_WITH_BOS``).
 
     Raises:
@@ -163,6 +168,15 @@ class ConcatThenSplitIterDataset(IterDataset[Any]):
     [[1, 2, 3, 1], [2, 3, 4, 5], [1, 2, 0, 0]]
     >>> [row["t_segment_ids"].tolist() for row in rows]
     [[1, 1, 1, 2], [1, 1, 1, 1], [1, 1, 0, 0]]
+
+    A scalar meta feature keeps the id of each element in the rows it spans:
+
+    >>> ds = gm.MapDataset.source([{"t": np.arange(1, n + 1), "id": i} for i, n in
+    ...                            enumerate((3, 5), 1)])
+    >>> rows = gm.experimental.ConcatThenSplitIterDataset(
+    ...     ds.to_iter_dataset(), length_struct={"t": 4, "id": 2}, meta_features=("id",))
+    >>> [(row["t"].tolist(), row["id"].tolist()) for row in rows]
+    [([1, 2, 3, 1], [1, 2]), ([2, 3, 4, 5], [2, 0])]
     """
 
     def __init__(
@@ -190,11 +204,6 @@ class ConcatThenSplitIterDataset(IterDataset[Any]):
             for key, size in length_struct.items()
         }
         meta = _names(meta_features, "meta_features", owner, targets)
-        if len(meta) == len(targets):
-            raise ValueError(
-                f"{owner}: meta_features {sorted(map(str, meta))} cover every feature of "
-                "length_struct; at least one feature must be split into rows"
-            )
         split_full = validation.check_bool(
             split_full_length_features, f"{owner}: split_full_length_features"
         )
@@ -216,6 +225,12 @@ class ConcatThenSplitIterDataset(IterDataset[Any]):
                 f"BOSHandling.REPLACE_FIRST_TOKEN_WITH_BOS, got bos_handling={bos_handling}, "
                 f"bos_token_id={bos_token_id!r}, bos_features={bos_features!r}; set "
                 "bos_handling or remove them"
+            )
+        if bos & meta:
+            raise ValueError(
+                f"{owner}: bos_features and meta_features must not overlap, got "
+                f"{sorted(map(str, bos & meta))} in both; meta features are copied whole, so "
+                "remove them from bos_features"
             )
         self._spec = _Spec(owner, targets, meta, split_full, bos, bos_token_id)
 
@@ -261,19 +276,16 @@ class _ConcatSplitIterator(ForwardingIterator):
             missing = [f for f in spec.targets if f not in element]
             extra = [f for f in element if f not in spec.targets]
             raise ValueError(
-                f"{spec.owner}: every element must have exactly the features of length_struct "
-                f"{list(spec.targets)}; missing {missing}, not in length_struct {extra}; drop "
-                "or add features with a map first"
+                f"{spec.owner}: Parent element has structure {list(element)} but every "
+                f"element must have exactly the features of length_struct {list(spec.targets)}; "
+                f"missing {missing}, not in length_struct {extra}; drop or add features with a "
+                "map first"
             )
         values = {}
         for feature, target in spec.targets.items():
-            value = element[feature]
-            if not isinstance(value, (np.ndarray, list, tuple)) or np.ndim(value) == 0:
-                raise TypeError(
-                    f"{spec.owner}: feature {feature!r} must be an array with a sequence axis, "
-                    f"got {type(value).__name__} {value!r}; e.g. np.asarray([...])"
-                )
-            value = np.asarray(value)
+            value = np.asarray(element[feature])
+            if value.ndim == 0:  # a scalar is a sequence of one token, as in Grain
+                value = value.reshape(1)
             if feature in spec.meta and len(value) > target:
                 raise ValueError(
                     f"{spec.owner}: meta feature {feature!r} has length {len(value)}, longer "
@@ -296,6 +308,12 @@ class _ConcatSplitIterator(ForwardingIterator):
         return self._check(element), before
 
     # -- building rows ----------------------------------------------------------------
+    def _full_length(self, element: dict[Any, np.ndarray]) -> bool:
+        """Whether some feature, meta features included as in Grain, is exactly at its target
+        and none is longer."""
+        lengths = [(len(element[f]), target) for f, target in self._spec.targets.items()]
+        return all(n <= t for n, t in lengths) and any(n == t for n, t in lengths)
+
     def _alone(self, element: dict[Any, np.ndarray]) -> dict[Any, np.ndarray]:
         row = _Row(self._spec)
         row.add(element)
@@ -347,28 +365,30 @@ class _ConcatSplitIterator(ForwardingIterator):
             rest, slices = self._rest, self._rest_slices
             row.add({f: v if f in spec.meta else v[slice(*slices[f])] for f, v in rest.items()})
             self._rest = None
+        # As Grain, reading goes on past a full row until an element does not fit: the
+        # full-length elements met on the way come out with this build, and the element
+        # that does not fit opens the next one (whole, if none of it was placed).
         held = []
-        while not row.is_full():
+        while True:
             read = self._read()
             if read is None:
                 break
             element, before = read
-            lengths = {f: len(element[f]) for f in spec.segmented}
-            if (
-                not spec.split_full
-                and all(n <= spec.targets[f] for f, n in lengths.items())
-                and any(n == spec.targets[f] for f, n in lengths.items())
-            ):
+            if not spec.split_full and self._full_length(element):
                 held.append(self._alone(element))
                 continue
             if any(len(element[f]) > spec.targets[f] - row.fills[f] for f in spec.meta):
                 self._pending, self._pending_state = element, before
                 break
+            lengths = {f: len(element[f]) for f in spec.segmented}
             room = {f: spec.targets[f] - row.fills[f] for f in spec.segmented}
             if all(n <= room[f] for f, n in lengths.items()):
                 row.add(element)
                 continue
             takes = {f: min(n, room[f]) for f, n in lengths.items()}
+            if not any(takes.values()):
+                self._pending, self._pending_state = element, before
+                break
             row.add({f: v if f in spec.meta else v[: takes[f]] for f, v in element.items()})
             self._rest, self._rest_state = element, before
             self._rest_slices = {f: (takes[f], n) for f, n in lengths.items()}

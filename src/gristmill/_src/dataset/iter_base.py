@@ -245,7 +245,9 @@ class DatasetIterator(Generic[T], abc.ABC):
     """An iterator with ``get_state()`` / ``set_state()``; ``close()`` releases resources."""
 
     def __init__(self, parents: DatasetIterator[Any] | Sequence[DatasetIterator[Any]] = ()) -> None:
-        if isinstance(parents, DatasetIterator):
+        if isinstance(parents, DatasetIterator) or (
+            hasattr(parents, "__next__") and not isinstance(parents, Sequence)
+        ):  # one parent: ours, or any iterator with get_state/set_state (as Grain allows)
             parents = (parents,)
         self._parents: tuple[DatasetIterator[Any], ...] = tuple(parents)
         self._closed = False

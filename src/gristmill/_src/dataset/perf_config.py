@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import logging
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -14,9 +17,9 @@ from gristmill._src.core import validation
 from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import IterDataset
-from gristmill._src.dataset.prefetch import ThreadPrefetchIterDataset
 from gristmill._src.dataset.to_iter import PrefetchIterDataset
 
+_logger = logging.getLogger("gristmill")
 _MAX_BUFFER = 1000
 _MB = 1024 * 1024
 
@@ -30,23 +33,42 @@ class PerformanceConfig:
 
 
 def element_nbytes(element: Any) -> int:
-    """Approximate memory of an element tree: array/bytes payloads plus object overheads."""
+    """An element tree's payload: array bytes, plus ``sys.getsizeof`` of other leaves."""
     if isinstance(element, np.ndarray):
         return int(element.nbytes)
     if isinstance(element, Mapping):
-        return sum(element_nbytes(v) for v in element.values()) + sys.getsizeof(element)
+        return sum(element_nbytes(v) for v in element.values())
     if isinstance(element, (list, tuple)):
-        return sum(element_nbytes(v) for v in element) + sys.getsizeof(element)
+        return sum(element_nbytes(v) for v in element)
     return sys.getsizeof(element)
 
 
-def _count_prefetch_nodes(ds: Any) -> int:
-    stack, count = [ds], 0
-    while stack:
-        node = stack.pop()
-        count += isinstance(node, (PrefetchIterDataset, ThreadPrefetchIterDataset))
-        stack.extend(node.parents)
-    return max(count, 1)
+def _prefetch_parents(ds: Any) -> list[Any]:
+    """The datasets ``to_iter_dataset`` nodes read (their elements are not yet batched)."""
+    if isinstance(ds, PrefetchIterDataset):
+        return [ds.parents[0]]
+    return [p for parent in ds.parents for p in _prefetch_parents(parent)]
+
+
+def _average_mb(datasets: list[Any], samples: int) -> float:
+    """The mean size (MB) of ``ceil(samples / len(datasets))`` elements of each; 0 when
+    there are fewer than ``samples`` in all (as Grain: the caller falls back to its cap)."""
+    if not datasets:
+        return 0.0
+    per_dataset = math.ceil(samples / len(datasets))
+    sizes: list[int] = []
+    for ds in datasets:
+        iterator = iter(ds)
+        try:
+            sizes.extend(element_nbytes(e) for e in itertools.islice(iterator, per_dataset))
+        finally:
+            close = getattr(iterator, "close", None)
+            if callable(close):
+                close()
+    if len(sizes) < samples:
+        _logger.warning("pick_performance_config: not enough elements to sample")
+        return 0.0
+    return float(np.mean(sizes)) / _MB
 
 
 def pick_performance_config(
@@ -59,13 +81,14 @@ def pick_performance_config(
 ) -> PerformanceConfig:
     """Workers and buffer sizes that keep prefetched elements within ``ram_budget_mb``.
 
-    Reads ``samples_to_check`` elements to estimate their size ``s`` (MB); then
-    ``num_workers = min(ram / s, max_workers or cpu_count)`` and
-    ``prefetch_buffer_size = min(ram / (s * prefetch nodes), max_buffer_size or 1000)``.
+    Reads ``samples_to_check`` elements of ``ds`` to estimate their size ``s`` (MB):
+    ``num_workers = min(ram / s, max_workers or cpu_count)``. The buffer is sized from the
+    elements that the ``to_iter_dataset`` nodes read (``s'``, sampled across the ``p``
+    nodes): ``prefetch_buffer_size = min(ram / (s' * p), max_buffer_size or 1000)``. A size
+    that cannot be measured falls back to the cap.
     """
     validation.check_int_in_range(samples_to_check, "samples_to_check", low=1)
-    cpu_count = os.cpu_count() or 1
-    workers_cap = cpu_count if max_workers is None else max_workers
+    workers_cap = (os.cpu_count() or 1) if max_workers is None else max_workers
     buffer_cap = _MAX_BUFFER if max_buffer_size is None else max_buffer_size
     if ram_budget_mb is None:
         return PerformanceConfig(
@@ -74,17 +97,16 @@ def pick_performance_config(
         )
     if not ram_budget_mb > 0:
         raise ValueError(f"ram_budget_mb must be > 0 or None, got {ram_budget_mb!r}")
-    sizes = []
     iter_ds = ds.to_iter_dataset() if isinstance(ds, MapDataset) else ds
-    with iter(iter_ds) as elements:
-        for _ in range(samples_to_check):
-            try:
-                sizes.append(element_nbytes(next(elements)))
-            except StopIteration:
-                break
-    average_mb = max(float(np.mean(sizes)) / _MB, 1e-9) if sizes else 1e-9
-    workers = max(1, min(int(ram_budget_mb / average_mb), workers_cap))
-    buffer = max(1, min(int(ram_budget_mb / (average_mb * _count_prefetch_nodes(ds))), buffer_cap))
+    element_mb = _average_mb([iter_ds], samples_to_check)
+    workers = workers_cap if element_mb <= 0 else min(int(ram_budget_mb / element_mb), workers_cap)
+    readers = _prefetch_parents(ds)
+    read_mb = _average_mb(readers, samples_to_check)
+    if read_mb <= 0:
+        buffer = buffer_cap
+    else:
+        buffer = min(int(ram_budget_mb / (read_mb * len(readers))), buffer_cap)
+    workers, buffer = max(1, workers), max(1, buffer)
     return PerformanceConfig(
         MultiprocessingOptions(num_workers=workers),
         ReadOptions(num_threads=min(16, buffer), prefetch_buffer_size=buffer),

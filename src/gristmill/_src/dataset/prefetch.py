@@ -36,15 +36,22 @@ class ThreadPrefetchIterDataset(IterDataset[Any]):
                 f"parent must be an IterDataset, got {parent!r}; call "
                 "ds.to_iter_dataset() on a MapDataset first"
             )
+        if isinstance(prefetch_buffer_size, int) and prefetch_buffer_size < 0:
+            raise ValueError(  # Grain's wording, which its users' tests match
+                "`prefetch_buffer_size` must be greater than or equal to 0, got "
+                f"{prefetch_buffer_size!r}; use 0 to disable it"
+            )
         self._buffer_size = validation.check_int_in_range(
             prefetch_buffer_size, "prefetch_buffer_size", low=0, fix="; use 0 to disable it"
         )
         self._profile_every_s: float | None = None  # set by mp_prefetch(enable_profiling)
+        self._reads_grain_mp_states = False  # set by mp_prefetch: see grain_mp_state
 
     def __iter__(self) -> ThreadPrefetchDatasetIterator:
         iterator = ThreadPrefetchDatasetIterator(iter(self._parent), self._buffer_size)
         if self._profile_every_s is not None:
             iterator._profiler = PeriodicReporter(iterator.statistics, self._profile_every_s)
+        iterator._reads_grain_mp_states = self._reads_grain_mp_states
         return iterator
 
     @property
@@ -53,6 +60,46 @@ class ThreadPrefetchIterDataset(IterDataset[Any]):
 
     def __str__(self) -> str:
         return f"ThreadPrefetchIterDataset(prefetch_buffer_size={self._buffer_size})"
+
+
+_GRAIN_MP_KEYS = frozenset(
+    {
+        "next_index_in_cycle",
+        "next_index_in_datasets",
+        "iterators_in_use_indices",
+        "iterators_in_use_states",
+        "exhausted",
+        "future_states",
+    }
+)
+
+
+def grain_mp_state(state: Any, own: dict[str, Any]) -> Any:
+    """The pipeline's state in a state Grain's ``mp_prefetch`` wrote, else ``state``.
+
+    Grain's ``mp_prefetch`` state is an interleave's over its workers. With one worker, the
+    worker's state is the pipeline's own (what gristmill writes), so it restores exactly.
+    With several, Grain's per-worker order has no position in the pipeline's order: that
+    is a ValueError naming the option that reproduces it. A pipeline whose own state is an
+    interleave's (``own``, its current state, has those keys) takes ``state`` as its own.
+    """
+    if not isinstance(state, dict) or set(state) != _GRAIN_MP_KEYS:
+        return state
+    if set(own) >= _GRAIN_MP_KEYS:
+        return state
+    workers = state["iterators_in_use_states"]
+    if isinstance(workers, list) and len(workers) == 1 and isinstance(workers[0], dict):
+        return workers[0]
+    count = len(workers) if isinstance(workers, list) else workers
+    raise ValueError(
+        f"this state was written by Grain's mp_prefetch with {count} worker processes (an "
+        "interleave of per-worker states: 'iterators_in_use_states'): Grain slices the data "
+        "per worker and interleaves the workers' outputs, an order in which the position "
+        "does not exist for this pipeline's mp_prefetch (the pipeline's order). Restore it "
+        f"with MultiprocessingOptions(num_workers={count}, "
+        "order=gristmill.multiprocessing.MultiprocessingOrder.GRAIN_PER_WORKER), which "
+        "reproduces Grain's order and states"
+    )
 
 
 def _producer(parent: DatasetIterator[Any]) -> Any:
@@ -76,6 +123,7 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
         self._counters = StageCounters("thread prefetch", 1, prefetch_buffer_size)
         self._guard = ConsumerGuard()  # set_state from another thread: a clear error
         self._profiler: PeriodicReporter | None = None  # logs statistics (enable_profiling)
+        self._reads_grain_mp_states = False  # mp_prefetch's: see grain_mp_state
 
     def _start(self) -> BackgroundProducer:
         if self._producer is None:
@@ -130,6 +178,8 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
+        if self._reads_grain_mp_states:
+            state = grain_mp_state(state, self._parent.get_state())
         with self._guard.repositioning(self):
             if self._producer is not None:
                 self._producer.close()
@@ -218,7 +268,7 @@ def mp_prefetch(
     picklable (module level); a source holding an open file or connection should pickle
     only its path (``__getstate__``) and reopen lazily in the worker.
     """
-    from gristmill._src.core.options import MultiprocessingOptions
+    from gristmill._src.core.options import MultiprocessingOptions, MultiprocessingOrder
     from gristmill._src.dataset.lowering import lower
     from gristmill._src.dataset.to_iter import ProcessBackend
 
@@ -237,6 +287,12 @@ def mp_prefetch(
     if options.num_workers == 0:
         return ds
     workers = options.num_workers
+    if options.order is MultiprocessingOrder.GRAIN_PER_WORKER:
+        from gristmill._src.dataset.process_prefetch import multiprocess_prefetch
+
+        return multiprocess_prefetch(
+            ds, workers, options.per_worker_buffer_size, worker_init_fn, sequential_slice
+        )
     buffer_size = workers * max(options.per_worker_buffer_size, MP_MIN_WORKER_BUFFER)
     backend = ProcessBackend(workers, worker_init_fn, mp_context)
     lowered = lower(ds, workers, buffer_size, backend)
@@ -253,4 +309,5 @@ def mp_prefetch(
     )
     if options.enable_profiling:  # per-stage statistics logged, as upstream logs profiles
         prefetched._profile_every_s = PROFILE_INTERVAL_S
+    prefetched._reads_grain_mp_states = True
     return prefetched

@@ -14,9 +14,10 @@ stage stops (a worker killed mid-task, results never read after an early close) 
 then.
 
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
-with its text) plus the worker's formatted traceback, located at its element like any read
-failure. A worker that dies is reported within ``_POLL_S`` as a RuntimeError naming the
-worker and its exit code. Closing stops the workers: asked, then terminated, then killed.
+with its text), with the worker's frames as its traceback and its formatted traceback as a
+note, located at its element like any read failure. A worker that dies is reported within
+``_POLL_S`` as a RuntimeError naming the worker and its exit code. Closing stops the
+workers: asked, then terminated, then killed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from gristmill._src.engine import shm
+from gristmill._src.engine import remote_traceback, sending, shm
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
@@ -91,22 +92,24 @@ def _worker_main(
     index: int,
     count: int,
     work: bytes,
-    worker_init_fn: Callable[[int, int], Any] | None,
+    worker_init_fn: bytes,
     conn: Any,
     shm_prefix: str | None = None,
 ) -> None:
     """One worker: runs the tasks it receives until told to stop.
 
     ``work`` unpickles to a ``RangeFeed`` (tasks are index ranges ``(start, size)``) or to an
-    element function (tasks are ``(start, size, payload, segments)``: the input values).
+    element function (tasks are ``(start, size, payload, segments)``: the input values);
+    ``worker_init_fn`` to the user's function or None (both cloudpickled: :mod:`sending`).
     """
     segments = shm.counter()
     # Ctrl-C reaches the whole process group: the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        if worker_init_fn is not None:
-            worker_init_fn(index, count)
-        job: Any = pickle.loads(work)
+        init = sending.loads(worker_init_fn)
+        if init is not None:
+            init(index, count)
+        job: Any = sending.loads(work)
     except BaseException as error:
         _send_failure(conn, 0, error)
         return
@@ -141,8 +144,9 @@ def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ())
         payload = pickle.dumps(error)
     except Exception:
         payload = None
+    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__)]
     with contextlib.suppress(Exception):
-        conn.send(("error", list(values), payload, text))
+        conn.send(("error", list(values), payload, text, frames))
 
 
 class ProcessCore(Core):
@@ -185,19 +189,21 @@ class ProcessCore(Core):
             else cast(StreamFeed, feed).fn
         )
         try:
-            payload = pickle.dumps(work)
+            payload = sending.dumps(work)
+            init = sending.dumps(self._worker_init_fn)
         except Exception as error:
             raise TypeError(
                 f"the pipeline of {name!r} cannot be sent to worker processes: {error}. "
-                "Its sources and transformations must be picklable (module-level functions "
-                "and classes); open files and connections lazily in the worker"
+                "Its sources and transformations must be picklable by cloudpickle (functions "
+                "and lambdas are; locks, open files, connections and generators are not): "
+                "open files and connections lazily in the worker"
             ) from error
         for index in range(count):
             parent, child = self._context.Pipe()
             prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
             process = self._context.Process(
                 target=_worker_main,
-                args=(index, count, payload, self._worker_init_fn, child, prefix),
+                args=(index, count, payload, init, child, prefix),
                 name=f"gristmill[{name}]-worker{index}",
                 daemon=True,
             )
@@ -264,12 +270,13 @@ class ProcessCore(Core):
             except Exception as decode_error:
                 return Chunk(task.start, [], decode_error)
             return task.chunk(values, task.upstream_error)
-        _, values, payload, text = reply
+        _, values, payload, text, frames = reply
         error: BaseException
         try:
             error = pickle.loads(payload) if payload is not None else RuntimeError(text)
         except Exception:
             error = RuntimeError(text)
+        remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
         error.add_note(f"Raised in worker process {index}:\n{text.rstrip()}")
         return Chunk(task.start, values, error)
 

@@ -27,7 +27,8 @@ from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
-from gristmill._src.loader import sharding
+from gristmill._src.loader import operations, sharding
+from gristmill._src.loader.pack_and_batch import PackAndBatchIterDataset, PackAndBatchOperation
 from gristmill._src.loader.samplers import IndexSampler
 
 STATE_VERSION = 2
@@ -152,6 +153,14 @@ def _data(record: Record[Any]) -> Any:
 
 
 def _apply(ds: IterDataset[Any], operation: Any) -> IterDataset[Any]:
+    if isinstance(operation, PackAndBatchOperation):
+        return PackAndBatchIterDataset(ds, operation)
+    if type(operation) is operations.BatchOperation:  # a subclass runs as an operation
+        operation = transforms.Batch(
+            operation.batch_size,
+            drop_remainder=operation.drop_remainder,
+            batch_fn=operation.batch_fn,
+        )
     if isinstance(operation, transforms.Batch):
         return ds.batch(
             operation.batch_size,
@@ -169,9 +178,12 @@ def _apply(ds: IterDataset[Any], operation: Any) -> IterDataset[Any]:
         (transforms.Map, transforms.RandomMap, transforms.TfRandomMap, transforms.MapWithIndex),
     ) or callable(getattr(operation, "map", None)):
         return ds.map(_OnData(operation))
+    if callable(operation):
+        return operations.OperationIterDataset(ds, operation)
     raise TypeError(
-        f"operations must be Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex or "
-        f"Batch objects, got {operation!r}"
+        f"operations must be Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex, "
+        f"Batch or PackAndBatchOperation objects, or legacy operations (callables from an "
+        f"iterator of Records to an iterator of Records, e.g. MapOperation), got {operation!r}"
     )
 
 
@@ -198,7 +210,10 @@ class DataLoader:
       sampler: an ``IndexSampler``, ``SequentialSampler`` or any object whose
         ``__getitem__(g)`` returns a ``RecordMetadata`` (raising IndexError past the end).
       operations: ``Map``, ``RandomMap`` (the record's RNG), ``Filter``, ``FlatMap``,
-        ``MapWithIndex`` (the record's global sampler index) and ``Batch`` objects, in order.
+        ``MapWithIndex`` (the record's global sampler index), ``Batch`` and
+        ``PackAndBatchOperation`` objects, in order; any other callable is a legacy
+        operation (``MapOperation``, ``BatchOperation``, …: an iterator of Records in, an
+        iterator of Records out). A ``BatchOperation`` runs as the equivalent ``Batch``.
       worker_count: worker processes (``None``: the CPU count; 0: this process).
       worker_buffer_size: elements each worker may produce ahead (at least).
       shard_options: which shard to read; ``None`` takes the sampler's.
@@ -265,10 +280,22 @@ class DataLoader:
 
 
 class DataLoaderIterator:
-    """Iterates a :class:`DataLoader`; ``get_state()`` is Grain's version-2 JSON (bytes)."""
+    """Iterates a :class:`DataLoader`; ``get_state()`` is Grain's version-2 JSON (bytes).
 
-    def __init__(self, loader: DataLoader) -> None:
+    ``iter(loader)`` makes one. Made directly (Grain's signature), ``state`` is a state dict
+    (the parsed JSON of ``get_state()``) to start from, and ``validate_state=False`` skips the
+    checks that it was taken under the same worker count, sampler and source.
+    """
+
+    def __init__(
+        self,
+        data_loader: DataLoader,
+        state: dict[str, Any] | None = None,
+        validate_state: bool = True,
+    ) -> None:
+        loader = data_loader
         self._loader = loader
+        self._validate = validation.check_bool(validate_state, "validate_state")
         self._iterator: DatasetIterator[Any] = iter(loader._dataset)
         # enable_profiling: per-stage statistics logged every PROFILE_INTERVAL_S and at the
         # end of the data (any worker count; upstream profiles workers only).
@@ -277,6 +304,8 @@ class DataLoaderIterator:
             if loader._enable_profiling
             else None
         )
+        if state is not None:
+            self._set_state_dict(state)
 
     def __iter__(self) -> DataLoaderIterator:
         return self
@@ -319,7 +348,14 @@ class DataLoaderIterator:
         self.set_state(text.encode())
 
     def close(self) -> None:
+        """Stops the workers and threads behind this iterator; idempotent."""
         self._iterator.close()
+
+    def __enter__(self) -> DataLoaderIterator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _records_consumed(self) -> int:
         """How many records (of this shard) the delivered elements came from."""
@@ -346,7 +382,8 @@ class DataLoaderIterator:
         state = {
             "version": STATE_VERSION,
             "last_seen_indices": last_seen,
-            "last_worker_index": (consumed - 1) % count if workers else -1,
+            # Grain: the worker whose output comes next, minus one (-1 after a full cycle)
+            "last_worker_index": consumed % count - 1 if workers else -1,
             "worker_count": workers,
             "sampler": repr(loader._sampler),
             "data_source": _source_repr(loader._source),
@@ -354,13 +391,16 @@ class DataLoaderIterator:
         return json.dumps(state, indent=4).encode()
 
     def set_state(self, state: bytes) -> None:
-        loader = self._loader
         try:
             data = json.loads(state)
         except (TypeError, ValueError) as error:
             raise ValueError(
                 f"a DataLoader state must be the JSON bytes of get_state(), got {state!r:.80}"
             ) from error
+        self._set_state_dict(data)
+
+    def _set_state_dict(self, data: Any) -> None:
+        loader = self._loader
         if self._native():
             self._iterator.set_state(data)
             return
@@ -376,24 +416,8 @@ class DataLoaderIterator:
             raise ValueError(
                 f"a DataLoader state must have the keys {sorted(expected)}, got {data!r:.200}"
             )
-        if data["worker_count"] != loader._worker_count:
-            raise ValueError(
-                "Worker count in checkpoint does not match dataloader worker count.\n"
-                f"worker count in checkpoint: {data['worker_count']}\n"
-                f"worker count in dataloader: {loader._worker_count}"
-            )
-        if data["sampler"] != repr(loader._sampler):
-            raise ValueError(
-                "Sampler in checkpoint does not match dataloader sampler.\n"
-                f"sampler in checkpoint: {data['sampler']}\n"
-                f"sampler in dataloader: {loader._sampler!r}"
-            )
-        if data["data_source"] != _source_repr(loader._source):
-            raise ValueError(
-                "DataSource in checkpoint does not match datasource in dataloader.\n"
-                f"data source in checkpoint: {data['data_source']}\n"
-                f"data source in dataloader: {_source_repr(loader._source)}"
-            )
+        if self._validate:
+            _check_same_loader(loader, data)
         s, c = loader._shard_options.shard_index, loader._shard_options.shard_count
         count = max(loader._worker_count, 1)
         stride = count * c
@@ -406,6 +430,28 @@ class DataLoaderIterator:
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"
+
+
+def _check_same_loader(loader: DataLoader, data: dict[str, Any]) -> None:
+    """A state restores only under the worker count, sampler and source it was taken with."""
+    if data["worker_count"] != loader._worker_count:
+        raise ValueError(
+            "Worker count in checkpoint does not match dataloader worker count.\n"
+            f"worker count in checkpoint: {data['worker_count']}\n"
+            f"worker count in dataloader: {loader._worker_count}"
+        )
+    if data["sampler"] != repr(loader._sampler):
+        raise ValueError(
+            "Sampler in checkpoint does not match dataloader sampler.\n"
+            f"sampler in checkpoint: {data['sampler']}\n"
+            f"sampler in dataloader: {loader._sampler!r}"
+        )
+    if data["data_source"] != _source_repr(loader._source):
+        raise ValueError(
+            "DataSource in checkpoint does not match datasource in dataloader.\n"
+            f"data source in checkpoint: {data['data_source']}\n"
+            f"data source in dataloader: {_source_repr(loader._source)}"
+        )
 
 
 def _source_repr(source: Any) -> str:

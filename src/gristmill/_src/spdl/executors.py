@@ -8,7 +8,8 @@ stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_execu
   processes), as upstream does;
 - a failure comes back as ``RuntimeError("Function failed in subprocess: <type>: <message>
   (<file>:<line>:<function>)")``, naming where it was raised: the worker's traceback does
-  not survive the trip (upstream's message).
+  not survive the trip (upstream's message);
+- the op is sent with cloudpickle (as SPDL does), so a lambda or a local function works.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from gristmill._src.engine.sending import ByValue
 
 
 def check_executor(executor: Any) -> None:
@@ -55,7 +58,9 @@ def on_executor(
     if isinstance(executor, concurrent.futures.ProcessPoolExecutor) or getattr(
         executor, "runs_in_processes", False
     ):
-        target = functools.partial(located, target)
+        # A process pool pickles each call with plain pickle: the op goes by value
+        # (cloudpickled once), so lambdas and local functions run there too.
+        target = functools.partial(located, ByValue(target))
     submit = executor.submit
 
     def call(item: Any) -> Any:

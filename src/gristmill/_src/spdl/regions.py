@@ -28,10 +28,9 @@ import pickle
 import queue
 import threading
 import traceback
-from collections.abc import Callable
 from typing import Any
 
-from gristmill._src.engine import shm
+from gristmill._src.engine import sending, shm
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
@@ -91,18 +90,21 @@ class RegionStream:
                 return
             self._started = True
             context = worker_context(self._target.mp_context, [__name__])
+            work: Any = (self._span, self._target.initializer, tuple(self._target.initargs))
             if context.get_start_method() != "fork":
-                # Pickled for the workers: check it here, before a child starts and waits
-                # for data that never comes.
+                # Cloudpickled for the workers (lambdas and local functions travel): here,
+                # before a child starts and waits for data that never comes.
                 try:
-                    pickle.dumps((self._span, self._target.initializer, self._target.initargs))
+                    work = sending.dumps(work)
                 except Exception as error:
                     self._fail(
                         TypeError(
                             f"could not start the workers of {self._name}: {error}. With "
                             f"mp_context={context.get_start_method()!r} the region's stages "
-                            "are pickled: define their ops at module level (or pass "
-                            "mp_context='fork')"
+                            "are pickled (with cloudpickle: lambdas and local functions "
+                            "are fine): keep locks, open files, generators and other "
+                            "unpicklable objects out of their ops, creating them in the "
+                            "worker (or pass mp_context='fork')"
                         )
                     )
                     self._finished = set(range(self._workers))
@@ -114,9 +116,7 @@ class RegionStream:
                     target=worker_main,
                     args=(
                         index,
-                        self._span,
-                        self._target.initializer,
-                        tuple(self._target.initargs),
+                        work,
                         self._max_failures,
                         self._name,
                         inbox,
@@ -348,21 +348,23 @@ def _transfers(inbox: Any) -> Any:
 
 def worker_main(
     index: int,
-    span: tuple[Any, ...],
-    initializer: Callable[..., object] | None,
-    initargs: tuple[Any, ...],
+    work: bytes | tuple[Any, ...],
     max_failures: Any,
     name: str,
     inbox: Any,
     results: Any,
     shm_prefix: str | None = None,
 ) -> None:
-    """One worker: runs ``span`` over the transfers in ``inbox``, outputs to ``results``
-    (large arrays in shared-memory segments named ``shm_prefix-<n>``)."""
+    """One worker: runs the region's span over the transfers in ``inbox``, outputs to
+    ``results`` (large arrays in shared-memory segments named ``shm_prefix-<n>``).
+
+    ``work`` is ``(span, initializer, initargs)``, cloudpickled unless the worker was forked.
+    """
     from gristmill._src.engine.streams import IteratorStream, iterate_chunks
     from gristmill._src.spdl.builder import _Lowering
 
     try:
+        span, initializer, initargs = sending.loads(work) if isinstance(work, bytes) else work
         if initializer is not None:
             initializer(*initargs)
         concurrency = sum(getattr(stage, "concurrency", 1) for stage in span)

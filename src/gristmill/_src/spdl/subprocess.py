@@ -16,14 +16,13 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import numbers
-import pickle
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from gristmill._src.core import validation
-from gristmill._src.engine import reaper
+from gristmill._src.engine import reaper, sending
 from gristmill._src.spdl import subprocess_worker as proto
 from gristmill._src.spdl.arena import (
     ARENAS,
@@ -191,12 +190,16 @@ def launch(
             f"{arena!r}; large buffers travel through shared memory (/dev/shm) either way"
         )
     try:
+        # cloudpickled while the worker starts (lambdas and local functions travel, so do
+        # objects shared through inheritance); a failure starts no child
         worker = WorkerHandle(
-            context, (fn, initializers), buffer_size=buffer_size, timeout=timeout, daemon=daemon
+            context,
+            sending.ForChild((fn, initializers)),
+            buffer_size=buffer_size,
+            timeout=timeout,
+            daemon=daemon,
         )
-    except (pickle.PicklingError, TypeError, AttributeError) as error:
-        # multiprocessing pickles the arguments (unless it forks), so objects made to be
-        # shared with a child (locks, queues, values) reach it as well
+    except Exception as error:
         unpicklable = _unpicklable(context, fn, what, initializers, error)
         if unpicklable is None:
             raise
@@ -259,18 +262,17 @@ def _unpicklable(
     initializers: list[Callable[[], Any]],
     error: Exception,
 ) -> TypeError | None:
-    """The TypeError naming what could not be pickled to start the worker, or None when the
-    objects pickle and ``error`` came from elsewhere."""
+    """The TypeError naming what could not be cloudpickled to start the worker, or None
+    when the objects pickle and ``error`` came from elsewhere."""
     for name, obj in [(what, fn), *(("initializer", init) for init in initializers)]:
-        try:
-            pickle.dumps(obj, -1)
-        except Exception:
+        if sending.picklable_error(obj) is not None:
             shown = repr(obj)
             shown = shown if len(shown) <= 200 else shown[:200] + "..."
             return TypeError(
-                f"{name} must be picklable to reach the worker subprocess (start method "
-                f"{context.get_start_method()!r}), but pickling {shown} failed: "
-                f"{type(error).__name__}: {error}; use a module-level function (not a lambda "
-                "or a local function) and bind its arguments with functools.partial"
+                f"{name} must be picklable (by cloudpickle) to reach the worker subprocess "
+                f"(start method {context.get_start_method()!r}), but pickling {shown} "
+                f"failed: {type(error).__name__}: {error}; keep locks, open files, "
+                "generators and other unpicklable objects out of it (create them in the "
+                "worker, e.g. in fn or an initializer), or use mp_context='fork'"
             )
     return None

@@ -79,6 +79,15 @@ class WorkerHandle:
         self._lock = threading.Lock()  # the reaper and the exit hook may race to shut down
         _LIVE.add(self)
 
+    @property
+    def exitcode(self) -> int | None:
+        """The worker's exit code; None while it runs."""
+        try:
+            code: int | None = self._process.exitcode
+        except ValueError:  # closed after it was reaped: it ran to an end we reported
+            return None
+        return code
+
     def send(self, command: bytes) -> None:
         with contextlib.suppress(OSError):  # a dead worker is reported by the next receive
             self._commands.send_bytes(command)
@@ -142,7 +151,7 @@ class WorkerHandle:
 
     def child_error(self, payload: Any) -> RuntimeError:
         """The RuntimeError for an error the worker reported; shuts the worker down."""
-        phase, type_name, message, text, pickled = payload
+        phase, type_name, message, text, pickled, _ = payload
         summary = (
             f"{_spdl_words(phase)}: the worker subprocess failed while {phase}: "
             f"{type_name}: {message}"

@@ -2,7 +2,8 @@
 
 The two processes talk over two one-way pipes. The parent sends short commands: ``c`` (a
 credit: the parent took one message, so one more may be sent), ``i<n>`` (iterate the
-iterable again, as generation ``n``), ``x<n>`` (generation ``n`` was abandoned) and ``s``
+iterable again, as generation ``n``; ``i<n>\0<pickle>`` starts the pass at a position:
+``iterable.iter_from(position)``), ``x<n>`` (generation ``n`` was abandoned) and ``s``
 (stop). The worker sends pickled ``(kind, generation, payload)`` messages, each spending a
 credit, so at most ``buffer_size`` messages are ever in flight. A worker out of credits waits
 on the command pipe together with its parent's sentinel, so the bound costs no polling, and
@@ -26,12 +27,13 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from gristmill._src.engine import shm
+from gristmill._src.engine import sending, shm
 
 READY = "ready"  # fn() returned: the worker waits for commands
 ITEM = "item"
 END = "end"  # the iteration of a generation is over
-ERROR = "error"  # payload: (phase, type name, message, traceback text, pickled exception)
+ERROR = "error"  # payload: (phase, type name, message, traceback text, pickled exception,
+#                           the traceback's frames as (filename, line number, function name))
 
 CREDIT = b"c"
 STOP = b"s"
@@ -74,9 +76,14 @@ class _Channel:
             self._pending.append(raw)
 
     def _interrupts(self, generation: int) -> bool:
-        """Whether a queued command ends ``generation`` (a stop, a new pass, its abandon)."""
+        """Whether a queued command ends ``generation`` (a stop, a new pass, its abandon).
+
+        A pass requested before the worker reported READY (generation 0) does not cancel
+        that report: the parent waits for it before it reads the pass.
+        """
         ends = ABANDON + str(generation).encode()
-        return any(c in (STOP, ends) or c.startswith(ITERATE) for c in self._pending)
+        new_pass = generation != 0
+        return any(c in (STOP, ends) or (new_pass and c.startswith(ITERATE)) for c in self._pending)
 
     def send(self, message: bytes, generation: int) -> bool:
         """Sends ``message`` once a credit is free; False (not sent) if a command ended
@@ -113,18 +120,20 @@ class _Channel:
             pickled: bytes | None = pickle.dumps(error, -1)
         except Exception:  # the traceback text still says everything
             pickled = None
-        payload = (phase, type(error).__name__, str(error), text, pickled)
+        frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__)]
+        payload = (phase, type(error).__name__, str(error), text, pickled, frames)
         return self.post(ERROR, generation, payload)
 
 
 def worker_main(
-    payload: tuple[Callable[[], Iterable[Any]], list[Callable[[], Any]]],
+    payload: Any,
     commands: Connection,
     data: Connection,
     buffer_size: int,
     shm_prefix: str | None = None,
 ) -> None:
-    """The worker process's entry point (``payload``: ``fn`` and the initializers)."""
+    """The worker process's entry point (``payload``: ``fn`` and the initializers, in a
+    :class:`sending.ForChild`, or as they are)."""
     # Ctrl-C in a terminal reaches the whole process group: the parent decides when the
     # worker stops (it stops it on KeyboardInterrupt), so the worker ignores SIGINT.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -137,11 +146,9 @@ def worker_main(
     data.close()
 
 
-def _start(
-    payload: tuple[Callable[[], Iterable[Any]], list[Callable[[], Any]]], channel: _Channel
-) -> Iterable[Any] | None:
+def _start(payload: Any, channel: _Channel) -> Iterable[Any] | None:
     """Runs the initializers and ``fn()``; the iterable, or None after reporting a failure."""
-    fn, initializers = payload
+    fn, initializers = sending.received(payload)
     for init in initializers:
         try:
             init()
@@ -149,7 +156,7 @@ def _start(
             channel.post_error(0, f"running the initializer {_name(init)}", error)
             return None
     try:
-        iterable = fn()
+        iterable: Iterable[Any] = fn()
     except BaseException as error:
         channel.post_error(0, "calling fn() to create the iterable", error)
         return None
@@ -163,14 +170,23 @@ def _serve(iterable: Iterable[Any], channel: _Channel) -> None:
         if command == STOP:
             return
         if command.startswith(ITERATE):
-            _iterate(iterable, int(command[1:]), channel)
+            number, _, position = command[1:].partition(b"\0")
+            _iterate(iterable, int(number), channel, pickle.loads(position) if position else None)
         # an abandon of a pass that is already over needs nothing
 
 
-def _iterate(iterable: Iterable[Any], generation: int, channel: _Channel) -> None:
+def iterate_command(generation: int, position: Any = None) -> bytes:
+    """The command starting pass ``generation`` (at ``position``: see the module doc)."""
+    command = ITERATE + str(generation).encode()
+    return command if position is None else command + b"\0" + pickle.dumps(position, -1)
+
+
+def _iterate(
+    iterable: Iterable[Any], generation: int, channel: _Channel, position: Any = None
+) -> None:
     """Sends one pass over ``iterable``, until its end, an error or a command ending it."""
     try:
-        iterator = iter(iterable)
+        iterator = iter(iterable) if position is None else iterable.iter_from(position)  # type: ignore[attr-defined]
     except BaseException as error:
         channel.post_error(generation, "calling iter() on the iterable fn() returned", error)
         return

@@ -1,0 +1,167 @@
+"""Grain's process prefetching (ProcessPrefetchIterDataset, multiprocess_prefetch) and
+mp_prefetch's worker behaviour: worker frames in errors, restarts, no inlining."""
+
+import gc
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+import gristmill as gm
+from gristmill._src.dataset.process_prefetch import (
+    ProcessPrefetchIterDataset,
+    multiprocess_prefetch,
+)
+from gristmill.multiprocessing import MultiprocessingOrder
+
+
+@pytest.fixture(autouse=True)
+def no_children_left():
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+
+
+def as_lists(it):
+    return [np.asarray(x).tolist() for x in it]
+
+
+def strip(state):
+    return {k: v for k, v in state.items() if k != "__gristmill__"}
+
+
+def test_process_prefetch_gives_the_parent_elements_and_states():
+    ds = gm.MapDataset.range(10).to_iter_dataset().map(lambda x: x * 3)
+    it = iter(ProcessPrefetchIterDataset(ds, buffer_size=2))
+    states, values = [], []
+    for _ in range(6):
+        states.append(it.get_state())
+        values.append(next(it))
+    assert values == [0, 3, 6, 9, 12, 15]
+    assert [strip(s) for s in states] == [{"next_index": i} for i in range(6)]
+    it.set_state(states[2])  # the same worker, a new pass; nothing stale
+    assert [next(it) for _ in range(3)] == [6, 9, 12]
+    fresh = iter(ProcessPrefetchIterDataset(ds, buffer_size=2))
+    fresh.set_state(states[4])
+    assert list(fresh) == [12, 15, 18, 21, 24, 27]
+    it.close()
+    fresh.close()
+
+
+def test_process_prefetch_set_state_keeps_its_worker_process():
+    ds = gm.MapDataset.range(10).to_iter_dataset().map(lambda _: os.getpid())
+    it = iter(ProcessPrefetchIterDataset(ds, buffer_size=1))
+    first = {next(it) for _ in range(3)}
+    state = it.get_state()
+    next(it)
+    it.set_state(state)
+    assert {next(it) for _ in range(3)} == first
+    assert os.getpid() not in first
+    it.close()
+
+
+def nested_c(x):
+    if x == 3:
+        raise KeyError("element 3")
+    return x
+
+
+def nested_b(x):
+    return nested_c(x)
+
+
+@pytest.mark.parametrize("where", ["process_prefetch", "mp_prefetch"])
+def test_a_worker_error_keeps_its_type_and_the_worker_frames(where):
+    ds = gm.MapDataset.range(8).to_iter_dataset().map(nested_b)
+    if where == "process_prefetch":
+        ds = ProcessPrefetchIterDataset(ds, buffer_size=1)
+    else:
+        ds = ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1))
+    it = iter(ds)
+    try:
+        for _ in range(5):
+            next(it)
+    except KeyError as error:
+        names = [frame.name for frame in traceback.extract_tb(error.__traceback__)]
+    else:
+        pytest.fail("the worker's KeyError was not raised")
+    assert names[-2:] == ["nested_b", "nested_c"]
+    it.close()
+
+
+def test_a_worker_that_exits_is_reported_with_its_exit_code():
+    ds = gm.MapDataset.range(4).to_iter_dataset().map(lambda _: sys.exit(7))
+    with pytest.raises(RuntimeError, match="terminated unexpectedly with exit code 7"):
+        list(ProcessPrefetchIterDataset(ds, buffer_size=1))
+
+
+def test_an_unpicklable_dataset_is_named_before_a_worker_starts():
+    generator = (i for i in range(3))
+    ds = gm.MapDataset.range(4).to_iter_dataset().map(lambda x: (generator, x)[1])
+    with pytest.raises(TypeError, match="generator") as info:
+        list(ProcessPrefetchIterDataset(ds, buffer_size=1))
+    assert any("cannot be pickled!" in note for note in info.value.__notes__)
+
+
+def test_buffer_size_must_be_positive():
+    with pytest.raises(ValueError, match="`buffer_size` must be greater than 0, got 0"):
+        ProcessPrefetchIterDataset(gm.MapDataset.range(2).to_iter_dataset(), buffer_size=0)
+
+
+@pytest.mark.parametrize(
+    ("sequential", "expected"),
+    [(False, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]), (True, [0, 4, 7, 1, 5, 8, 2, 6, 9, 3])],
+)
+def test_multiprocess_prefetch_interleaves_per_worker_slices(sequential, expected):
+    ds = gm.MapDataset.range(10).to_iter_dataset()
+    assert list(multiprocess_prefetch(ds, 3, sequential_slice=sequential)) == expected
+
+
+def test_grain_per_worker_order_batches_per_worker_and_restores():
+    def make():
+        options = gm.MultiprocessingOptions(
+            num_workers=2, order=MultiprocessingOrder.GRAIN_PER_WORKER
+        )
+        return gm.MapDataset.range(12).to_iter_dataset().batch(2).mp_prefetch(options)
+
+    it = iter(make())
+    head = [np.asarray(next(it)).tolist() for _ in range(3)]
+    assert head == [[0, 2], [1, 3], [4, 6]]
+    state = it.get_state()
+    restored = iter(make())
+    restored.set_state(state)
+    assert as_lists(restored) == as_lists(it) == [[5, 7], [8, 10], [9, 11]]
+
+
+def test_the_order_option_must_be_the_enum():
+    with pytest.raises(TypeError, match=r"order must be a gristmill\.multiprocessing"):
+        gm.MultiprocessingOptions(num_workers=2, order="grain")
+
+
+def test_one_cheap_worker_still_computes_off_the_consumer_process():
+    ds = gm.MapDataset.range(200).to_iter_dataset().map(lambda _: os.getpid())
+    pids = set(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1)))
+    assert len(pids) == 1
+    assert os.getpid() not in pids
+
+
+def test_repeat_after_mp_prefetch_and_set_state_leave_no_stale_output():
+    base = gm.MapDataset.range(5).to_iter_dataset().map(lambda x: x * 10)
+    ds = gm.experimental.RepeatIterDataset(
+        base.mp_prefetch(gm.MultiprocessingOptions(num_workers=2)), num_epochs=3
+    )
+    it = iter(ds)
+    head = [next(it) for _ in range(7)]
+    assert head == [0, 10, 20, 30, 40, 0, 10]
+    state = it.get_state()
+    tail = list(it)
+    assert tail == [20, 30, 40, 0, 10, 20, 30, 40]
+    it.set_state(state)
+    assert list(it) == tail

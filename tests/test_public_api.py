@@ -94,6 +94,8 @@ EXPECTED = {
         "PriorityExecutorEntrypoint",
         "PriorityProcessPoolExecutor",
         "PriorityThreadPoolExecutor",
+        "ProcessGroupResourceUsage",
+        "ProcessGroupStatsMonitor",
         "ProfileHook",
         "ProfileResult",
         "QueuePerfStats",

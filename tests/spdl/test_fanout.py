@@ -165,3 +165,16 @@ def test_a_merged_pipeline_has_no_state_yet():
 def test_bad_fanout_configs(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+def test_a_merge_of_continuous_and_finite_sources_is_rejected_at_build():
+    continuous = PipelineBuilder().add_source(range(3), continuous=True).add_sink(3)
+    finite = PipelineBuilder().add_source(range(3)).add_sink(3)
+    nested = defs.PipelineConfig(
+        src=defs.Merge([finite.get_config()]), pipes=[], sink=defs.SinkConfig(3)
+    )
+    config = defs.PipelineConfig(
+        src=defs.Merge([continuous.get_config(), nested]), pipes=[], sink=defs.SinkConfig(3)
+    )
+    with pytest.raises(ValueError, match="Mixed continuous mode is not supported"):
+        build_pipeline(config, num_threads=1)

@@ -1,15 +1,19 @@
 """gristmill.pipeline behaviour beyond parity: the S1 and S6 fixes, timeouts, bad input,
 clean shutdown, statistics."""
 
+import asyncio
+import contextlib
+import fractions
 import gc
 import logging
 import re
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 
-from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
+from gristmill.pipeline import PipelineBuilder, PipelineFailure, TaskHook, defs
 
 
 def gristmill_threads():
@@ -211,7 +215,7 @@ def test_statistics_name_every_stage():
     names = [s.name for s in pipeline.statistics().stages]
     assert names[0].endswith(":0:src")
     assert names[1].endswith(":1:absolute[2]")
-    assert names[2].endswith(":2:aggregate(5)")
+    assert names[2].endswith(":2:aggregate(op=collate(5), drop_last=False)")
 
 
 def test_config_objects_are_readable():
@@ -219,7 +223,38 @@ def test_config_objects_are_readable():
         PipelineBuilder().add_source(range(3)).pipe(abs, concurrency=2).add_sink(4).get_config()
     )
     assert config.sink == defs.SinkConfig(4)
-    assert "PipeConfig(name='abs'" in repr(config.pipes[0])
+    assert repr(config.pipes[0]) == "abs(concurrency=2)"  # SPDL's: a builtin has no file
+
+
+def _double(x):
+    return 2 * x
+
+
+def test_config_reprs_are_spdls_short_multiline_layout():
+    source = list(range(100_000))
+    inner = PipelineBuilder().add_source(source).pipe(_double, concurrency=3).add_sink(5)
+    merged = defs.MergeConfig((inner.get_config(),))
+    outer = defs.PipelineConfig(
+        src=merged, pipes=[defs.Aggregate(2), defs.Disaggregate()], sink=defs.SinkConfig(1)
+    )
+    where = f"{__file__}:{_double.__code__.co_firstlineno}"
+    assert repr(outer).split("\n") == [
+        "PipelineConfig",
+        " - Source:",
+        "   MergeConfig(",
+        "     Pipeline 1:",
+        "       PipelineConfig",
+        f"        - Source: SourceConfig(source=<list object at 0x{id(source):x}>)",
+        "        - Pipes:",
+        f"          - _double(concurrency=3, op={_double.__module__}._double at {where})",
+        "        - Sink: SinkConfig(buffer_size=5)",
+        "   )",
+        " - Pipes:",
+        "   - aggregate(op=collate(2), drop_last=False)",
+        "   - disaggregate",
+        " - Sink: SinkConfig(buffer_size=1)",
+    ]
+    assert len(repr(defs.SourceConfig(source))) < 100  # never the items
 
 
 def test_record_rng_depends_only_on_seed_epoch_and_index():
@@ -333,3 +368,194 @@ def test_a_stage_that_hangs_times_out_and_stop_still_returns():
     assert time.monotonic() - began < 5
     release.set()  # the stuck call returns; then nothing is left running
     assert wait_for_no_threads()
+
+
+class _CountingHook(TaskHook):
+    def __init__(self):
+        self.stages = [0, 0]  # entered, exited
+        self.tasks = 0
+
+    @contextlib.asynccontextmanager
+    async def stage_hook(self):
+        self.stages[0] += 1
+        yield  # no try/finally: the exit must run normally (not through GeneratorExit)
+        self.stages[1] += 1
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self, input_item=None):
+        self.tasks += 1
+        yield
+
+
+async def _async_identity(x):
+    return x
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_task_hooks_cover_aggregate_and_disaggregate_stages_as_in_spdl(drop_last):
+    infos, hooks = [], {}
+
+    def factory(info):
+        infos.append(info)
+        hooks[info.stage_name.split("(")[0]] = hook = _CountingHook()
+        return [hook]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(_async_identity)
+        .aggregate(4, drop_last=drop_last)
+        .disaggregate()
+        .add_sink(20)
+        .build(num_threads=1, task_hook_factory=factory)
+    )
+    with pipeline.auto_stop():
+        assert list(pipeline.get_iterator(timeout=30)) == list(range(8 if drop_last else 10))
+    assert [str(info).split(":", 1)[1] for info in infos] == [  # after the pipeline id
+        "1:_async_identity",
+        f"2:aggregate(op=collate(4), drop_last={drop_last})",
+        "3:disaggregate",
+    ]
+    assert all(info.concurrency is None for info in infos)  # SPDL's, for concurrency 1
+    assert hooks["_async_identity"].tasks == 10
+    assert hooks["aggregate"].tasks == (10 if drop_last else 11)  # the flush is a task
+    assert hooks["disaggregate"].tasks == (2 if drop_last else 3)  # one per input list
+    assert all(hook.stages == [1, 1] for hook in hooks.values())
+
+
+def test_drop_last_does_not_call_a_custom_aggregators_flush():
+    class Pairs(defs.Aggregator):
+        flushes: ClassVar[list[bool]] = []  # shared by the stage's copy of the aggregator
+
+        def __init__(self):
+            self.items = []
+
+        def accumulate(self, item):
+            self.items.append(item)
+            if len(self.items) == 2:
+                out, self.items = self.items, []
+                return out
+            return None
+
+        def flush(self):
+            self.flushes.append(True)
+            return self.items or None
+
+    for drop_last, expected in ((True, [[0, 1], [2, 3]]), (False, [[0, 1], [2, 3], [4]])):
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(5))
+            .aggregate(Pairs(), drop_last=drop_last)
+            .add_sink(3)
+            .build(num_threads=1)
+        )
+        assert list(pipeline) == expected
+    assert Pairs.flushes == [True]  # only without drop_last
+
+
+class _NotAContextManager(TaskHook):
+    async def stage_hook(self):  # missing @contextlib.asynccontextmanager
+        yield
+
+    @contextlib.asynccontextmanager
+    async def task_hook(self, input_item=None):
+        yield
+
+
+class _SyncGeneratorHook(_NotAContextManager):
+    def stage_hook(self):  # neither async nor decorated
+        yield
+
+
+@pytest.mark.parametrize("hook_class", [_NotAContextManager, _SyncGeneratorHook])
+def test_a_stage_hook_that_is_no_async_context_manager_fails_the_build(hook_class):
+    builder = PipelineBuilder().add_source(range(3)).pipe(abs).add_sink(3)
+    with pytest.raises(ValueError, match=r"stage_hook\(\)` of .* must return an async context"):
+        builder.build(num_threads=1, task_hook_factory=lambda _: [hook_class()])
+
+
+async def _sleep_tenths(i):
+    await asyncio.sleep(i / 20)
+    return i
+
+
+def test_an_async_stage_in_completion_order_delivers_each_item_as_it_finishes():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(list(reversed(range(10))))
+        .pipe(_sleep_tenths, concurrency=10, output_order="completion")
+        .add_sink(100)
+        .build(num_threads=1)
+    )
+    with pipeline.auto_stop():
+        assert list(pipeline.get_iterator(timeout=30)) == list(range(10))
+
+
+class _Repeat:
+    """A callable object whose ``__call__`` is a generator: each output is an item."""
+
+    def __call__(self, x):
+        yield x
+        yield x + 10
+
+
+def test_a_callable_object_with_a_generator_call_yields_items():
+    pipeline = PipelineBuilder().add_source(range(3)).pipe(_Repeat()).add_sink(10)
+    assert list(pipeline.build(num_threads=1)) == [0, 10, 1, 11, 2, 12]
+
+
+def test_a_pipeline_failures_subgroup_is_a_pipeline_failure():
+    def failing():
+        yield 1
+        raise ValueError("source failed")
+
+    pipeline = PipelineBuilder().add_source(failing()).pipe(abs).add_sink(3).build(num_threads=1)
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    sub = info.value.subgroup(ValueError)
+    assert isinstance(sub, PipelineFailure)
+    assert [type(e) for e in sub.exceptions] == [ValueError]
+    matched, rest = info.value.split(ValueError)
+    assert isinstance(matched, PipelineFailure)
+    assert rest is None
+
+
+def _fail_on_multiples_of_5(x):
+    if x % 5 == 0:
+        raise ValueError(f"multiple of 5: {x}")
+    return x
+
+
+def test_a_failure_rate_over_its_limit_fails_once_probation_ends_even_on_a_success():
+    # 20 failures in 100 items, all before the 100th invocation (a success): over 15 %
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .pipe(_fail_on_multiples_of_5, max_failures=fractions.Fraction(3, 20))
+        .add_sink(1)
+        .build(num_threads=1)
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert "failed 20 times out of 100 invocations (20.0%)" in str(info.value.exceptions[0])
+
+
+def test_a_stage_on_its_own_executor_runs_its_concurrency_beyond_num_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(4)
+
+    def meet(x):
+        barrier.wait(timeout=30)  # breaks unless 4 calls run at once
+        return x
+
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(8))
+            .pipe(meet, executor=executor, concurrency=4)
+            .add_sink(1)
+            .build(num_threads=1)
+        )
+        with pipeline.auto_stop():
+            assert sorted(pipeline.get_iterator(timeout=60)) == list(range(8))

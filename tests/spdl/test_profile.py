@@ -41,7 +41,11 @@ def test_each_stage_is_benchmarked_at_spdl_concurrencies():
         lambda b: b.disaggregate(),
     )
     results = profile_pipeline(cfg, num_inputs=20)
-    assert [r.name for r in results] == ["plus_one", "aggregate(5)", "disaggregate"]
+    assert [r.name for r in results] == [
+        "plus_one",
+        "aggregate(op=collate(5), drop_last=False)",
+        "disaggregate",
+    ]
     assert [[s.concurrency for s in r.stats] for r in results] == [[32, 16, 8, 4, 1], [1], [1]]
     for result in results:
         assert isinstance(result, ProfileResult)
@@ -71,7 +75,7 @@ def test_the_callback_gets_each_stage_result_as_it_is_ready():
         callback=got.append,
     )
     assert got == results
-    assert [r.name for r in got] == ["plus_one", "aggregate(2)"]
+    assert [r.name for r in got] == ["plus_one", "aggregate(op=collate(2), drop_last=False)"]
 
 
 def test_the_hook_runs_around_everything_and_each_run():
@@ -91,7 +95,12 @@ def test_the_hook_runs_around_everything_and_each_run():
             log.append("end")
 
     profile_pipeline(config(lambda b: b.aggregate(2)), num_inputs=4, hook=Hook())
-    assert log == ["begin", ("enter", "aggregate(2)", 1), ("exit", "aggregate(2)", 1), "end"]
+    assert log == [
+        "begin",
+        ("enter", "aggregate(op=collate(2), drop_last=False)", 1),
+        ("exit", "aggregate(op=collate(2), drop_last=False)", 1),
+        "end",
+    ]
 
 
 @pytest.mark.parametrize(("rank", "runs"), [("1", False), ("3", False), ("0", True), (None, True)])
@@ -116,7 +125,10 @@ def test_a_stage_budget_does_not_apply_while_profiling(caplog):
     cfg = config(lambda b: b.pipe(fails_on_3, max_failures=0), lambda b: b.aggregate(100))
     with caplog.at_level(logging.CRITICAL, logger="gristmill.pipeline"):
         results = profile_pipeline(cfg, num_inputs=6)
-    assert [r.name for r in results] == ["fails_on_3", "aggregate(100)"]
+    assert [r.name for r in results] == [
+        "fails_on_3",
+        "aggregate(op=collate(100), drop_last=False)",
+    ]
 
 
 def test_an_empty_source_or_stage_output_is_an_error():
@@ -141,3 +153,21 @@ def test_bad_arguments(kwargs, error, match):
     arguments = {"cfg": config(lambda b: b.pipe(plus_one)), **kwargs}
     with pytest.raises(error, match=match):
         profile_pipeline(arguments.pop("cfg"), **arguments)
+
+
+def test_a_merge_profiles_each_merged_pipeline_then_the_stages_after_it():
+    from gristmill.pipeline import defs
+
+    first = config(lambda b: b.pipe(plus_one, name="first"))
+    second_seen = Seen()
+    second = config(lambda b: b.pipe(second_seen, name="second"))
+    after = Seen()
+    cfg = defs.PipelineConfig(
+        src=defs.Merge([first, second]),
+        pipes=[defs.Pipe(after, name="after")],
+        sink=defs.SinkConfig(3),
+    )
+    results = profile_pipeline(cfg, num_inputs=4)
+    assert [r.name for r in results] == ["first", "second", "after"]
+    # the stage after the merge is fed both pipelines' outputs
+    assert sorted(after.inputs[-8:]) == sorted([*range(1, 5), *range(4)])

@@ -24,7 +24,7 @@ from gristmill.pipeline import (
 )
 
 LINE = re.compile(
-    r"^\[(?P<name>\S+_queue)\]\tProcessed +(?P<items>\d+) items in +[\d.]+ \[ ?(us|ms|sec)\] "
+    r"^\[(?P<name>[^\t]+_queue)\]\tProcessed +(?P<items>\d+) items in +[\d.]+ \[ ?(us|ms|sec)\] "
     r"\(QPS: +(?P<qps>[\d.]+)\) Ave wait time: put: +[\d.]+ \[ ?\w+\], get \(by next stage\): "
     r"+[\d.]+ \[ ?\w+\]\. P90: put: +[\d.]+ \[ ?\w+\], get: +[\d.]+ \[ ?\w+\]\. "
     r"P99: put: +[\d.]+ \[ ?\w+\], get: +[\d.]+ \[ ?\w+\]\. Occupancy rate: (?P<occupancy>\d+)%$"
@@ -103,7 +103,7 @@ def test_stage_ids_follow_build_stage_id(caplog):
     _, lines = run_logged(caplog, builder, stage_id=5)
     assert list(lines) == [
         "5:src_queue",
-        "6:aggregate(2)_queue",
+        "6:aggregate(op=collate(2), drop_last=False)_queue",
         "7:disaggregate_queue",
         "8:sink_queue",
     ]
@@ -217,7 +217,7 @@ class Lifecycle(AsyncQueue):
 BOUNDARIES = [
     ("0:src_queue", 2),
     ("1:plus_one_queue", 2),
-    ("2:aggregate(2)_queue", 2),
+    ("2:aggregate(op=collate(2), drop_last=False)_queue", 2),
     ("3:sink_queue", 5),
 ]
 
@@ -411,3 +411,24 @@ def test_task_stats_hook_interval_callbacks_may_be_async_or_plain(style):
     assert reports
     assert all(isinstance(stats, TaskPerfStats) for stats in reports)
     assert sum(stats.num_tasks for stats in reports) <= 12
+
+
+def test_task_stats_hook_counts_tasks_successes_and_their_mean_time():
+    from gristmill.pipeline import TaskStatsHook
+
+    hook = TaskStatsHook(StageInfo(0, "0", "work"))
+    assert (hook.num_tasks, hook.num_success, hook.ave_time) == (0, 0, 0.0)
+
+    async def run():
+        async with hook.stage_hook():
+            for _ in range(2):
+                async with hook.task_hook():
+                    await asyncio.sleep(0.02)
+            with contextlib.suppress(RuntimeError):
+                async with hook.task_hook():
+                    await asyncio.sleep(0.2)  # failures are not timed
+                    raise RuntimeError("task failed")
+
+    asyncio.run(run())
+    assert (hook.num_tasks, hook.num_success) == (3, 2)
+    assert 0.01 < hook.ave_time < 0.15

@@ -57,6 +57,17 @@ def test_stages_run_in_the_workers_and_every_item_comes_back():
     assert 1 <= len(pids) <= 2
 
 
+def test_build_pipeline_closes_a_region_left_open_at_the_sink_but_the_builder_refuses():
+    from gristmill.pipeline import build_pipeline
+
+    pipes = [defs.PlacementConfig(FORK), defs.Pipe(square), defs.Pipe(square)]
+    config = defs.PipelineConfig(defs.SourceConfig(range(6)), pipes, defs.SinkConfig(3))
+    assert sorted(build_pipeline(config, num_threads=2)) == [x**4 for x in range(6)]
+    builder = PipelineBuilder().add_source(range(3)).to(FORK).pipe(square).add_sink(3)
+    with pytest.raises(ValueError, match=r"must be closed with `to\(MAIN_PROCESS\)`"):
+        builder.get_config()
+
+
 def test_the_default_start_method_runs_module_level_stages():
     target = defs.ProcessPoolExecutorConfig(max_workers=1)  # forkserver (spawn elsewhere)
     assert sorted(x for _, x in region(target, n=5)) == list(range(5))

@@ -133,3 +133,19 @@ def test_import_gristmill_does_not_load_the_spdl_helpers():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_merge_iterator_exposes_the_iterables_and_weights_it_draws_from():
+    merged = MergeIterator([[0, 1], [10], [20, 21], [30]], weights=[1, 0, 2, 0])
+    assert merged.iterables == [[0, 1], [20, 21]]  # zero weights are never read
+    assert merged.weights == [1, 2]
+    unweighted = MergeIterator([[0], [1]])
+    assert (unweighted.iterables, unweighted.weights) == ([[0], [1]], None)
+
+
+def test_embed_shuffle_exposes_the_wrapped_source_as_src():
+    source = Shuffleable()
+    wrapped = embed_shuffle(source)
+    assert wrapped.src is source
+    list(wrapped)
+    assert wrapped.src.seeds == [0]

@@ -64,6 +64,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 ALIASES: dict[str, str] = {
     "spdl.pipeline._common._misc._get_compact_log": "gristmill._src.spdl.config:compact_log",
     "spdl.pipeline._common._misc._set_compact_log": "gristmill.pipeline.config:set_compact_log",
+    "spdl.pipeline.defs._MainProcess": "gristmill._src.spdl.defs:_MainProcess",
 }
 
 

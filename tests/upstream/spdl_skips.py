@@ -29,7 +29,50 @@ def _private(*names: str) -> str:
     return "checks SPDL's private " + ", ".join(names)
 
 
+_OFFLOAD = _private(
+    "spdl.pipeline._arena._offload._offload, _restore", "_registry._default_registry"
+)
+
 SKIPS: dict[str, str] = {
+    "tests/pipeline/arena_ring_test.py::OffloadRestoreTest::*": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_close_tolerates_live_view": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_offload_restore_round_trips": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_numpy_restore_is_a_zero_copy_view": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_segment_reclaimed_only_after_view_released": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_torch_restore_is_a_zero_copy_view": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_torch_segment_held_until_view_released": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_segment_held_until_shallow_copy_released": _OFFLOAD,
+    "tests/pipeline/arena_pool_test.py::SharedMemorySegmentPoolTest::test_bytes_like_restore_is_a_zero_copy_view": _OFFLOAD,
+    "tests/pipeline/aggregate_test.py::AggregatePipeBulkDrainTest::*": _private(
+        "spdl.pipeline._components._aggregate._aggregate (the aggregate stage's coroutine)"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::LiveProcMonitorTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_pgrp_stats", "_collect_pgrp_stats"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ReadFileTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_file"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ReadNetworkTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_network_bytes"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ParseProcStatTest::*": _private(
+        "spdl.pipeline._pgrp_stats._parse_proc_stat"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ParseProcIoTest::*": _private(
+        "spdl.pipeline._pgrp_stats._parse_proc_io"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ParseSmapsRollupTest::*": _private(
+        "spdl.pipeline._pgrp_stats._parse_smaps_rollup"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ReadPgrpStatsTest::*": _private(
+        "spdl.pipeline._pgrp_stats._read_pgrp_stats (mock.patch of its /proc readers)"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::PgrpMonitorSubprocessFunctionTest::*": _private(
+        "spdl.pipeline._pgrp_stats._pgrp_monitor_subprocess"
+    ),
+    "tests/pipeline/pgrp_stats_test.py::ProcessGroupStatsMonitorSubprocessTest::test_monitor_warns_on_unexpected_exit": _private(
+        "logger of the module spdl.pipeline._pgrp_stats (assertLogs on that name)"
+    ),
     "tests/dataloader/iterator_test.py::TestRepeatSource::test_repeat_source_iterable_with_shuffle": _NEWER,
     "tests/dataloader/iterator_test.py::TestShuffleAndIterate::test_shuffle_and_iterate_picklable": _private(
         "spdl.pipeline._components._subprocess_pipe._put"
@@ -45,10 +88,7 @@ SKIPS: dict[str, str] = {
     "tests/pipeline/failure_rate_test.py::PipelineFailureRateTest::test_pipeline_failure_rate_valid_small_fraction": _NEWER,
     "tests/pipeline/failure_rate_test.py::PipelineFailureRateTest::test_pipeline_failure_rate_vs_count_0_completion": _NEWER,
     "tests/pipeline/failure_rate_test.py::PipelineFailureRateTest::test_pipeline_failure_rate_vs_count_1_input": _NEWER,
-    "tests/pipeline/marked_region_fuse_test.py::MarkedRegionSegmentationTest::test_no_markers_returns_config_unchanged": _private(
-        "spdl.pipeline._fuse._fuse_marked_regions"
-    ),
-    "tests/pipeline/marked_region_fuse_test.py::MarkedRegionSegmentationTest::test_two_regions_produce_two_fused_stages": _private(
+    "tests/pipeline/marked_region_fuse_test.py::MarkedRegionSegmentationTest::*": _private(
         "spdl.pipeline._fuse._fuse_marked_regions"
     ),
     "tests/pipeline/percentile_stats_test.py::P2PercentileTest::*": _private(
@@ -57,11 +97,14 @@ SKIPS: dict[str, str] = {
     "tests/pipeline/percentile_stats_test.py::StatsCounterPercentileTest::*": _private(
         "spdl.pipeline._components._common._StatsCounter"
     ),
-    "tests/pipeline/percentile_stats_test.py::TaskStatsHookPercentileTest::test_empty_lap_stats": _private(
-        "_get_lap_stats"
+    "tests/pipeline/percentile_stats_test.py::TaskStatsHookPercentileTest::*": _private(
+        "TaskStatsHook._p90, _p99, _log_stats, _get_lap_stats"
     ),
-    "tests/pipeline/percentile_stats_test.py::TaskStatsHookPercentileTest::test_lap_stats_with_percentiles": _private(
-        "_get_lap_stats"
+    "tests/pipeline/percentile_stats_test.py::StatsQueuePercentileTest::*": _private(
+        "StatsQueue._putc, _getc, _log_stats, _get_lap_stats, _lap_t0"
+    ),
+    "tests/pipeline/build_pipeline_test.py::TestBuildPipeline::test_build_pipeline_diagnostic_mode": _private(
+        "spdl.pipeline._profile._ProfilePipeline"
     ),
     "tests/pipeline/pipeline_builder_test.py::TestExecutorProxy::test_interpreter_pool_kwargs_recovers_initializer": _private(
         "spdl.pipeline._executor_proxy._interpreter_pool_kwargs"
@@ -117,6 +160,9 @@ SKIPS: dict[str, str] = {
     "tests/pipeline/pipeline_builder_test.py::TestHoistProcessPools::test_hoist_warns_on_fork_from_multithreaded": _private(
         "spdl.pipeline._subprocess_worker_pool._hoist_process_pools"
     ),
+    "tests/pipeline/pipeline_builder_test.py::TestHoistProcessPools::test_worker_pool_cleans_up_on_partial_start_failure": _private(
+        "spdl.pipeline._subprocess_worker_pool._WorkerPool"
+    ),
     "tests/pipeline/pipeline_builder_test.py::TestHoistProcessPools::test_remote_executor_breaks_after_router_exit": _private(
         "spdl.pipeline._subprocess_worker_pool._WorkerPool"
     ),
@@ -151,17 +197,20 @@ SKIPS: dict[str, str] = {
     "tests/pipeline/pipeline_builder_test.py::TestRunPipeline::test_run_pipeline_in_subprocess_pipeline_id": _private(
         "spdl.pipeline._components._set_global_id"
     ),
-    "tests/pipeline/pipeline_builder_test.py::TestSink::test_async_sink_cancel": _private(
-        "spdl.pipeline._components._sink._sink"
+    "tests/pipeline/pipeline_builder_test.py::TestSink::*": _private(
+        "spdl.pipeline._components._sink._sink (the sink stage's coroutine)"
     ),
-    "tests/pipeline/pipeline_builder_test.py::TestSource::test_async_enqueue_cancel": _private(
-        "spdl.pipeline._components._source._source"
+    "tests/pipeline/pipeline_builder_test.py::TestSource::*": _private(
+        "spdl.pipeline._components._source._source (the source stage's coroutine)"
     ),
-    "tests/pipeline/pipeline_cleanup_test.py::TestPipelineCleanup::test_auto_start_and_cleanup_continuous_source": _private(
-        "_impl"
+    "tests/pipeline/pipeline_builder_test.py::TestPipe::*": _private(
+        "spdl.pipeline._components._pipe._pipe (the pipe stage's coroutine)"
+    ),
+    "tests/pipeline/pipeline_cleanup_test.py::TestPipelineCleanup::test_auto_start_and_cleanup_*": _private(
+        "Pipeline._impl._event_loop"
     ),
     "tests/pipeline/pipeline_cleanup_test.py::TestPipelineCleanup::test_cleanup_called_on_garbage_collection": _private(
-        "_impl"
+        "Pipeline._impl"
     ),
     "tests/pipeline/pipeline_def_test.py::PipelineDefTest::test_pipe_args_repr": _private("_args"),
     "tests/pipeline/pipeline_node_test.py::PipelineNodeTest::*": _private(
@@ -171,6 +220,9 @@ SKIPS: dict[str, str] = {
         "spdl.pipeline._profile._fetch_inputs"
     ),
     "tests/pipeline/pipeline_profiling_test.py::ProfilePipelineTest::test_profile_pipeline": _NEWER,
+    "tests/pipeline/pipeline_profiling_test.py::ProfileHookTest::test_profile_pipeline_skips_when_local_rank_not_zero": _private(
+        "mock.patch of spdl.pipeline._profile._get_local_rank"
+    ),
     "tests/pipeline/priority_executor_test.py::TestPriorityExecutorPickle::test_entrypoint_priority_preserved": _private(
         "spdl.pipeline._priority_executor._OWNER_REGISTRY"
     ),
@@ -180,6 +232,12 @@ SKIPS: dict[str, str] = {
     "tests/pipeline/priority_executor_test.py::TestPriorityExecutorPickle::test_multiple_entrypoints_share_master": _private(
         "_id"
     ),
+    "tests/pipeline/priority_executor_test.py::TestPriorityExecutorPickle::test_entrypoint_is_executor_subclass_after_unpickle": _private(
+        "PriorityExecutorEntrypoint._owner"
+    ),
+    "tests/pipeline/priority_executor_test.py::TestPriorityExecutorGarbageCollection::test_owner_gc_after_all_references_dropped": _private(
+        "PriorityThreadPoolExecutor._id", "spdl.pipeline._priority_executor._OWNER_REGISTRY"
+    ),
     "tests/pipeline/priority_executor_test.py::TestPriorityExecutorPipelineOrdering::test_three_stage_priority_order": _private(
         "_owner"
     ),
@@ -188,6 +246,12 @@ SKIPS: dict[str, str] = {
     ),
     "tests/pipeline/priority_executor_test.py::TestPriorityThreadPoolExecutorOrdering::test_submit_after_shutdown_raises": _private(
         "_submit_with_priority"
+    ),
+    "tests/pipeline/shutdown_hook_test.py::ShutdownHookBehaviorTest::*": _private(
+        "Pipeline._impl", "spdl.pipeline._pipeline._EventLoopState"
+    ),
+    "tests/pipeline/shutdown_hook_test.py::SubprocessPutInterruptibleTest::*": _private(
+        "spdl.pipeline._components._subprocess_pipe._put"
     ),
     "tests/pipeline/subprocess_pipe_bridge_test.py::FeedAbortTest::*": _private(
         "spdl.pipeline._components._subprocess_pipe._feed"

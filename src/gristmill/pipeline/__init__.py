@@ -9,6 +9,7 @@ from gristmill._src.spdl.bridge import PipelineIterDataset
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
 from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook
+from gristmill._src.spdl.pgrp_stats import ProcessGroupResourceUsage, ProcessGroupStatsMonitor
 from gristmill._src.spdl.pipeline import Pipeline, PipelineFailure, StageInfo
 from gristmill._src.spdl.priority_executor import (
     PriorityExecutorEntrypoint,
@@ -37,6 +38,8 @@ _export(
     PriorityExecutorEntrypoint,
     PriorityProcessPoolExecutor,
     PriorityThreadPoolExecutor,
+    ProcessGroupResourceUsage,
+    ProcessGroupStatsMonitor,
     ProfileHook,
     ProfileResult,
     QueuePerfStats,
@@ -61,6 +64,8 @@ __all__ = [
     "PriorityExecutorEntrypoint",
     "PriorityProcessPoolExecutor",
     "PriorityThreadPoolExecutor",
+    "ProcessGroupResourceUsage",
+    "ProcessGroupStatsMonitor",
     "ProfileHook",
     "ProfileResult",
     "QueuePerfStats",

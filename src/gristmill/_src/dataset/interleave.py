@@ -264,8 +264,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
                 name=_STAGE_NAME,
             )
             # Dropping this iterator closes what was opened ahead for it (off the GC's thread).
-            reaper.ensure_started()
-            self._finalizer = weakref.finalize(self, reaper.reap, self._ahead)
+            self._finalizer = reaper.watch(self, self._ahead)
         return self._runner
 
     def _take_opened(self, index: int) -> DatasetIterator[Any]:

@@ -17,7 +17,6 @@ pipeline instead unless asked for this one (``MultiprocessingOptions(order=...)`
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -212,7 +211,7 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
             daemon=True,
         )
         self._worker = worker
-        self._finalizer = weakref.finalize(self, reaper.reap, worker)
+        self._finalizer = reaper.watch(self, worker)
         self._finalizer.atexit = False  # the worker handle's exit hook stops it then
         self._start_pass()
 

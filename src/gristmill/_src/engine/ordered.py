@@ -294,12 +294,14 @@ class ChunkRunner:
             threads_first=threads_first,
             handoff_s=PROCESS_HANDOFF_S if processes else HANDOFF_S,
             cost_sized_offload=processes,
+            # an event loop runs a task's elements concurrently: in completion order, each
+            # is delivered as it finishes (as SPDL), not when its task's slowest one does
+            element_tasks=executor == "asyncio" and not self._in_order,
         )
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
         self._core = _make_core(executor, feed, self._counters, self._policy, process_options)
         self._next_seq = 0  # sequence number of the next task to deliver (input order)
-        reaper.ensure_started()
-        self._finalizer = weakref.finalize(self, reaper.reap, self._core)
+        self._finalizer = reaper.watch(self, self._core)
 
     @property
     def name(self) -> str:

@@ -39,8 +39,12 @@ class ChunkPolicy:
         threads_first: bool = False,
         handoff_s: float = HANDOFF_S,
         cost_sized_offload: bool = False,
+        element_tasks: bool = False,
     ) -> None:
         self._costs: collections.deque[float] = collections.deque(maxlen=_WINDOW)
+        self.element_tasks = element_tasks
+        """Offloaded tasks of one element each: a task is delivered when its last element
+        finishes, so a stage in completion order delivers each element as it finishes."""
         self.always_offload = always_offload
         """Never inline: the work needs the executor (an event loop for async functions)."""
         self.handoff_s = handoff_s
@@ -95,6 +99,8 @@ class ChunkPolicy:
         return cost * self.thread_chunk_cap * MAX_OVERHEAD >= HANDOFF_S
 
     def thread_chunk(self) -> int:
+        if self.element_tasks:
+            return 1
         if self.always_offload and not self.cost_sized_offload:
             return self.thread_chunk_cap
         cost = self.cost

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -174,8 +173,7 @@ class BackgroundProducer:
         merge_lists: bool = False,
     ) -> None:
         self._core = _Core(produce, buffer_size, counters, merge_lists)
-        reaper.ensure_started()
-        self._finalizer = weakref.finalize(self, reaper.reap, self._core)
+        self._finalizer = reaper.watch(self, self._core)
         self._pending: collections.deque[Any] = collections.deque()
         self._end: _End | None = None
         thread = threading.Thread(

@@ -18,6 +18,7 @@ from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.defs import Collate
+from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.tracking import Covers, Keyed, KeyedBatch
 
 
@@ -49,8 +50,13 @@ class AggregateStream:
         drop_last: bool,
         name: str,
         epochs: bool = False,
+        hooks: StageHooks | None = None,
     ) -> None:
         self._upstream = upstream
+        # with drop_last, a partial batch of a Collate is dropped here (no flush call)
+        self._collate = aggregator if type(aggregator) is Collate else None
+        if hooks is not None:  # each call runs inside the stage's task hooks, as in SPDL
+            aggregator = _Hooked(aggregator, hooks)
         # The stream may carry EPOCH_END (a continuous source): cut keyed chunks there too.
         self._markers = (SKIP, EPOCH_END) if epochs else (SKIP,)
         self._aggregator = aggregator
@@ -61,9 +67,14 @@ class AggregateStream:
         self._covers = Covers()  # source keys consumed since the last output
 
     def _flush(self, outputs: list[Any]) -> None:
-        """The partial aggregate at an end (kept, or dropped with ``drop_last``)."""
-        last = self._aggregator.flush()
-        if last is not None and not self._drop_last:
+        """The partial aggregate at an end: ``flush()``'s, or none with ``drop_last``
+        (SPDL does not call ``flush`` then)."""
+        last = None
+        if not self._drop_last:
+            last = self._aggregator.flush()
+        elif self._collate is not None:
+            self._collate._items = []
+        if last is not None:
             outputs.append(covers_take(self._covers, last))
         else:
             dropped = self._covers.drop_all()
@@ -193,3 +204,18 @@ class AggregateStream:
 
     def statistics(self) -> Any:
         return self._counters.snapshot()
+
+
+class _Hooked:
+    """An aggregator whose ``accumulate`` and ``flush`` calls run inside a stage's task
+    hooks (``build(task_hook_factory=...)``)."""
+
+    def __init__(self, inner: Aggregator, hooks: StageHooks) -> None:
+        self._inner = inner
+        self._hooks = hooks
+
+    def accumulate(self, item: Any) -> Any:
+        return self._hooks.call_sync(self._inner.accumulate, item)
+
+    def flush(self) -> Any:
+        return self._hooks.call_sync(lambda _: self._inner.flush(), None)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import copy
 import fractions
+import functools
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.engine.asyncio_lane import new_event_loop
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
+from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import config, defs, ops
@@ -27,7 +29,7 @@ from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 from gristmill._src.spdl.regions import RegionStream
-from gristmill._src.spdl.tracking import KeyItems, Path, ResumableSource
+from gristmill._src.spdl.tracking import Keyed, KeyItems, Path, ResumableSource
 from gristmill._src.spdl.variants import PathVariantsStream
 
 
@@ -86,7 +88,7 @@ def build_pipeline(
     config.run_build_callback(cfg)
     num_threads = _check_positive(num_threads, "num_threads")
     build_limit = defs.check_max_failures(max_failures, "max_failures")
-    defs.check_regions(cfg.pipes)
+    defs.check_regions(cfg.pipes, open_at_end=True)
     pipeline_id = next(PIPELINE_IDS)
     queues = QueueMonitor(queue_class, report_stats_interval, pipeline_id)
     task_hook_factory = default_task_hooks(task_hook_factory, queues.interval)
@@ -94,6 +96,7 @@ def build_pipeline(
     resumable: ResumableSource | None = None
     upstream: ChunkStream
     if isinstance(cfg.src, defs.MergeConfig):
+        _check_one_continuous_mode(cfg.src)
         upstream = MergeStream(
             cfg.src,
             lambda sub: build_pipeline(sub, num_threads=num_threads, max_failures=max_failures),
@@ -201,9 +204,12 @@ class _Lowering:
             if isinstance(stage, defs.PlacementConfig):
                 if isinstance(stage.target, defs.ProcessPoolExecutorConfig):
                     end = next(
-                        i
-                        for i in range(offset, len(configs))
-                        if isinstance(configs[i], defs.PlacementConfig)
+                        (
+                            i
+                            for i in range(offset, len(configs))
+                            if isinstance(configs[i], defs.PlacementConfig)
+                        ),
+                        len(configs),  # open at the end (build_pipeline): closed at the sink
                     )
                     if chunk_keyed:  # outputs arrive in completion order, with their keys
                         upstream, chunk_keyed = KeyItems(upstream), False
@@ -236,18 +242,25 @@ class _Lowering:
         )
         return self._observed(info, region)
 
+    def _hooks(self, info: StageInfo) -> StageHooks | None:
+        """The stage's task hooks from ``task_hook_factory`` (None without one)."""
+        if self.task_hook_factory is None:
+            return None
+        hooks = StageHooks(self.task_hook_factory(info))
+        self.stage_hooks.append(hooks)
+        return hooks
+
     def _stage(
         self, upstream: ChunkStream, stage: Any, chunk_keyed: bool, sid: str
     ) -> tuple[ChunkStream, bool]:
         pipeline_id, continuous = self.pipeline_id, self.continuous
         if isinstance(stage, defs.PipeConfig):
-            info = StageInfo(pipeline_id, sid, stage.name, stage.concurrency)
+            # SPDL's StageInfo carries a concurrency above 1 only
+            concurrency = stage.concurrency if stage.concurrency > 1 else None
+            info = StageInfo(pipeline_id, sid, stage.name, concurrency)
             limit = stage.max_failures if stage.max_failures is not None else self.build_limit
             budget = ops.FailureBudget(str(info), limit)
-            hooks = None
-            if self.task_hook_factory is not None:
-                hooks = StageHooks(self.task_hook_factory(info))
-                self.stage_hooks.append(hooks)
+            hooks = self._hooks(info)
             fn, chunk_fn = ops.stage_function(
                 stage.op, str(info), budget, hooks, self.skip_outputs, stage.executor
             )
@@ -255,8 +268,10 @@ class _Lowering:
             is_async = kind in ("async", "async_gen")
             if chunk_keyed and kind in ("gen", "async_gen"):  # keys its outputs per input
                 upstream, chunk_keyed = KeyItems(upstream), False
+            # an async op, or one on its own executor, is not bounded by num_threads
+            own_threads = is_async or stage.executor is not None
             concurrency = (
-                stage.concurrency if is_async else min(stage.concurrency, self.num_threads)
+                stage.concurrency if own_threads else min(stage.concurrency, self.num_threads)
             )
             runner = ChunkRunner(
                 StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),
@@ -278,14 +293,19 @@ class _Lowering:
                 drop_last=stage.drop_last,
                 name=str(info),
                 epochs=continuous,
+                hooks=self._hooks(info),
             )
             return self._observed(info, aggregate), False  # aggregates are Keyed values
         if isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:
                 upstream = KeyItems(upstream)
+            split: Any = ops.disaggregate
+            hooks = self._hooks(info)
+            if hooks is not None:  # each input's split runs inside the task hooks
+                split = functools.partial(_hooked_split, hooks)
             runner = ChunkRunner(
-                StreamFeed(upstream, ops.disaggregate, barriers=continuous),
+                StreamFeed(upstream, split, barriers=continuous),
                 workers=0,  # inline in whoever pulls: a list split is cheap
                 buffer_size=16,
                 name=str(info),
@@ -453,4 +473,28 @@ class PipelineBuilder(Generic[T, U]):
             task_hook_factory=task_hook_factory,
             stage_id=stage_id,
             use_thread_output_queue=use_thread_output_queue,
+        )
+
+
+def _hooked_split(hooks: StageHooks, item: Any) -> Any:
+    """``disaggregate`` of one input inside the stage's task hooks, which see the list."""
+    shown = item.value if isinstance(item, Keyed) else item
+    if shown is SKIP or shown is EPOCH_END:  # engine markers are no tasks
+        return ops.disaggregate(item)
+    return hooks.call_sync(ops.disaggregate, item, shown)
+
+
+def _source_modes(src: defs.SourceConfig | defs.MergeConfig) -> set[bool]:
+    if isinstance(src, defs.MergeConfig):
+        return {mode for sub in src.pipeline_configs for mode in _source_modes(sub.src)}
+    return {bool(src.continuous)}
+
+
+def _check_one_continuous_mode(src: defs.MergeConfig) -> None:
+    """A merge's sources, at every depth, must all be continuous or all not (SPDL's rule)."""
+    if len(_source_modes(src)) > 1:
+        raise ValueError(
+            "Mixed continuous mode is not supported. All sources in a pipeline (including "
+            "merged sub-pipelines) must have the same continuous setting; pass the same "
+            "continuous= to every add_source()"
         )

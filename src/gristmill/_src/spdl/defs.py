@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.spdl import config_repr
 from gristmill._src.spdl.executors import check_executor
 
 OUTPUT_ORDERS = ("completion", "input")
@@ -62,7 +63,7 @@ class Collate(Aggregator, Generic[T]):
         return batch or None
 
     def __repr__(self) -> str:
-        return f"Collate(n={self.n})"
+        return f"collate({self.n})"  # SPDL's spelling (it appears in the stage name)
 
 
 def op_name(op: Any) -> str:
@@ -70,15 +71,6 @@ def op_name(op: Any) -> str:
     while isinstance(op, functools.partial):
         op = op.func
     return getattr(op, "__name__", None) or type(op).__name__
-
-
-def _location(op: Any) -> str:
-    try:
-        target = op.func if isinstance(op, functools.partial) else op
-        file = inspect.getsourcefile(target) or "?"
-        return f"{file}:{inspect.getsourcelines(target)[1]}"
-    except (TypeError, OSError):
-        return "?"
 
 
 def check_max_failures(value: Any, name: str) -> int | fractions.Fraction | None:
@@ -101,6 +93,10 @@ class SourceConfig(Generic[T]):
     source: Any
     continuous: bool = False
 
+    def __repr__(self) -> str:
+        continuous = ", continuous=True" if self.continuous else ""
+        return f"SourceConfig(source={config_repr.short_source(self.source)}{continuous})"
+
 
 @dataclasses.dataclass(frozen=True)
 class PipeConfig(Generic[T, U]):
@@ -112,9 +108,8 @@ class PipeConfig(Generic[T, U]):
     executor: Any = None
 
     def __repr__(self) -> str:
-        return (
-            f"PipeConfig(name={self.name!r}, op={_location(self.op)}, "
-            f"concurrency={self.concurrency}, output_order={self.output_order!r})"
+        return config_repr.pipe(
+            self.name, self.concurrency, self.op, self.output_order, self.executor
         )
 
 
@@ -124,10 +119,16 @@ class AggregateConfig(Generic[T]):
     drop_last: bool = False
     name: str = "aggregate"
 
+    def __repr__(self) -> str:
+        return self.name
+
 
 @dataclasses.dataclass(frozen=True)
 class DisaggregateConfig(Generic[T]):
     name: str = "disaggregate"
+
+    def __repr__(self) -> str:
+        return self.name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +242,11 @@ class PipelineConfig(Generic[U]):
     pipes: Sequence[StageConfig]
     sink: SinkConfig
 
+    def __repr__(self) -> str:
+        return config_repr.pipeline(
+            self.src, self.pipes, self.sink, src_is_merge=isinstance(self.src, MergeConfig)
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class MergeConfig:
@@ -248,6 +254,9 @@ class MergeConfig:
 
     pipeline_configs: tuple[PipelineConfig, ...]
     op: Callable[..., Any] | None = None
+
+    def __repr__(self) -> str:
+        return config_repr.merge(self.pipeline_configs, self.op)
 
 
 def _short(stage: Any) -> str:
@@ -319,14 +328,18 @@ def Aggregate(  # noqa: N802
     *,
     drop_last: bool = False,
 ) -> AggregateConfig:
-    """Groups items: ``n`` -> lists of ``n`` (``Collate(n)``), or a custom Aggregator."""
+    """Groups items: ``n`` -> lists of ``n`` (``Collate(n)``), or a custom Aggregator.
+
+    The stage is named as in SPDL: ``aggregate(op=collate(4), drop_last=False)``.
+    """
     if isinstance(input, int) and not isinstance(input, bool):
-        return AggregateConfig(
-            Collate(input), drop_last=bool(drop_last), name=f"aggregate({input})"
-        )
-    if not isinstance(input, Aggregator):
+        op: Aggregator = Collate(input)
+    elif isinstance(input, Aggregator):
+        op = input
+    else:
         raise TypeError(f"aggregate takes an int or an Aggregator, got {input!r}")
-    return AggregateConfig(input, drop_last=bool(drop_last), name=type(input).__name__)
+    drop_last = bool(drop_last)
+    return AggregateConfig(op, drop_last=drop_last, name=f"aggregate({op=}, {drop_last=})")
 
 
 def Disaggregate() -> DisaggregateConfig:  # noqa: N802
@@ -425,9 +438,10 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
     return PlacementConfig(target, buffer_size)
 
 
-def check_regions(pipes: Sequence[Any]) -> None:
+def check_regions(pipes: Sequence[Any], *, open_at_end: bool = False) -> None:
     """Raises ValueError for a ``to()`` region that is empty, holds an input-order stage,
-    or is still open at the sink."""
+    or is still open at the sink (allowed with ``open_at_end``: ``build_pipeline`` closes
+    it there, as SPDL's does; ``PipelineBuilder`` does not)."""
     open_region = False
     size = 0
     for stage in pipes:
@@ -450,7 +464,12 @@ def check_regions(pipes: Sequence[Any]) -> None:
                 "A stage with `output_order='input'` cannot run inside a `to()` region: input "
                 "order cannot be preserved across the region's independent workers."
             )
-    if open_region:
+    if open_region and size == 0:
+        raise ValueError(
+            "An empty `to(...)` region has no stages. Add stages after the last "
+            "`.to(...)`, or remove the redundant marker."
+        )
+    if open_region and not open_at_end:
         raise ValueError(
             "A `to()` execution region must be closed with `to(MAIN_PROCESS)` before "
             "`add_sink()`. The sink always runs in the main process."

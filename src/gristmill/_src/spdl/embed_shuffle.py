@@ -30,6 +30,11 @@ class _EmbeddedShuffle(Generic[T]):
         self._epoch = epoch
         self._shuffle_last = shuffle_last
 
+    @property
+    def src(self) -> IterableWithShuffle[T]:
+        """The wrapped iterable (SPDL's attribute)."""
+        return self._src
+
     def __iter__(self) -> Iterator[T]:
         # A generator, so the shuffle runs at the first next(), not at iter().
         if not self._shuffle_last:

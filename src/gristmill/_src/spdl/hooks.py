@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -69,6 +70,22 @@ class TaskStatsHook(TaskHook):
         self._total_time = 0.0
         self._times: collections.deque[float] = collections.deque(maxlen=4096)
         self._lap = (0, 0, 0.0, time.monotonic())  # tasks, failures, time, started
+
+    @property
+    def num_tasks(self) -> int:
+        """Tasks finished so far, failed ones included (as SPDL's attribute)."""
+        return self._num_tasks
+
+    @property
+    def num_success(self) -> int:
+        """Tasks that finished without raising."""
+        return self._num_tasks - self._num_failures
+
+    @property
+    def ave_time(self) -> float:
+        """Mean seconds of the successful tasks (0.0 before the first)."""
+        successes = self.num_success
+        return self._total_time / successes if successes else 0.0
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
@@ -143,11 +160,16 @@ class TaskStatsHook(TaskHook):
         )
 
 
+_SAME = object()  # call_sync's default: the hooks see the op's own input
+
+
 class StageHooks:
     """A stage's hooks: entered once (first call), exited once (pipeline end)."""
 
     def __init__(self, hooks: Sequence[TaskHook]) -> None:
         self.hooks = list(hooks)
+        # made now, so a hook defined without @asynccontextmanager fails the build (SPDL)
+        self._stage_contexts = [_stage_context(hook) for hook in self.hooks]
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock = threading.Lock()
         self._entered = False
@@ -167,8 +189,9 @@ class StageHooks:
 
     async def _enter(self) -> None:
         stack = contextlib.AsyncExitStack()
-        for hook in self.hooks:
-            await stack.enter_async_context(hook.stage_hook())
+        contexts, self._stage_contexts = self._stage_contexts, []
+        for context in contexts:
+            await stack.enter_async_context(context)
         self._stack = stack
 
     def ensure_entered_sync(self) -> None:
@@ -185,7 +208,15 @@ class StageHooks:
     async def ensure_entered_async(self) -> None:
         if not self._entered:
             self._entered = True
-            await self._enter()
+            # The stage's loop, when it shuts down, finalises the async generators it has
+            # seen, which would skip a stage hook's code after ``yield`` (the pipeline exits
+            # the hooks after that). Entered untracked, they are exited by close() only.
+            tracking = sys.get_asyncgen_hooks()
+            sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+            try:
+                await self._enter()
+            finally:
+                sys.set_asyncgen_hooks(*tracking)
 
     def close(self) -> None:
         """Exits the stage hooks (once) on a private loop; closes the workers' loops."""
@@ -207,14 +238,16 @@ class StageHooks:
                 if not worker_loop.is_running():
                     worker_loop.close()
 
-    def call_sync(self, op: Callable[[Any], Any], item: Any) -> Any:
-        """``op(item)`` inside every hook's ``task_hook`` (on this thread's loop)."""
+    def call_sync(self, op: Callable[[Any], Any], item: Any, shown: Any = _SAME) -> Any:
+        """``op(item)`` inside every hook's ``task_hook(shown)`` (default: ``item``), on
+        this thread's loop."""
         self.ensure_entered_sync()
+        hook_input = item if shown is _SAME else shown
 
         async def invoke() -> Any:
             async with contextlib.AsyncExitStack() as stack:
                 for hook in self.hooks:
-                    await stack.enter_async_context(hook.task_hook(item))
+                    await stack.enter_async_context(hook.task_hook(hook_input))
                 return op(item)
 
         if self._direct:
@@ -228,6 +261,17 @@ class StageHooks:
             for hook in self.hooks:
                 await stack.enter_async_context(hook.task_hook(item))
             return await op(item)
+
+
+def _stage_context(hook: TaskHook) -> contextlib.AbstractAsyncContextManager[None]:
+    context = hook.stage_hook()
+    if not (hasattr(context, "__aenter__") and hasattr(context, "__aexit__")):
+        raise ValueError(
+            f"`stage_hook()` of {hook!r} must return an async context manager (an object "
+            f"with `__aenter__` and `__aexit__`), got {context!r}; decorate it with "
+            "@contextlib.asynccontextmanager"
+        )
+    return context
 
 
 def _never_suspends(hook: TaskHook) -> bool:

@@ -227,6 +227,16 @@ class MergeIterator(Iterable[T]):
             self._weights = _exact_integers(self._float_weights)
         self._iterables = sources
 
+    @property
+    def iterables(self) -> list[Iterable[T]]:
+        """The iterables merged: those given, less the ones of weight zero (as SPDL's)."""
+        return list(self._iterables)
+
+    @property
+    def weights(self) -> list[float] | None:
+        """The weights of :attr:`iterables` (zeros left out); None without weights."""
+        return None if self._float_weights is None else list(self._float_weights)
+
     def __iter__(self) -> Iterator[T]:
         # A generator, so the iterables are started at the first next(), not at iter().
         iterators = [iter(source) for source in self._iterables]

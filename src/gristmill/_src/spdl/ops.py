@@ -45,6 +45,33 @@ class FailureBudget:
         self.invocations = 0
         self.failures = 0
         self._lock = threading.Lock()
+        self._last_error: Exception | None = None
+
+    def succeeded(self) -> None:
+        """After a success (rate limits only): the rate is judged after every invocation,
+        as SPDL's, so failures early in a run fail it once the probation ends."""
+        limit = self.limit
+        if self.failures and isinstance(limit, fractions.Fraction):
+            with self._lock:
+                failures, invocations, error = self.failures, self.invocations, self._last_error
+            self._check_rate(limit, failures, invocations, error)
+
+    def _check_rate(
+        self,
+        limit: fractions.Fraction,
+        failures: int,
+        invocations: int,
+        error: Exception | None,
+    ) -> None:
+        if invocations < _PROBATION or failures * limit.denominator <= (
+            limit.numerator * invocations
+        ):
+            return
+        raise RuntimeError(
+            f"The pipeline stage ({self.stage}) failed {failures} times out of "
+            f"{invocations} invocations ({failures / invocations:.1%}), which exceeds the "
+            f"threshold ({float(limit):.1%})."
+        ) from error
 
     @property
     def counts_invocations(self) -> bool:
@@ -59,19 +86,13 @@ class FailureBudget:
         with self._lock:
             self.failures += 1
             failures, invocations = self.failures, self.invocations
+            self._last_error = error
         limit = self.limit
         if limit is None or (isinstance(limit, int) and limit < 0):
             return
         if isinstance(limit, fractions.Fraction):
-            if invocations < _PROBATION or failures * limit.denominator <= (
-                limit.numerator * invocations
-            ):
-                return
-            raise RuntimeError(
-                f"The pipeline stage ({self.stage}) failed {failures} times out of "
-                f"{invocations} invocations ({failures / invocations:.1%}), which exceeds the "
-                f"threshold ({float(limit):.1%})."
-            ) from error
+            self._check_rate(limit, failures, invocations, error)
+            return
         if failures > limit:
             raise RuntimeError(
                 f"The pipeline stage ({self.stage}) failed {failures} times, which exceeds "
@@ -80,14 +101,14 @@ class FailureBudget:
 
 
 def kind_of(op: Callable[..., Any]) -> str:
-    """``"async"``, ``"async_gen"``, ``"gen"`` or ``"sync"``."""
-    if inspect.isasyncgenfunction(op):
+    """``"async"``, ``"async_gen"``, ``"gen"`` or ``"sync"``: the function's kind, or an
+    object's ``__call__``'s."""
+    candidates = (op, getattr(op, "__call__", None))  # noqa: B004 (a callable object)
+    if any(inspect.isasyncgenfunction(f) for f in candidates):
         return "async_gen"
-    if inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(
-        getattr(op, "__call__", None)  # noqa: B004 (an object with an async __call__)
-    ):
+    if any(inspect.iscoroutinefunction(f) for f in candidates):
         return "async"
-    if inspect.isgeneratorfunction(op):
+    if any(inspect.isgeneratorfunction(f) for f in candidates):
         return "gen"
     return "sync"
 
@@ -141,6 +162,8 @@ def stage_function(
                 )
             except Exception as e:
                 return failed(e)
+            if budget.counts_invocations:
+                budget.succeeded()
             return SKIP if result is None else result
 
         async def run_async(item: Any) -> Any:
@@ -172,6 +195,8 @@ def stage_function(
             result = hooks.call_sync(call, item) if hooks is not None else call(item)
         except Exception as e:
             return failed(e)
+        if invoked is not None:
+            budget.succeeded()
         return SKIP if result is None else result
 
     plain = invoked is None and hooks is None  # no per-call bookkeeping: call op directly

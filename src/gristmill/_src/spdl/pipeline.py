@@ -11,8 +11,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
+import threading
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -53,6 +55,10 @@ class StageInfo:
 
 class PipelineFailure(ExceptionGroup):
     """The pipeline ended because stages failed; each sub-exception names its stage."""
+
+    def derive(self, excs: Any) -> PipelineFailure:  # type: ignore[override]
+        # subgroup() / split() keep the type, as SPDL's (ExceptionGroup's would not)
+        return PipelineFailure(self.message, excs)
 
 
 class _Closer:
@@ -138,8 +144,7 @@ class Pipeline(Generic[T]):
         self._failure: PipelineFailure | None = None
         self._failure_seen = False
         self._warned_rerun = False
-        reaper.ensure_started()
-        self._finalizer = weakref.finalize(self, reaper.reap, self._closer)
+        self._finalizer = reaper.watch(self, self._closer)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -167,6 +172,7 @@ class Pipeline(Generic[T]):
                 start()
         if self._closer.background is not None:
             self._closer.background.start()
+        _stop_before_thread_joins(self)
 
     @property
     def started(self) -> bool:
@@ -318,3 +324,25 @@ def _failure(error: Exception) -> PipelineFailure:
     if stage is not None:
         error.add_note(f"Pipeline stage: {stage}")
     return PipelineFailure("pipeline stages failed", [error])
+
+
+def _stop_before_thread_joins(pipeline: Pipeline[Any]) -> None:
+    """Registers, as SPDL does on every start(), a hook that stops the pipeline at
+    interpreter exit before the interpreter joins its non-daemon threads (``atexit`` runs
+    only after those joins). The hook holds the pipeline weakly: a collected pipeline is
+    skipped."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # not CPython: the engine's atexit hook still stops it
+        return
+    with contextlib.suppress(RuntimeError):  # already shutting down
+        register(functools.partial(_stop_at_exit, weakref.ref(pipeline)))
+
+
+def _stop_at_exit(ref: weakref.ref[Pipeline[Any]]) -> None:
+    pipeline = ref()
+    if pipeline is None:
+        return
+    try:
+        pipeline.stop()
+    except Exception:  # exit goes on; a failure nobody observed is only logged
+        logger.exception("gristmill: stopping a pipeline at interpreter exit failed")

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -111,7 +112,7 @@ def profile_pipeline(
     >>> cfg = PipelineBuilder().add_source(range(50)).pipe(abs).aggregate(8).add_sink(3)
     >>> results = profile_pipeline(cfg.get_config(), num_inputs=20)
     >>> [(r.name, [s.concurrency for s in r.stats]) for r in results]
-    [('abs', [32, 16, 8, 4, 1]), ('aggregate(8)', [1])]
+    [('abs', [32, 16, 8, 4, 1]), ('aggregate(op=collate(8), drop_last=False)', [1])]
     """
     if not isinstance(cfg, defs.PipelineConfig):
         raise TypeError(f"cfg must be a PipelineConfig, got {cfg!r}; pass builder.get_config()")
@@ -126,22 +127,41 @@ def profile_pipeline(
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
             logger.info("Profiling runs on local rank 0 only; skipped on this rank.")
             return []
+        _, results = _profile_config(cfg, num_inputs, hook, callback)
+        return results
+
+
+def _profile_config(
+    cfg: defs.PipelineConfig[Any],
+    num_inputs: int,
+    hook: ProfileHook,
+    callback: Callable[[ProfileResult], None] | None,
+) -> tuple[list[Any], list[ProfileResult]]:
+    """The outputs of ``cfg``'s last stage and a result per stage. A merge's pipelines are
+    profiled first, in order; their outputs, shuffled (``random.shuffle``, as SPDL),
+    feed the stages after the merge."""
+    results: list[ProfileResult] = []
+    if isinstance(cfg.src, defs.MergeConfig):
+        inputs: list[Any] = []
+        for sub in cfg.src.pipeline_configs:
+            outputs, sub_results = _profile_config(sub, num_inputs, hook, callback)
+            inputs.extend(outputs)
+            results.extend(sub_results)
+        random.shuffle(inputs)
+    else:
         logger.info("Fetching %d inputs.", num_inputs)
         inputs = _fetch(cfg.src, num_inputs)
-        results = []
-        stages: Sequence[Any] = cfg.pipes  # path variants are skipped, region markers too
-        for stage in stages:
-            if not isinstance(
-                stage, (defs.PipeConfig, defs.AggregateConfig, defs.DisaggregateConfig)
-            ):
-                logger.warning("Skipping %s stage in profiling (not supported).", type(stage))
-                continue
-            logger.info("Profiling Stage: %s", stage.name)
-            inputs, result = _profile_stage(inputs, stage, hook)
-            results.append(result)
-            if callback is not None:
-                callback(result)
-        return results
+    stages: Sequence[Any] = cfg.pipes  # path variants are skipped, region markers too
+    for stage in stages:
+        if not isinstance(stage, (defs.PipeConfig, defs.AggregateConfig, defs.DisaggregateConfig)):
+            logger.warning("Skipping %s stage in profiling (not supported).", type(stage))
+            continue
+        logger.info("Profiling Stage: %s", stage.name)
+        inputs, result = _profile_stage(inputs, stage, hook)
+        results.append(result)
+        if callback is not None:
+            callback(result)
+    return inputs, results
 
 
 def _fetch(src: defs.SourceConfig | defs.MergeConfig, num_inputs: int) -> list[Any]:

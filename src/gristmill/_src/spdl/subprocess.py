@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import numbers
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -23,10 +24,18 @@ from typing import Any, TypeVar
 from gristmill._src.core import validation
 from gristmill._src.engine import reaper, sending
 from gristmill._src.spdl import subprocess_worker as proto
-from gristmill._src.spdl.arena import ARENAS, SharedMemoryRingBuffer, SharedMemorySegmentPool
+from gristmill._src.spdl.arena import (
+    ARENAS,
+    SharedMemoryRingBuffer,
+    SharedMemorySegmentPool,
+    release_arena,
+)
 from gristmill._src.spdl.subprocess_handle import WorkerHandle
 
 T = TypeVar("T")
+
+# the worker's credit count when buffer_size <= 0 (no bound on the items sent ahead)
+UNBOUNDED = sys.maxsize
 
 
 class _SubprocessIterable(Iterable[T]):
@@ -38,7 +47,7 @@ class _SubprocessIterable(Iterable[T]):
 
     def __init__(self, worker: WorkerHandle) -> None:
         self._worker = worker
-        self._finalizer = weakref.finalize(self, reaper.reap, worker)
+        self._finalizer = reaper.watch(self, worker)
         self._finalizer.atexit = False  # the multiprocessing exit hook stops it then
 
     def __iter__(self) -> Iterator[T]:
@@ -108,7 +117,8 @@ def iterate_in_subprocess(
     Args:
         fn: a picklable function of no arguments returning an iterable (a module-level
             function; bind arguments with ``functools.partial``).
-        buffer_size: how many items may wait for the consumer (>= 1).
+        buffer_size: how many items may wait for the consumer; 0 or less: no bound
+            (as SPDL, which gives it to ``multiprocessing.Queue(maxsize=...)``).
         initializer: a picklable callable, or a sequence of them, run in the worker first.
         mp_context: ``"spawn"`` (default), ``"forkserver"``, ``"fork"`` or a context.
         timeout: seconds without any item before the worker is terminated and a
@@ -116,7 +126,8 @@ def iterate_in_subprocess(
         daemon: start the worker as a daemon process.
         arena: None, or SPDL's ``SharedMemoryRingBuffer`` / ``SharedMemorySegmentPool``
           (accepted for compatibility: gristmill moves large buffers through shared
-          memory by itself; see :mod:`gristmill._src.spdl.arena`).
+          memory by itself; the call owns the arena, closed and unlinked when the
+          returned iterable goes away; see :mod:`gristmill._src.spdl.arena`).
 
     Returns:
         An iterable with ``close()``; the worker stops on ``close()``, on garbage
@@ -164,7 +175,11 @@ def launch(
 
     ``what`` names ``fn`` in a pickling error; ``first_initializers`` run before the user's.
     """
-    buffer_size = validation.check_positive_int(buffer_size, "buffer_size")
+    buffer_size = validation.check_int(
+        buffer_size, "buffer_size", fix="; 0 or less means no bound, as in SPDL"
+    )
+    if buffer_size <= 0:  # SPDL hands it to Queue(maxsize=...): unbounded
+        buffer_size = UNBOUNDED
     initializers = [*first_initializers, *_check_initializers(initializer)]
     context = _context(mp_context)
     timeout = _check_timeout(timeout)
@@ -193,7 +208,11 @@ def launch(
     kind, message = worker.receive(0, activity)
     if kind == proto.ERROR:
         raise worker.child_error(message)
-    return _SubprocessIterable(worker)
+    iterable: _SubprocessIterable[T] = _SubprocessIterable(worker)
+    if arena is not None:
+        # the call owns the arena (as in SPDL): its shared memory goes with the iterable
+        weakref.finalize(iterable, release_arena, arena)
+    return iterable
 
 
 def _check_initializers(initializer: Any) -> list[Callable[[], Any]]:

@@ -19,7 +19,7 @@ import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import reaper, shm
+from gristmill._src.engine import shm
 from gristmill._src.spdl import subprocess_worker as proto
 
 _GRACE_S = 1.0  # how long a stopping worker may take before SIGTERM, then SIGKILL
@@ -54,7 +54,6 @@ class WorkerHandle:
         daemon: bool,
     ) -> None:
         _register_exit_hook()
-        reaper.ensure_started()
         commands_in, self._commands = context.Pipe(duplex=False)
         self._data, data_out = context.Pipe(duplex=False)
         self._shm_prefix = shm.prefix_for(self)  # items' large arrays: shared memory
@@ -109,9 +108,9 @@ class WorkerHandle:
         if not wait([self._data, self._process.sentinel], self._timeout):
             timeout = self._timeout
             error = WorkerTimeoutError(
-                f"The worker subprocess (pid {self.pid}) produced nothing for {timeout} "
-                f"seconds while {activity} (timeout={timeout!r}), so it was terminated; pass "
-                "a larger timeout, or timeout=None to wait for ever"
+                f"The worker subprocess did not produce any data for {timeout} seconds "
+                f"(pid {self.pid}, while {activity}; timeout={timeout!r}), so it was "
+                "terminated; pass a larger timeout, or timeout=None to wait for ever"
             )
             self.shutdown(f"no item for {timeout} seconds", graceful=False)
             raise error
@@ -153,7 +152,10 @@ class WorkerHandle:
     def child_error(self, payload: Any) -> RuntimeError:
         """The RuntimeError for an error the worker reported; shuts the worker down."""
         phase, type_name, message, text, pickled, _ = payload
-        summary = f"The worker subprocess failed while {phase}: {type_name}: {message}"
+        summary = (
+            f"{_spdl_words(phase)}: the worker subprocess failed while {phase}: "
+            f"{type_name}: {message}"
+        )
         self.shutdown(f"it failed while {phase}")
         cause: BaseException = ChildTraceback(text)
         if pickled is not None:
@@ -212,3 +214,20 @@ def _register_exit_hook() -> None:
 def _shutdown_all() -> None:
     for worker in list(_LIVE):
         worker.shutdown("the interpreter is exiting")
+
+
+# SPDL's words for a failure in each phase of the worker, which code written for SPDL
+# matches, keyed by the start of the worker's phase description
+_SPDL_WORDS = {
+    "running the initializer": "Initializer failed",
+    "calling fn()": "Failed to create the iterable",
+    "calling iter()": "Failed to create the iterator",
+    "fetching the next item": "Failed to fetch the next item",
+}
+
+
+def _spdl_words(phase: str) -> str:
+    return next(
+        (words for start, words in _SPDL_WORDS.items() if phase.startswith(start)),
+        "The worker subprocess failed",
+    )

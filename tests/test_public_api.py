@@ -92,6 +92,7 @@ EXPECTED = {
         "PipelineFailure",
         "PipelineIterDataset",
         "PriorityExecutorEntrypoint",
+        "PriorityInterpreterPoolExecutor",
         "PriorityProcessPoolExecutor",
         "PriorityThreadPoolExecutor",
         "ProcessGroupResourceUsage",

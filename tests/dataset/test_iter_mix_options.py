@@ -508,11 +508,15 @@ def test_to_iter_dataset_counts_filtered_out_holes(caplog):
     it = iter(E.WithOptionsIterDataset(holes, RAISE))
     count, error = count_until_error(it)
     assert (count, to_grain(it.get_state())) == (100, {"next_index": 1000})
-    assert "to_iter_dataset (Range → Filter(every_tenth))" in str(error)
+    assert "(to_iter_dataset over Range → Filter(every_tenth)," in str(error)
     with caplog.at_level(logging.WARNING, logger="gristmill"):
         assert len(list(holes)) == 300
     (message,) = _warnings(caplog)
-    assert "Transformation to_iter_dataset (Range → Filter(every_tenth)) skipped" in message
+    assert (
+        "Transformation PrefetchDatasetIterator(read_options=ReadOptions(num_threads=16, "
+        "prefetch_buffer_size=500), allow_nones=False) skipped 90.00 % of the last seen 1000 "
+        "elements. (to_iter_dataset over Range → Filter(every_tenth)"
+    ) in message
 
 
 def test_to_iter_dataset_with_allow_nones_counts_nothing():
@@ -551,7 +555,9 @@ def test_fused_holes_are_checked_too():
     count, error = count_until_error(it)
     it.close()
     assert (count, type(error)) == (100, ValueError)
-    assert "Transformation to_iter_dataset (Range → Filter(every_tenth)" in str(error)
+    assert "skipped 90.00 % of the last seen 1000 elements. (to_iter_dataset over Range" in str(
+        error
+    )
 
 
 def test_the_window_goes_on_across_a_restore():

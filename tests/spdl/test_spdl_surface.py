@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+import gristmill.pipeline
 from gristmill.dataloader import CacheDataLoader, DataLoader, get_pytorch_dataloader
 from gristmill.pipeline import (
     BackgroundTask,
@@ -240,6 +241,8 @@ def test_subinterpreters_need_python_314():
         iterate_in_subinterpreter(list)
     with pytest.raises(RuntimeError, match=r"requires Python 3\.14 or later"):
         run_pipeline_in_subinterpreter(_config(), num_threads=1)
+    with pytest.raises(RuntimeError, match=r"PriorityInterpreterPoolExecutor requires Python 3"):
+        gristmill.pipeline.PriorityInterpreterPoolExecutor(max_workers=2)
     builder = (
         PipelineBuilder()
         .add_source(range(3))

@@ -2,8 +2,8 @@
 
 The run's closing line (``grain: N passed, N failed, N skipped``) is printed in pytest's
 terminal summary. Every test outside the skip list must pass, except those still listed in
-``grain_skips.FAILING`` (work in progress on issue 13); one of those that passes now must be
-taken off the list, as with a strict xfail.
+``grain_skips.FAILING`` (work in progress on issue 13); a listed test that passes is named
+in the summary, to be taken off the list.
 """
 
 from __future__ import annotations
@@ -66,6 +66,5 @@ def test_grain_shipped_suite_passes(tmp_path, record_upstream_line):
     assert not unexpected, "Grain tests that fail and are not in grain_skips.FAILING:\n" + (
         "\n".join(f"{n}: {m}" for n, m in sorted(unexpected.items()))
     )
-    assert not fixed, "in grain_skips.FAILING but no longer failing (take them off):\n" + (
-        "\n".join(fixed)
-    )
+    for pattern in fixed:  # reported, not failed: a flaky pass must not break the run
+        record_upstream_line(f"grain: listed in grain_skips.FAILING but passed: {pattern}")

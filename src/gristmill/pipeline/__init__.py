@@ -20,6 +20,7 @@ from gristmill._src.spdl.profile import ProfileHook, ProfileResult, profile_pipe
 from gristmill._src.spdl.queues import AsyncQueue, QueuePerfStats, StatsQueue
 from gristmill._src.spdl.rng import RecordRng
 from gristmill._src.spdl.subinterpreter import (
+    PriorityInterpreterPoolExecutor,
     iterate_in_subinterpreter,
     run_pipeline_in_subinterpreter,
 )
@@ -29,6 +30,7 @@ from gristmill._src.spdl.tasks import create_task
 
 _export(
     "gristmill.pipeline",
+    PriorityInterpreterPoolExecutor,
     AsyncQueue,
     BackgroundTask,
     Pipeline,
@@ -62,6 +64,7 @@ __all__ = [
     "PipelineFailure",
     "PipelineIterDataset",
     "PriorityExecutorEntrypoint",
+    "PriorityInterpreterPoolExecutor",
     "PriorityProcessPoolExecutor",
     "PriorityThreadPoolExecutor",
     "ProcessGroupResourceUsage",
@@ -88,3 +91,5 @@ __all__ = [
     "run_pipeline_in_subinterpreter",
     "run_pipeline_in_subprocess",
 ]
+
+from gristmill.pipeline import defs as defs  # noqa: E402  (a package attribute, as in SPDL)

@@ -203,10 +203,11 @@ class FilterRatioCheck:
     iterator keeps counting where it was (as upstream).
     """
 
-    __slots__ = ("_last_warning", "_name", "_raise", "_warn", "left", "skipped")
+    __slots__ = ("_detail", "_last_warning", "_name", "_raise", "_warn", "left", "skipped")
 
-    def __init__(self, name: str, options: DatasetOptions) -> None:
+    def __init__(self, name: str, options: DatasetOptions, detail: str = "") -> None:
         self._name = name
+        self._detail = f" ({detail})" if detail else ""
         self._warn = options.filter_warn_threshold_ratio
         self._raise = options.filter_raise_threshold_ratio
         self._last_warning: float | None = None
@@ -214,11 +215,14 @@ class FilterRatioCheck:
         self.skipped = 0
 
     @staticmethod
-    def for_options(name: str, options: DatasetOptions) -> FilterRatioCheck | None:
-        """A check, or None when both thresholds are off."""
+    def for_options(
+        name: str, options: DatasetOptions, detail: str = ""
+    ) -> FilterRatioCheck | None:
+        """A check, or None when both thresholds are off; ``detail`` follows the first
+        sentence of its messages (which node, in gristmill's words)."""
         if options.filter_warn_threshold_ratio is None is options.filter_raise_threshold_ratio:
             return None
-        return FilterRatioCheck(name, options)
+        return FilterRatioCheck(name, options, detail)
 
     def count(self, passed: bool) -> None:
         """Counts one input (``passed``: kept)."""
@@ -236,7 +240,7 @@ class FilterRatioCheck:
         # Grain's phrasing up to "elements." (code matches it), then the threshold and the fix.
         summary = (
             f"Transformation {self._name} skipped {ratio * 100:.2f} % of the last seen "
-            f"{WINDOW} elements."
+            f"{WINDOW} elements.{self._detail}"
         )
         if self._raise is not None and ratio >= self._raise:
             raise ValueError(

@@ -268,7 +268,10 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         options = self._ctx.options
         if not self._allow_nones:
             self._holes_check = FilterRatioCheck.for_options(
-                f"to_iter_dataset ({self._stage_name})", options
+                f"PrefetchDatasetIterator(read_options={self._options!r}, "
+                f"allow_nones={self._allow_nones})",
+                options,
+                detail=f"to_iter_dataset over {self._stage_name}, skipping filtered-out elements",
             )
             if self._holes_check is not None:
                 self._window_end = self._next_index + self._holes_check.left

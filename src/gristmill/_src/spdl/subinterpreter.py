@@ -37,3 +37,18 @@ def iterate_in_subinterpreter(
 def run_pipeline_in_subinterpreter(config: Any, /, *, num_threads: int, **kwargs: Any) -> Any:
     """Would run the pipeline ``config`` in a sub-interpreter; see the module docstring."""
     _unsupported("iterate_in_subinterpreter", "run_pipeline_in_subprocess")
+
+
+class PriorityInterpreterPoolExecutor:
+    """SPDL's priority-ordered pool of sub-interpreters: unavailable, as above.
+
+    Constructing one raises SPDL's RuntimeError below Python 3.14 and NotImplementedError
+    on 3.14 (use ``PriorityProcessPoolExecutor`` or ``PriorityThreadPoolExecutor``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_interpreter_support("PriorityInterpreterPoolExecutor")
+        raise NotImplementedError(
+            "gristmill does not run sub-interpreters: use "
+            "gristmill.pipeline.PriorityProcessPoolExecutor (or PriorityThreadPoolExecutor)"
+        )

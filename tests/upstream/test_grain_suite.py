@@ -8,6 +8,7 @@ in the summary, to be taken off the list.
 
 from __future__ import annotations
 
+import faulthandler
 import fnmatch
 import importlib.util
 import json
@@ -48,6 +49,9 @@ def listed(name: str, patterns: dict[str, str]) -> bool:
 
 
 def test_grain_shipped_suite_passes(tmp_path, record_upstream_line):
+    # The run takes minutes and has its own timeouts (per upstream test, and RUN_TIMEOUT_S):
+    # the suite-wide faulthandler_timeout would only dump this test's waiting stack.
+    faulthandler.cancel_dump_traceback_later()
     report = tmp_path / "grain.json"
     proc = subprocess.run(
         [sys.executable, str(HERE / "run_grain.py"), "--json", str(report)],

@@ -2,6 +2,7 @@
 
 import gc
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -110,3 +111,14 @@ def record_upstream_line(request):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in config.stash.get(_UPSTREAM_LINES, []):
         terminalreporter.write_line(f"upstream suite {line}")
+
+
+@pytest.fixture
+def no_children_left():
+    """Fails a worker-process test that leaves a multiprocessing child running (5 s grace)."""
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []

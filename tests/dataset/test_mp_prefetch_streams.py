@@ -3,10 +3,8 @@ the map / filter ops above the sequential part run in worker processes, in order
 output and the state never depend on the worker count."""
 
 import functools
-import gc
 import glob
 import logging
-import multiprocessing
 import os
 import signal
 import sys
@@ -29,14 +27,7 @@ def options(n):
     return gm.MultiprocessingOptions(num_workers=n)
 
 
-@pytest.fixture(autouse=True)
-def no_children_left():
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
+pytestmark = pytest.mark.usefixtures("no_children_left")
 
 
 def interleaved(files=6, cycle_length=3):

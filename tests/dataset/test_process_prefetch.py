@@ -1,11 +1,8 @@
 """Grain's process prefetching (ProcessPrefetchIterDataset, multiprocess_prefetch) and
 mp_prefetch's worker behaviour: worker frames in errors, restarts, no inlining."""
 
-import gc
-import multiprocessing
 import os
 import sys
-import time
 import traceback
 
 import numpy as np
@@ -18,15 +15,7 @@ from gristmill._src.dataset.process_prefetch import (
 )
 from gristmill.multiprocessing import MultiprocessingOrder
 
-
-@pytest.fixture(autouse=True)
-def no_children_left():
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
+pytestmark = pytest.mark.usefixtures("no_children_left")
 
 
 def as_lists(it):

@@ -1,10 +1,8 @@
 """What gristmill sends to worker processes is cloudpickled (as Grain and SPDL do): lambdas
 and local functions run there, in both dialects; what cloudpickle cannot pickle is named."""
 
-import gc
 import multiprocessing
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -19,15 +17,7 @@ from gristmill.pipeline import (
     run_pipeline_in_subprocess,
 )
 
-
-@pytest.fixture(autouse=True)
-def no_children_left():
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
+pytestmark = pytest.mark.usefixtures("no_children_left")
 
 
 def workers(n):

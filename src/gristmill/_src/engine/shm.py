@@ -3,9 +3,11 @@
 Values are pickled with protocol 5; a buffer of at least ``SHM_MIN_BYTES`` (a numpy array's
 data) goes out of band into a POSIX shared-memory segment (a file in ``/dev/shm``) named
 ``<prefix>-<n>``. The receiver maps each segment without copying and unlinks it at once, so
-a segment lives exactly as long as the arrays that use it. A sender picks a prefix unique to
-the stage, worker and direction; whatever is left under it when the stage stops (a receiver
-that died, results never read after an early close) is removed by :func:`unlink_leftovers`.
+a segment lives exactly as long as the arrays that use it; a mapping keeps no file
+descriptor open (:mod:`shm_map`), so a consumer may hold any number of arrays. A sender
+picks a prefix unique to the stage, worker and direction; whatever is left under it when the
+stage stops (a receiver that died, results never read after an early close) is removed by
+:func:`unlink_leftovers`.
 
 :func:`encode` / :func:`decode` keep the pickle and the segment list apart (for a message
 that carries them side by side); :func:`dumps` / :func:`loads` put both in one bytes object.
@@ -21,6 +23,8 @@ import os
 import pickle
 from collections.abc import Iterator
 from typing import Any
+
+from gristmill._src.engine import shm_map
 
 SHM_DIR = "/dev/shm"
 SHM_MIN_BYTES = 64 * 1024
@@ -81,7 +85,7 @@ def decode(payload: bytes, segments: Segments) -> Any:
             path = os.path.join(SHM_DIR, name)
             fd = os.open(path, os.O_RDWR)
             try:
-                buffers.append(mmap.mmap(fd, size))
+                buffers.append(shm_map.map_segment(fd, size))  # holds no fd
             finally:
                 os.close(fd)
                 os.unlink(path)

@@ -1,11 +1,19 @@
-"""Suite-wide guard (no test may leave a gristmill thread running) and shared fixtures."""
+"""Suite-wide guards (no leaked gristmill thread, no orphaned process), shared fixtures, and
+runs in the background (long commands that overlap the rest of the suite)."""
 
+import contextlib
+import faulthandler
 import gc
 import logging
 import multiprocessing
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +130,84 @@ def no_children_left():
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert multiprocessing.active_children() == []
+
+
+# --- Runs in the background ------------------------------------------------------------
+# A test marked ``@pytest.mark.background.with_args(command)`` (``command(out_dir) ->
+# argv``; with_args: a lone callable would be taken as the decorated test) has that
+# long, mostly waiting command (an upstream suite, the soak) started as soon as collection
+# ends, so that it overlaps the rest of the suite; the test takes the finished run from the
+# ``background_run`` fixture. What it writes goes under its own ``out_dir``; a run still going
+# when the session ends is killed with its whole process group.
+
+_BACKGROUND = pytest.StashKey[dict]()
+
+
+class BackgroundRun:
+    """A command started by ``pytest_collection_finish`` for one marked test."""
+
+    def __init__(self, argv):
+        self.out_dir = Path(tempfile.mkdtemp(prefix="gristmill-background-"))
+        self.argv = [str(a) for a in argv(self.out_dir)]
+        self._stdout = open(self.out_dir / "stdout.txt", "wb")  # noqa: SIM115 (closed in stop)
+        self._stderr = open(self.out_dir / "stderr.txt", "wb")  # noqa: SIM115
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            self.argv, stdout=self._stdout, stderr=self._stderr, start_new_session=True
+        )
+
+    def wait(self, timeout_s):
+        """``(exit code, stdout, stderr)`` once the command ends; fails the test (and kills
+        the command) when it runs past ``timeout_s`` from its start."""
+        remaining = max(0.0, timeout_s - (time.monotonic() - self.started))
+        try:
+            code = self.process.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(
+                f"{' '.join(self.argv)} ran past {timeout_s} s; its output so far:\n"
+                f"{self._read('stdout.txt')[-4000:]}\n{self._read('stderr.txt')[-4000:]}"
+            )
+        self._stdout.flush()
+        self._stderr.flush()
+        return code, self._read("stdout.txt"), self._read("stderr.txt")
+
+    def _read(self, name):
+        return (self.out_dir / name).read_text(errors="replace")
+
+    def stop(self):
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._stdout.close()
+        self._stderr.close()
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    runs = session.config.stash.setdefault(_BACKGROUND, {})
+    for item in session.items:
+        marker = item.get_closest_marker("background")
+        if marker is not None:
+            runs[item.nodeid] = BackgroundRun(marker.args[0])
+
+
+def pytest_unconfigure(config):
+    for run in config.stash.get(_BACKGROUND, {}).values():
+        run.stop()
+        shutil.rmtree(run.out_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def background_run(request):
+    """The :class:`BackgroundRun` of this ``background``-marked test (started at collection)."""
+    # The wait has its own timeout: the suite-wide faulthandler_timeout would only dump it.
+    faulthandler.cancel_dump_traceback_later()
+    runs = request.config.stash.setdefault(_BACKGROUND, {})
+    if request.node.nodeid not in runs:
+        runs[request.node.nodeid] = BackgroundRun(
+            request.node.get_closest_marker("background").args[0]
+        )
+    return runs[request.node.nodeid]

@@ -1,7 +1,6 @@
 """mp_prefetch: reads in worker processes; output and state never depend on the worker count."""
 
 import gc
-import glob
 import multiprocessing
 import os
 import signal
@@ -194,13 +193,9 @@ def test_ctrl_c_reaching_the_workers_does_not_stop_them():
     it.close()
 
 
-def shm_segments():
-    return set(glob.glob("/dev/shm/gristmill-*"))
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_arrays_travel_through_shared_memory_and_every_segment_is_unlinked():
-    before = shm_segments()
+    before = fns.own_shm_segments()
     ds = gm.MapDataset.range(64).map(fns.big_array).to_iter_dataset()
     expected = [(x["image"].sum(), x["label"]) for x in ds]
     it = iter(ds.mp_prefetch(options(2)))
@@ -212,26 +207,26 @@ def test_arrays_travel_through_shared_memory_and_every_segment_is_unlinked():
     assert fns.in_shared_memory(first["image"])
     assert not fns.in_shared_memory(next(iter(ds))["image"])
     assert first["image"].flags.writeable  # an ordinary array, backed by the mapping
-    assert shm_segments() <= before
+    assert fns.own_shm_segments() <= before
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_no_segment_is_left_by_an_early_close_or_a_killed_worker():
-    before = shm_segments()
+    before = fns.own_shm_segments()
     ds = gm.MapDataset.range(10_000).map(fns.big_array).to_iter_dataset()
     it = iter(ds.mp_prefetch(options(2)))
     for _ in range(5):
         next(it)  # workers have produced ahead: segments exist that nobody will read
     it.close()
-    assert shm_segments() <= before
+    assert fns.own_shm_segments() <= before
     dying = gm.MapDataset.range(200).map(fns.big_array_then_exit).to_iter_dataset()
     with pytest.raises(RuntimeError, match="exit code 5"):
         list(dying.mp_prefetch(options(2)))
     gc.collect()
     deadline = time.monotonic() + 5
-    while not shm_segments() <= before and time.monotonic() < deadline:
+    while not fns.own_shm_segments() <= before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert shm_segments() <= before
+    assert fns.own_shm_segments() <= before
 
 
 def test_keyboard_interrupt_while_waiting_leaves_no_worker_or_thread():

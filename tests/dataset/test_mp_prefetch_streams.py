@@ -3,7 +3,6 @@ the map / filter ops above the sequential part run in worker processes, in order
 output and the state never depend on the worker count."""
 
 import functools
-import glob
 import logging
 import os
 import signal
@@ -142,13 +141,9 @@ def test_an_unpicklable_op_is_named():
         list(ds)
 
 
-def shm_segments():
-    return set(glob.glob("/dev/shm/gristmill-*"))
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_arrays_travel_both_ways_through_shared_memory_and_nothing_is_left():
-    before = shm_segments()
+    before = fns.own_shm_segments()
 
     def images():
         datasets = gm.MapDataset.range(4).map(
@@ -173,7 +168,7 @@ def test_arrays_travel_both_ways_through_shared_memory_and_nothing_is_left():
     for _ in range(5):
         next(it)
     it.close()  # inputs and outputs in flight: their segments are unlinked
-    assert shm_segments() <= before
+    assert fns.own_shm_segments() <= before
 
 
 def test_the_ops_lowest_above_the_sequential_part_run_in_workers():

@@ -1,8 +1,8 @@
 """SharedMemoryArray / SharedMemoryDataSource: data that crosses processes by name."""
 
 import gc
-import glob
 import multiprocessing
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -20,12 +20,12 @@ if str(SUPPORT) not in sys.path:
 import mp_fns as fns  # noqa: E402
 
 
-def segments():
-    return set(glob.glob("/dev/shm/psm_*"))
+def exists(name):
+    """Whether the shared-memory segment ``name`` is still in /dev/shm."""
+    return os.path.exists(os.path.join("/dev/shm", name))
 
 
 def test_an_array_pickles_as_its_metadata_and_maps_the_same_memory():
-    before = segments()
     a = SharedMemoryArray((3, 4), dtype="float32")
     a[:] = 1.5
     payload = pickle.dumps(a)
@@ -35,10 +35,11 @@ def test_an_array_pickles_as_its_metadata_and_maps_the_same_memory():
     assert b.metadata == a.metadata == SharedMemoryArrayMetadata(a.metadata.name, (3, 4), "float32")
     b[0, 0] = 9
     assert a[0, 0] == 9  # one memory
+    name = a.metadata.name
     a.unlink_on_del()
     del a, b
     gc.collect()
-    assert segments() <= before
+    assert not exists(name)
 
 
 def test_a_view_of_part_travels_as_a_copy():
@@ -51,7 +52,6 @@ def test_a_view_of_part_travels_as_a_copy():
 
 
 def test_batches_made_in_shared_memory_by_workers_arrive_intact():
-    before = segments()
     ds = (
         gm.MapDataset.range(40)
         .map(fns.times_ten)
@@ -65,10 +65,12 @@ def test_batches_made_in_shared_memory_by_workers_arrive_intact():
         .to_iter_dataset()
         .batch(4, batch_fn=fns.shm_batch)
     ]
-    got = [b.tolist() for b in ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2))]
-    assert got == expected
+    batches = list(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2)))
+    assert [b.tolist() for b in batches] == expected
+    names = [b.metadata.name for b in batches]
+    del batches
     gc.collect()
-    assert segments() <= before
+    assert not any(exists(name) for name in names)
 
 
 def test_a_shared_data_source_is_read_by_index_and_by_other_processes():

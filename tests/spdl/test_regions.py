@@ -281,15 +281,9 @@ def brighter(x):
     return x + 1
 
 
-def shm_segments():
-    import glob
-
-    return set(glob.glob("/dev/shm/gristmill-*"))
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_arrays_cross_a_region_through_shared_memory_and_nothing_is_left():
-    before = shm_segments()
+    before = mp_fns.own_shm_segments()
 
     def build(n):
         builder = PipelineBuilder().add_source(range(n)).pipe(image)
@@ -304,4 +298,4 @@ def test_arrays_cross_a_region_through_shared_memory_and_nothing_is_left():
         if i == 5:
             break
     pipeline.stop()  # transfers and outputs in flight: their segments are unlinked
-    assert shm_segments() <= before
+    assert mp_fns.own_shm_segments() <= before

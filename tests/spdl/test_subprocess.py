@@ -32,7 +32,7 @@ SUPPORT = Path(__file__).resolve().parents[1] / "support"
 if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))  # so that spawned workers import the helpers by name
 import subprocess_fns as fns  # noqa: E402
-from mp_fns import in_shared_memory  # noqa: E402
+from mp_fns import in_shared_memory, own_shm_segments  # noqa: E402
 
 
 def gone(pid, within=5.0):
@@ -477,15 +477,9 @@ def test_run_pipeline_bad_arguments_name_the_parameter_and_value(config, kwargs,
         run_pipeline_in_subprocess(config, **kwargs)
 
 
-def shm_segments():
-    import glob
-
-    return set(glob.glob("/dev/shm/gristmill-*"))
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_large_arrays_cross_through_shared_memory_and_nothing_is_left(no_new_children):
-    before = shm_segments()
+    before = own_shm_segments()
     iterable = iterate_in_subprocess(functools.partial(fns.images, 6), mp_context="fork")
     arrays = list(iterable)
     assert [int(a[0, 0, 0]) for a in arrays] == list(range(6))
@@ -498,4 +492,4 @@ def test_large_arrays_cross_through_shared_memory_and_nothing_is_left(no_new_chi
         if i == 3:
             break
     endless.close()  # items sent and never read: their segments are unlinked
-    assert shm_segments() <= before
+    assert own_shm_segments() <= before

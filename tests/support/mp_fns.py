@@ -105,6 +105,14 @@ def fail_once_at_5(marker, x):
     return x
 
 
+def own_shm_segments():
+    """The /dev/shm segments of this process's stages (named ``gristmill-<pid>-…`` after the
+    consumer's pid): other processes' segments (a run in the background) do not count."""
+    import glob
+
+    return set(glob.glob(f"/dev/shm/gristmill-{os.getpid()}-*"))
+
+
 def in_shared_memory(array):
     """Whether ``array``'s memory lies in a mapping of a /dev/shm file (an array received
     through shared memory), read from /proc/self/maps."""

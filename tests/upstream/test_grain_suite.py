@@ -8,11 +8,9 @@ in the summary, to be taken off the list.
 
 from __future__ import annotations
 
-import faulthandler
 import fnmatch
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,13 +20,18 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import grain_skips  # noqa: E402
 
+RUN_TIMEOUT_S = 900
+
+
+def grain_run(out_dir: Path) -> list[str]:
+    return [sys.executable, str(HERE / "run_grain.py"), "--json", str(out_dir / "grain.json")]
+
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.parity,
     pytest.mark.skipif(importlib.util.find_spec("grain") is None, reason="needs grain==0.2.18"),
 ]
-
-RUN_TIMEOUT_S = 900
 
 
 def node_id(junit_name: str) -> str:
@@ -48,22 +51,15 @@ def listed(name: str, patterns: dict[str, str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
-def test_grain_shipped_suite_passes(tmp_path, record_upstream_line):
-    # The run takes minutes and has its own timeouts (per upstream test, and RUN_TIMEOUT_S):
-    # the suite-wide faulthandler_timeout would only dump this test's waiting stack.
-    faulthandler.cancel_dump_traceback_later()
-    report = tmp_path / "grain.json"
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "run_grain.py"), "--json", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    closing = [line for line in proc.stdout.splitlines() if line.startswith("grain:")]
-    assert closing, f"no closing line:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+@pytest.mark.background.with_args(
+    grain_run
+)  # minutes, mostly upstream's sleeps: overlaps the suite
+def test_grain_shipped_suite_passes(background_run, record_upstream_line):
+    _, stdout, stderr = background_run.wait(RUN_TIMEOUT_S)
+    closing = [line for line in stdout.splitlines() if line.startswith("grain:")]
+    assert closing, f"no closing line:\n{stdout[-4000:]}\n{stderr[-4000:]}"
     record_upstream_line(closing[-1])
-    result = json.loads(report.read_text())
+    result = json.loads((background_run.out_dir / "grain.json").read_text())
     failed = {node_id(n): m for n, m in result["messages"].items()}
     unexpected = {n: m for n, m in failed.items() if not listed(n, grain_skips.FAILING)}
     fixed = [p for p in grain_skips.FAILING if not any(fnmatch.fnmatchcase(n, p) for n in failed)]

@@ -19,7 +19,13 @@ import threading
 
 import pytest
 
-from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs, iterate_in_subprocess
+from gristmill.pipeline import (
+    PipelineBuilder,
+    PipelineFailure,
+    defs,
+    iterate_in_subprocess,
+    run_pipeline_in_subprocess,
+)
 
 pytestmark = pytest.mark.usefixtures("quiet_failure_logs")
 
@@ -291,3 +297,19 @@ def test_stop_does_not_warn_when_the_users_executor_is_idle(caplog):
         assert sorted(pipeline) == list(range(20))
         pipeline.stop()
     assert "still runs" not in caplog.text
+
+
+@pytest.mark.usefixtures("no_children_left")
+def test_an_error_in_a_subprocess_pipeline_names_the_source_index():
+    config = PipelineBuilder().add_source(range(100)).pipe(fail_at_37, max_failures=0)
+    iterable = run_pipeline_in_subprocess(
+        config.add_sink(3).get_config(), num_threads=1, mp_context="fork"
+    )
+    try:
+        with pytest.raises(RuntimeError) as info:
+            list(iterable)
+    finally:
+        iterable.close()
+    failure = info.value.__cause__
+    assert isinstance(failure, PipelineFailure)
+    assert any(note.endswith("at source index 37") for note in failure.exceptions[0].__notes__)

@@ -175,8 +175,14 @@ def describe(error):
     return (
         type(error).__name__,
         str(error),
-        [(type(s).__name__, str(s), s.__notes__, repr(s.__cause__)) for s in error.exceptions],
+        [(type(s).__name__, str(s), spdl_notes(s), repr(s.__cause__)) for s in error.exceptions],
     )
+
+
+def spdl_notes(error):
+    """The error's notes but gristmill's own (the failing item's source index, an addition
+    to SPDL's notes)."""
+    return [note for note in error.__notes__ if not note.startswith("gristmill:")]
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ A feed is used by one claimer at a time (the runner serialises ``take`` under it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -58,11 +59,47 @@ class Task:
     keys: Sequence[Any] | None = None  # the inputs' keys (see Chunk)
 
     def chunk(self, values: list[Any], error: BaseException | None) -> Chunk:
-        """The task's result: ``values`` (one per input, up to a failure), then ``error``."""
+        """The task's result: ``values`` (one per input, up to a failure), then ``error``.
+
+        An error raised on this task's input ``len(values)`` (not one passed on from
+        upstream) carries that input as a :class:`FailedInput` (``_gristmill_input``) until
+        the stage's runner delivers it and names the input (see ``ChunkRunner``).
+        """
         keys = self.keys
+        if error is not None and error is not self.upstream_error:
+            _record_input(self, len(values), error)
         if keys is not None and len(values) < len(keys):
             keys = keys[: len(values)]
         return Chunk(self.start, values, error, keys)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailedInput:
+    """The input an element function raised on: its position in the stage's input stream,
+    its key (see :class:`Chunk`; None when untracked) and its value."""
+
+    position: int
+    key: Any
+    value: Any
+
+
+def _record_input(task: Task, index: int, error: BaseException) -> None:
+    inputs = task.inputs
+    if inputs is None or index >= len(inputs) or not isinstance(error, Exception):
+        return
+    key = None if task.keys is None else task.keys[index]
+    with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+        error._gristmill_input = FailedInput(task.start + index, key, inputs[index])  # type: ignore[attr-defined]
+
+
+def take_failed_input(error: BaseException) -> FailedInput | None:
+    """The input ``error`` was raised on (see :meth:`Task.chunk`), removed from it: the
+    value must not travel (or be pickled) with the error."""
+    failed = getattr(error, "_gristmill_input", None)
+    if failed is not None:
+        with contextlib.suppress(AttributeError):
+            del error._gristmill_input  # type: ignore[attr-defined]
+    return failed if isinstance(failed, FailedInput) else None
 
 
 class ChunkStream(Protocol):

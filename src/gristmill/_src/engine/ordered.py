@@ -31,7 +31,15 @@ from collections.abc import Callable
 from typing import Any
 
 from gristmill._src.engine import reaper
-from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, ReadFn, Task
+from gristmill._src.engine.feeds import (
+    Chunk,
+    FailedInput,
+    Feed,
+    RangeFeed,
+    ReadFn,
+    Task,
+    take_failed_input,
+)
 from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 
@@ -276,6 +284,7 @@ class ChunkRunner:
         executor: str = "threads",
         output_order: str = "input",
         annotate_errors: bool = True,
+        describe_input: Callable[[FailedInput], str | None] | None = None,
         inline_beyond_buffer: bool = False,
         threads_first: bool = False,
         process_options: dict[str, Any] | None = None,
@@ -284,6 +293,7 @@ class ChunkRunner:
             raise ValueError(f"output_order must be one of {OUTPUT_ORDERS}, got {output_order!r}")
         self._name = name
         self._annotate_errors = annotate_errors
+        self._describe_input = describe_input
         self._in_order = output_order == "input"
         processes = executor == "processes"
         self._policy = ChunkPolicy(
@@ -348,10 +358,17 @@ class ChunkRunner:
     def _mark_origin(self, chunk: Chunk) -> None:
         """Names this stage on an error it raised (not on one passed on from upstream)."""
         error = chunk.error
+        failed = take_failed_input(error) if error is not None else None
         if isinstance(error, Exception) and not hasattr(error, "_gristmill_stage"):
             error._gristmill_stage = self._name  # type: ignore[attr-defined]
             if not self._annotate_errors:
-                return  # the front end names the stage its own way
+                # the front end names the stage its own way, and the input if it can
+                where = None
+                if failed is not None and self._describe_input is not None:
+                    where = self._describe_input(failed)
+                if where is not None:
+                    error.add_note(f"gristmill: raised in stage {self._name!r} {where}")
+                return
             error.add_note(
                 f"gristmill: raised in stage {self._name!r} at element index {chunk.error_index}"
             )

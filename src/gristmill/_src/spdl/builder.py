@@ -24,12 +24,19 @@ from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import config, defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
+from gristmill._src.spdl.executors import ExecutorCall
 from gristmill._src.spdl.fanin import MergeStream
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 from gristmill._src.spdl.regions import RegionStream
-from gristmill._src.spdl.tracking import Keyed, KeyItems, Path, ResumableSource
+from gristmill._src.spdl.tracking import (
+    Keyed,
+    KeyItems,
+    Path,
+    ResumableSource,
+    describe_failed_input,
+)
 from gristmill._src.spdl.variants import PathVariantsStream
 
 
@@ -147,6 +154,7 @@ def build_pipeline(
         sink_buffer,
         name=f"{pipeline_id}",
         stage_hooks=lowering.stage_hooks,
+        executor_calls=lowering.executor_calls,
         resumable=resumable,
         skip_outputs=lowering.skip_outputs,
         queues=queues,
@@ -189,6 +197,7 @@ class _Lowering:
         self.streams: list[Any] = []
         self.stage_hooks: list[StageHooks] = []
         self.skip_outputs: dict[Path, set[int]] = {}
+        self.executor_calls: list[ExecutorCall] = []  # pipes on users' executors
 
     def stages(
         self, upstream: ChunkStream, configs: Any, chunk_keyed: bool, first_id: int | str
@@ -262,7 +271,13 @@ class _Lowering:
             budget = ops.FailureBudget(str(info), limit)
             hooks = self._hooks(info)
             fn, chunk_fn = ops.stage_function(
-                stage.op, str(info), budget, hooks, self.skip_outputs, stage.executor
+                stage.op,
+                str(info),
+                budget,
+                hooks,
+                self.skip_outputs,
+                stage.executor,
+                self.executor_calls,
             )
             kind = ops.kind_of(stage.op)
             is_async = kind in ("async", "async_gen")
@@ -281,6 +296,7 @@ class _Lowering:
                 executor="asyncio" if is_async else "threads",
                 output_order=stage.output_order,
                 annotate_errors=False,
+                describe_input=describe_failed_input,
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
             )

@@ -10,18 +10,40 @@ stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_execu
   (<file>:<line>:<function>)")``, naming where it was raised: the worker's traceback does
   not survive the trip (upstream's message);
 - the op is sent with cloudpickle (as SPDL does), so a lambda or a local function works.
+
+A broken executor (``concurrent.futures.BrokenExecutor``: a worker process died; or one
+shut down, "cannot schedule new futures after shutdown") fails every later call the same
+way, so it is no failed item: :class:`BrokenExecutorError` fails the stage at once,
+whatever its ``max_failures``.
+
+The calls in flight are kept (:class:`ExecutorCall`), so that ``Pipeline.stop()`` can cancel
+those not started and warn about one still running: the interpreter waits for it at exit.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from gristmill._src.engine.sending import ByValue
+
+logger = logging.getLogger("gristmill.pipeline")
+STOP_GRACE_S = 1.0  # how long stop() waits for calls already running on a user's executor
+
+
+class BrokenExecutorError(RuntimeError):
+    """A stage's executor cannot run calls any more; the stage (and pipeline) fails."""
+
+
+def _is_broken(error: BaseException) -> bool:
+    if isinstance(error, concurrent.futures.BrokenExecutor):
+        return True
+    return isinstance(error, RuntimeError) and "cannot schedule new futures" in str(error)
 
 
 def check_executor(executor: Any) -> None:
@@ -50,9 +72,69 @@ def located(op: Callable[[Any], Any], item: Any) -> Any:
         ) from None
 
 
+class ExecutorCall:
+    """``op`` as a blocking call on ``executor``; knows the calls in flight."""
+
+    def __init__(self, target: Callable[[Any], Any], executor: Any, stage: str) -> None:
+        self._submit = executor.submit
+        self._target = target
+        self.executor = executor
+        self.stage = stage
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+
+    def __call__(self, item: Any) -> Any:
+        try:
+            future = self._submit(self._target, item)
+        except Exception as error:
+            if _is_broken(error):
+                raise self._broken(error) from error
+            raise
+        pending = self._pending
+        pending.add(future)
+        try:
+            return future.result()
+        except Exception as error:
+            if _is_broken(error):
+                raise self._broken(error) from error
+            raise
+        finally:
+            pending.discard(future)
+
+    def _broken(self, error: BaseException) -> BrokenExecutorError:
+        return BrokenExecutorError(
+            f"The pipeline stage ({self.stage}) cannot go on: its executor {self.executor!r} "
+            f"is broken ({type(error).__name__}: {error}). Every later item would fail the "
+            "same way, so the stage fails now, whatever max_failures says; a process pool "
+            "breaks when one of its workers dies (killed, out of memory, os._exit). Create "
+            "a new executor and build the pipeline again"
+        )
+
+    def stop(self) -> None:
+        """At ``Pipeline.stop()``: cancels the calls not started, waits a little for the
+        running ones, and warns (one log line) if one still runs."""
+        pending = list(self._pending)
+        for future in pending:
+            future.cancel()
+        running = [f for f in pending if not f.done()]
+        if not running:
+            return
+        _, running_set = concurrent.futures.wait(running, timeout=STOP_GRACE_S)
+        if running_set:
+            logger.warning(
+                "gristmill: pipeline stage %s stopped, but its executor %r still runs %d of "
+                "its calls, and the interpreter will wait for them at exit; to avoid it, "
+                "call executor.shutdown(wait=False, cancel_futures=True) and terminate the "
+                "executor's worker processes (Python 3.14: executor.terminate_workers()), or "
+                "run the stage in a to() region, whose workers gristmill terminates",
+                self.stage,
+                self.executor,
+                len(running_set),
+            )
+
+
 def on_executor(
-    op: Callable[[Any], Any], executor: Any, *, generator: bool
-) -> Callable[[Any], Any]:
+    op: Callable[[Any], Any], executor: Any, *, generator: bool, stage: str = "?"
+) -> ExecutorCall:
     """``op`` as a blocking call on ``executor`` (a list of outputs for a generator op)."""
     target: Callable[[Any], Any] = functools.partial(materialize, op) if generator else op
     if isinstance(executor, concurrent.futures.ProcessPoolExecutor) or getattr(
@@ -61,9 +143,4 @@ def on_executor(
         # A process pool pickles each call with plain pickle: the op goes by value
         # (cloudpickled once), so lambdas and local functions run there too.
         target = functools.partial(located, ByValue(target))
-    submit = executor.submit
-
-    def call(item: Any) -> Any:
-        return submit(target, item).result()
-
-    return call
+    return ExecutorCall(target, executor, stage)

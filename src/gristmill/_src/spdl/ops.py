@@ -22,7 +22,7 @@ from typing import Any
 
 from gristmill._src.engine.feeds import ChunkFn
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
-from gristmill._src.spdl.executors import on_executor
+from gristmill._src.spdl.executors import BrokenExecutorError, ExecutorCall, on_executor
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.tasks import log_failure
 from gristmill._src.spdl.tracking import Keyed, KeyedBatch, Path, rekeyed, split
@@ -124,6 +124,7 @@ def stage_function(
     hooks: StageHooks | None = None,
     skip_outputs: dict[Path, set[int]] | None = None,
     executor: Any = None,
+    executor_calls: list[ExecutorCall] | None = None,
 ) -> tuple[Any, ChunkFn | None]:
     """The element function the engine runs for a pipe stage (sync or async, per ``op``),
     and for a plain sync op (no hooks, no call counting) the same over a whole task.
@@ -131,7 +132,8 @@ def stage_function(
     With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
     Keyed items (a resumable pipeline) keep their source keys with the result;
     ``skip_outputs`` names generator outputs a restored state already delivered. A sync
-    ``op`` with an ``executor`` runs there (see :mod:`executors`). The task
+    ``op`` with an ``executor`` runs there (see :mod:`executors`; its call is added to
+    ``executor_calls``, and a broken executor fails the stage at once). The task
     function calls ``op`` directly on plain values in one loop, and hands anything else
     (keyed items, markers) to the element function; it keeps every output made before a
     failure that exceeds the budget.
@@ -141,6 +143,8 @@ def stage_function(
     counter = iter(range(1, 2**63))
 
     def failed(error: Exception) -> Any:
+        if type(error) is BrokenExecutorError:  # no failed item: the stage cannot go on
+            raise error
         log_failure(f"{task_name}:{next(counter)}", error, stacklevel=3)
         budget.failed(error)  # raises when the budget is exceeded
         return SKIP
@@ -180,7 +184,9 @@ def stage_function(
         return run_async, None
 
     if executor is not None:
-        op = on_executor(op, executor, generator=kind == "gen")
+        op = on_executor(op, executor, generator=kind == "gen", stage=task_name)
+        if executor_calls is not None:
+            executor_calls.append(op)
 
     def expand(x: Any) -> Any:
         return Expand(op(x) if executor is not None else list(op(x)))

@@ -72,8 +72,10 @@ class _Closer:
         stage_hooks: list[Any],
         queues: Any,
         background: BackgroundRunner | None = None,
+        executor_calls: list[Any] | None = None,
     ) -> None:
         self.background = background
+        self.executor_calls = executor_calls or []
         self.last = last
         self.streams = streams
         self.stage_hooks = stage_hooks
@@ -87,6 +89,8 @@ class _Closer:
             stream.close()
         if self.sink is not None:
             self.sink.close()
+        for call in self.executor_calls:  # a user's executor: cancel, and warn of a hang
+            call.stop()
         for hooks in self.stage_hooks:
             try:
                 hooks.close()
@@ -121,6 +125,7 @@ class Pipeline(Generic[T]):
         queues: QueueMonitor | None = None,
         sink_info: StageInfo | None = None,
         background: BackgroundRunner | None = None,
+        executor_calls: list[Any] | None = None,
     ) -> None:
         self._config = config
         self._sink_buffer = sink_buffer
@@ -133,7 +138,7 @@ class Pipeline(Generic[T]):
                 counters_probe(self._counters, self._taken, self._pending),
                 buffer_size=sink_buffer,
             )
-        self._closer = _Closer(last, streams, stage_hooks or [], queues, background)
+        self._closer = _Closer(last, streams, stage_hooks or [], queues, background, executor_calls)
         self._resumable = resumable
         self._skip_outputs = skip_outputs if skip_outputs is not None else {}
         self._tracker = DeliveryTracker(continuous=resumable is not None and resumable.continuous)
@@ -300,12 +305,7 @@ class Pipeline(Generic[T]):
         return self._iterate(timeout)
 
     def _iterate(self, timeout: float | None) -> Iterator[Any]:
-        while True:
-            try:
-                item = self.get_item(timeout=timeout)
-            except EOFError:
-                return
-            yield item
+        return _PipelineIterator(self, timeout)
 
     def __iter__(self) -> Iterator[Any]:
         return self.get_iterator()
@@ -317,6 +317,33 @@ class Pipeline(Generic[T]):
 
     def __str__(self) -> str:
         return f"Pipeline({self._config!r})"
+
+
+class _PipelineIterator(Iterator[Any]):
+    """What ``get_iterator()`` returns: ``get_item()`` until the end.
+
+    Not a generator: after a failure, every ``next()`` raises the pipeline's failure
+    again (a generator would end with StopIteration, a silently shorter epoch).
+    """
+
+    __slots__ = ("_done", "_pipeline", "_timeout")
+
+    def __init__(self, pipeline: Pipeline[Any], timeout: float | None) -> None:
+        self._pipeline = pipeline
+        self._timeout = timeout
+        self._done = False
+
+    def __iter__(self) -> _PipelineIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        try:
+            return self._pipeline.get_item(timeout=self._timeout)
+        except EOFError:
+            self._done = True  # an epoch's end: this iterator covered it
+            raise StopIteration from None
 
 
 def _failure(error: Exception) -> PipelineFailure:

@@ -13,6 +13,7 @@ timeout ends it, on KeyboardInterrupt while waiting, when the iterable is garbag
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.context
 import numbers
@@ -55,32 +56,7 @@ class _SubprocessIterable(Iterable[T]):
         worker.check_open()
         worker.generation += 1
         worker.send(proto.ITERATE + str(worker.generation).encode())
-        return self._items(worker.generation)
-
-    def _items(self, generation: int) -> Iterator[T]:
-        # The generator holds ``self``: the worker lives while an iterator is read.
-        worker = self._worker
-        finished = False
-        try:
-            while True:
-                if worker.generation != generation:
-                    raise RuntimeError(
-                        "this iterator was superseded by a later iter() of the same "
-                        "subprocess iterable; only the newest iterator can be read"
-                    )
-                worker.check_open()
-                kind, payload = worker.receive(generation, "producing items")
-                if kind == proto.ITEM:
-                    yield payload
-                    continue
-                finished = True
-                if kind == proto.ERROR:
-                    raise worker.child_error(payload)
-                return
-        finally:
-            abandoned = not finished and worker.generation == generation
-            if abandoned and worker.closed_reason is None:
-                worker.send(proto.ABANDON + str(generation).encode())
+        return _Pass(self, worker.generation)
 
     def close(self) -> None:
         """Stops the worker process now (idempotent); iterating afterwards raises."""
@@ -90,6 +66,63 @@ class _SubprocessIterable(Iterable[T]):
     def __repr__(self) -> str:
         state = "running" if self._worker.closed_reason is None else "closed"
         return f"<subprocess iterable: worker pid {self._worker.pid}, {state}>"
+
+
+class _Pass(Iterator[T]):
+    """One ``iter()`` of a subprocess iterable: the worker's items of pass ``generation``.
+
+    Not a generator: after an error (the worker failed, died, or the iterable was closed)
+    every later ``next()`` raises too, never a StopIteration that would read as a normal,
+    shorter pass. Leaving it early (``close()`` or garbage collection) abandons the pass.
+    """
+
+    def __init__(self, iterable: _SubprocessIterable[T], generation: int) -> None:
+        self._iterable = iterable  # the worker lives while an iterator is read
+        self._generation = generation
+        self._finished = False
+        self._error: BaseException | None = None
+
+    def __iter__(self) -> _Pass[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._error is not None:
+            raise RuntimeError(
+                "this pass of the subprocess iterable failed earlier (see the cause); "
+                "create a new iterable to iterate again"
+            ) from self._error
+        if self._finished:
+            raise StopIteration
+        worker = self._iterable._worker
+        try:
+            if worker.generation != self._generation:
+                raise RuntimeError(
+                    "this iterator was superseded by a later iter() of the same "
+                    "subprocess iterable; only the newest iterator can be read"
+                )
+            worker.check_open()
+            kind, payload = worker.receive(self._generation, "producing items")
+            if kind == proto.ITEM:
+                return payload  # type: ignore[no-any-return]
+            self._finished = True
+            if kind == proto.ERROR:
+                raise worker.child_error(payload)
+        except Exception as error:
+            self._error = error
+            raise
+        raise StopIteration
+
+    def close(self) -> None:
+        """Abandons the pass: the worker drops the items it sent ahead."""
+        worker = self._iterable._worker
+        abandoned = not self._finished and self._error is None
+        self._finished = True
+        if abandoned and worker.generation == self._generation and worker.closed_reason is None:
+            worker.send(proto.ABANDON + str(self._generation).encode())
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 def iterate_in_subprocess(

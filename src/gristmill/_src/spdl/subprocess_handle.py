@@ -34,6 +34,15 @@ class WorkerTimeoutError(TimeoutError, RuntimeError):
     """
 
 
+class IterableClosedError(RuntimeError):
+    """The iterable was closed (``close()``, e.g. from another thread) while an iterator
+    waited for an item: the pass did not reach its end.
+
+    SPDL's (private) shutdown ends that wait with StopIteration, which reads as a normal,
+    shorter pass; gristmill raises instead.
+    """
+
+
 class ChildTraceback(Exception):
     """The traceback of an exception raised in the worker process (a ``__cause__``)."""
 
@@ -103,6 +112,13 @@ class WorkerHandle:
         except KeyboardInterrupt:
             self.shutdown("interrupted (KeyboardInterrupt)", graceful=False)
             raise
+        except WorkerTimeoutError:
+            raise
+        except (OSError, ValueError, EOFError) as error:
+            # another thread shut the worker down (close()) and closed the pipes under us
+            if self.closed_reason is None:
+                raise
+            raise self._closed_while_waiting(activity) from error
 
     def _receive_one(self, activity: str) -> tuple[str, int, Any]:
         if not wait([self._data, self._process.sentinel], self._timeout):
@@ -119,6 +135,8 @@ class WorkerHandle:
         except EOFError:
             raw = None
         if raw is None:  # the process ended and left nothing more to read
+            if self.closed_reason is not None:  # stopped by another thread: no crash
+                raise self._closed_while_waiting(activity)
             raise self._died(activity)
         self.send(proto.CREDIT)
         try:
@@ -147,6 +165,14 @@ class WorkerHandle:
         return RuntimeError(
             f"The worker subprocess (pid {self.pid}) died ({how}) while {activity}; it "
             f"{hint}. This iterable is closed: create a new one to start again"
+        )
+
+    def _closed_while_waiting(self, activity: str) -> IterableClosedError:
+        return IterableClosedError(
+            f"The subprocess iterable was shut down ({self.closed_reason}) while this iterator "
+            f"waited for its next item (the worker, pid {self.pid}, was {activity}), so the "
+            "pass ended before its end; close() stops the worker for good: create a new "
+            "iterable to iterate again"
         )
 
     def child_error(self, payload: Any) -> RuntimeError:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from gristmill._src.engine.feeds import Chunk
-from gristmill._src.engine.markers import EPOCH_END, SKIP
+from gristmill._src.engine.feeds import Chunk, FailedInput
+from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 
 STATE_VERSION = 1
 Key = Any  # int | tuple[int, int, int]
@@ -374,3 +374,33 @@ class KeyItems:
 
     def close(self) -> None:
         self._upstream.close()
+
+
+def describe_failed_input(failed: FailedInput) -> str | None:
+    """Where a failing input came from, for an error note: ``"at source index 37"``.
+
+    The source index is the position of the item among those the source produced (from
+    0, counted across passes for a continuous source), known exactly from the key each
+    item carries; a generator's output names the input it came from, a batch the source
+    indices it holds. None when the input carries no keys (a Merge source).
+    """
+    if failed.key is not None:
+        keys: Sequence[Key] = (failed.key,)
+    else:
+        value = failed.value
+        items = value.items if type(value) is Expand else (value,)
+        keys = [key for item in items if isinstance(item, Keyed) for key in item.cover]
+    paths = [path_of(key) for key in keys]
+    if not paths:
+        return None
+    if len(paths) == 1:
+        path = paths[0]
+        if len(path) == 1:
+            return f"at source index {path[0]}"
+        return f"at source index {path[0]} (output {path[1]} a generator stage made of it)"
+    positions = sorted({path[0] for path in paths})
+    if positions == list(range(positions[0], positions[-1] + 1)):
+        shown = f"{positions[0]}..{positions[-1]}"
+    else:
+        shown = ", ".join(map(str, positions[:8])) + (", ..." if len(positions) > 8 else "")
+    return f"on a batch of source indices {shown}"

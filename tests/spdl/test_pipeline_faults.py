@@ -313,3 +313,16 @@ def test_an_error_in_a_subprocess_pipeline_names_the_source_index():
     failure = info.value.__cause__
     assert isinstance(failure, PipelineFailure)
     assert any(note.endswith("at source index 37") for note in failure.exceptions[0].__notes__)
+
+
+def test_a_dataloader_pass_keeps_raising_after_a_failure():
+    from gristmill.dataloader import DataLoader
+
+    loader = DataLoader(failing_source(), batch_size=2)
+    iterator = iter(loader)
+    with pytest.raises(PipelineFailure):
+        for _ in iterator:
+            pass
+    with pytest.raises(RuntimeError, match="DataLoader pass failed earlier") as info:
+        next(iterator)  # not StopIteration: no shorter epoch
+    assert isinstance(info.value.__cause__, PipelineFailure)

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from gristmill._src.spdl.builder import PipelineBuilder
 from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.pipeline import Pipeline
+from gristmill._src.spdl.sticky import FailsAgain
 
 Source = TypeVar("Source")
 Output = TypeVar("Output")
@@ -84,7 +85,11 @@ class DataLoader(Generic[Source, Output]):
         return builder.add_sink(self._buffer_size).build(num_threads=self._num_threads)
 
     def __iter__(self) -> Iterator[Output]:
-        """Runs a fresh pipeline and yields its outputs."""
+        """Runs a fresh pipeline and yields its outputs (after an error, every ``next()``
+        raises again: never a silently shorter epoch)."""
+        return FailsAgain(self._run(), "this DataLoader pass")
+
+    def _run(self) -> Iterator[Output]:
         pipeline = self._pipeline()
         with pipeline.auto_stop():
             yield from pipeline.get_iterator(timeout=self._timeout)

@@ -30,7 +30,11 @@ def shuffled(seed=1, **changes):
     params.update(changes)
     ds = M.range(params["n"]).seed(seed).shuffle().map(params["fn"])
     ds = gm.experimental.WindowShuffleMapDataset(ds, window_size=params["window"], seed=seed)
-    return ds.to_iter_dataset().random_map(lambda x, rng: x).batch(params["batch"], drop_remainder=params["drop"])
+    return (
+        ds.to_iter_dataset()
+        .random_map(lambda x, rng: x)
+        .batch(params["batch"], drop_remainder=params["drop"])
+    )
 
 
 @pytest.mark.parametrize(
@@ -94,7 +98,7 @@ def test_a_function_is_known_by_its_qualified_name_so_a_fixed_one_still_restores
 
     state = advanced(build(fixed), 3).get_state()
 
-    def fixed(x):  # noqa: F811 (the bug-fixed version)
+    def fixed(x):  # the bug-fixed version
         return x + 2
 
     restored = iter(build(fixed))

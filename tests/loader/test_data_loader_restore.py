@@ -90,7 +90,10 @@ def state_with(**changes):
     ("changes", "message"),
     [
         ({"last_seen_indices": {"1": 3}}, r"'last_seen_indices' must map each worker \['0'\]"),
-        ({"worker_count": 2}, r"must map each worker \['0', '1'\] \(the state's worker_count is 2\)"),
+        (
+            {"worker_count": 2},
+            r"must map each worker \['0', '1'\] \(the state's worker_count is 2\)",
+        ),
         ({"last_seen_indices": {"0": 1e400}}, r"last_seen_indices\['0'\].* must be an integer"),
         ({"last_seen_indices": {"0": "2"}}, r"last_seen_indices\['0'\].* must be an integer"),
         ({"last_seen_indices": {"0": -5}}, r"= -5 is not a record of worker 0"),

@@ -100,5 +100,7 @@ def _integer(value: Any, name: str, *, low: int | None = None) -> int:
         number = None
     if number is None or (low is not None and number < low):
         bound = "" if low is None else f" >= {low}"
-        raise ValueError(f"DataLoader state {name!r} must be an integer{bound}, got {value!r}; {_FIX}")
+        raise ValueError(
+            f"DataLoader state {name!r} must be an integer{bound}, got {value!r}; {_FIX}"
+        )
     return number

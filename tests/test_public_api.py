@@ -62,7 +62,12 @@ EXPECTED = {
         "SharedMemoryArray",
         "SharedMemoryArrayMetadata",
     ],
-    "gristmill.checkpoint": ["CheckpointHandler", "StateMismatchError", "to_grain_state"],
+    "gristmill.checkpoint": [
+        "CheckpointHandler",
+        "StateMismatchError",
+        "accept_changes",
+        "to_grain_state",
+    ],
     "gristmill.testing": ["assert_equal_output_after_checkpoint"],
     "gristmill.samplers": ["IndexSampler", "SequentialSampler", "Sampler"],
     "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],

@@ -35,14 +35,14 @@ def advanced(ds, steps):
 def test_root_state_carries_version_and_pipeline_fingerprint_nested_states_do_not():
     state = advanced(pipeline(gm), 3).get_state()
     version, fingerprint = state[KEY].split(":")
-    assert version == "v1"
+    assert version == "v2"
     nodes = fingerprint.split(".")
     assert len(nodes) == 4  # batch, random_map, filter, to_iter_dataset
     assert all(len(node) == 6 for node in nodes)
     assert KEY not in state["parent"]
     assert gm.checkpoint.to_grain_state(state) == advanced(pipeline(grain), 3).get_state()
     overhead = len(json.dumps(state)) - len(json.dumps(gm.checkpoint.to_grain_state(state)))
-    assert overhead == len(', "__gristmill__": "v1:"') + 4 * 7 - 1
+    assert overhead == len(', "__gristmill__": "v2:"') + 4 * 7 - 1
 
 
 def test_the_fingerprint_ignores_threads_and_prefetching_but_not_structure():
@@ -90,18 +90,19 @@ def test_mismatch_message_names_the_node():
         iter(pipeline(gm, batch=3)).set_state(state)
     assert str(info.value) == (
         "the state belongs to another pipeline: node 0 ('batch(3, drop_remainder=False)' here) "
-        "is not the node that saved it; restore it into the pipeline that saved it (or pass "
-        "gristmill.checkpoint.to_grain_state(state) to skip this check)"
+        "is not the node that saved it (another type, seed, size, length or function); "
+        "restore it into the pipeline that saved it, or, if the change is deliberate, restore "
+        "gristmill.checkpoint.accept_changes(state)"
     )
     saved = advanced(M.range(4).to_iter_dataset(), 1).get_state()
-    with pytest.raises(gm.checkpoint.StateMismatchError, match=r"node 0 \('map' here\)"):
+    with pytest.raises(gm.checkpoint.StateMismatchError, match=r"node 0 \('map\(abs\)' here\)"):
         iter(M.range(4).to_iter_dataset().map(abs)).set_state(saved)
 
 
 @pytest.mark.parametrize(
     ("meta", "match"),
     [
-        ("v99:abc", "format version 99, this gristmill reads version 1"),
+        ("v99:abc", "format version 99, this gristmill reads version 2"),
         ("garbage", "entry is corrupted"),
         ({"version": 1}, "entry is corrupted"),
     ],

@@ -262,7 +262,7 @@ def test_root_states_carry_the_pipeline_and_reject_another_one():
     next(iterator)
     state = iterator.get_state()
     version, fingerprint = state["__gristmill__"].split(":")
-    assert version == "v1"
+    assert version == "v2"
     assert len(fingerprint.split(".")) == 3  # limit, repeat, to_iter_dataset
     assert gm.checkpoint.to_grain_state(state) == {
         "parent": {"parent": {"next_index": 1}, "epoch": 0},

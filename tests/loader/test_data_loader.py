@@ -199,7 +199,6 @@ def test_a_restored_iterator_continues_exactly_with_workers():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"worker_count": 3}, "Worker count in checkpoint does not match dataloader worker count."),
         (
             {"sampler": "IndexSampler(other)"},
             "Sampler in checkpoint does not match dataloader sampler.",

@@ -179,6 +179,7 @@ def test_state_shape_and_independence_from_settings():
             "next_position": 9,
             "delivered_above": [],
             "partial_outputs": {},
+            "stages": ["0:src(range(0, 30))", "1:drop_multiples_of_3", "2:times10"],
         }
     )
     a.stop()
@@ -275,6 +276,7 @@ def test_a_state_taken_at_an_epoch_end_resumes_with_the_next_epoch():
         "delivered_above": [],
         "partial_outputs": {},
         "epochs_ended": 1,
+        "stages": ["0:src(range(0, 7), continuous=True)", "1:times10"],
     }
     second = continuous_pipeline(["map"])
     second.set_state(state)

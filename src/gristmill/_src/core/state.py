@@ -3,10 +3,13 @@
 An iterator's state is Grain's shape (a nested dict of logical positions). The iterator the
 user holds — the root of the iterator tree — adds one key, ``STATE_KEY``, holding the state
 format version and a fingerprint of the pipeline: a short hash of each node's description
-(type and structural parameters; never thread or buffer options, so a state restores under
-any of them). Restoring checks them and names the first node that differs. A state without
-the key (written by Grain 0.2.18, or by a nested iterator) is accepted as is: its shape is
-checked by each node.
+(its type and every parameter that decides which element comes where: seeds, batch and
+window sizes, lengths, proportions, functions by qualified name; never thread or buffer
+options, so a state restores under any of them). Restoring checks them and names the first
+node that differs. A state without the key (written by Grain 0.2.18, by a nested iterator,
+or passed through :func:`accept_changes`) is accepted as is: its shape is checked by each
+node. So is a version-1 state (gristmill before seeds and functions were described): its
+fingerprint cannot be compared.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 STATE_KEY = "__gristmill__"
-STATE_VERSION = 1
+STATE_VERSION = 2
+_UNCOMPARABLE_VERSIONS = {1}  # older fingerprints: restored by shape only
 
 
 class StateMismatchError(ValueError):
@@ -66,6 +70,8 @@ def without_metadata(state: Any, pipeline: Pipeline) -> Any:
             f"the state's {STATE_KEY!r} entry is corrupted: expected 'v<version>:<fingerprint>', "
             f"got {meta!r}; pass a dict returned by get_state()"
         )
+    if int(version[1:]) in _UNCOMPARABLE_VERSIONS:
+        return {key: value for key, value in state.items() if key != STATE_KEY}
     if int(version[1:]) != STATE_VERSION:
         raise StateMismatchError(
             f"the state has format version {version[1:]}, this gristmill reads version "
@@ -93,6 +99,43 @@ def to_grain_state(state: Any) -> Any:
     return state
 
 
+def accept_changes(state: Any) -> Any:
+    """``state`` without the record of the pipeline that saved it: restore it into a
+    pipeline you changed on purpose.
+
+    A restore compares the saved pipeline's description (seeds, batch and window sizes,
+    lengths, functions by qualified name, SPDL stages) with the pipeline it is restored into
+    and raises :class:`StateMismatchError` on any difference. The state this returns is
+    checked by shape only, as a state written by Grain is: the positions are taken as they
+    are, in the changed pipeline (a new shuffle seed then resumes at the same position of
+    the new permutation). Works on iterator states and ``Pipeline.get_state()`` states.
+
+    >>> import gristmill as gm
+    >>> it = iter(gm.MapDataset.range(8).seed(1).shuffle().to_iter_dataset())
+    >>> _ = next(it)
+    >>> changed = iter(gm.MapDataset.range(8).seed(2).shuffle().to_iter_dataset())
+    >>> changed.set_state(gm.checkpoint.accept_changes(it.get_state()))
+    >>> changed.get_state()["next_index"]
+    1
+    """
+    if isinstance(state, list):
+        return [accept_changes(value) for value in state]
+    if not isinstance(state, dict):
+        return state
+    return {
+        key: accept_changes(value)
+        for key, value in state.items()
+        # an iterator's record, and an SPDL pipeline's (wherever it is nested)
+        if key != STATE_KEY and not (key == "stages" and "next_position" in state)
+    }
+
+
+_ACCEPT = (
+    "restore it into the pipeline that saved it, or, if the change is deliberate, restore "
+    "gristmill.checkpoint.accept_changes(state)"
+)
+
+
 def _first_difference(saved: list[str], pipeline: Pipeline) -> str:
     current = pipeline.fingerprint.split(".")
     for position, (old, new) in enumerate(zip(saved, current, strict=False)):
@@ -100,16 +143,16 @@ def _first_difference(saved: list[str], pipeline: Pipeline) -> str:
             node = pipeline.nodes[position]
             return (
                 f"the state belongs to another pipeline: node {position} ({node!r} here) is not "
-                "the node that saved it; restore it into the pipeline that saved it (or pass "
-                "gristmill.checkpoint.to_grain_state(state) to skip this check)"
+                "the node that saved it (another type, seed, size, length or function); "
+                f"{_ACCEPT}"
             )
     if len(saved) > len(current):
         return (
             f"the state belongs to another pipeline: it was saved from {len(saved)} nodes, this "
-            f"pipeline has {len(current)}; restore it into the pipeline that saved it"
+            f"pipeline has {len(current)}; {_ACCEPT}"
         )
     return (
         f"the state belongs to another pipeline: it was saved from {len(saved)} nodes, this "
         f"pipeline has {len(current)} (the first extra one: {pipeline.nodes[len(saved)]!r}); "
-        "restore it into the pipeline that saved it"
+        f"{_ACCEPT}"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -104,6 +105,19 @@ def describe(transform: Any) -> str:
     """A short name for reprs and error messages: a function's name or the class name."""
     name = getattr(transform, "__name__", None)
     return name if isinstance(name, str) else type(transform).__name__
+
+
+def qualified_name(transform: Any) -> str:
+    """A function's identity in a checkpoint fingerprint: its qualified name.
+
+    Only the name, never the code, so a bug-fixed transform still restores; a lambda is
+    ``<lambda>`` with its enclosing names (``make.<locals>.<lambda>``), a partial is the
+    wrapped function's name, any other callable its class's qualified name.
+    """
+    while isinstance(transform, functools.partial):
+        transform = transform.func
+    name = getattr(transform, "__qualname__", None)  # functions, methods, classes
+    return name if isinstance(name, str) else type(transform).__qualname__
 
 
 def map_function(transform: Any) -> Callable[[Any], Any]:

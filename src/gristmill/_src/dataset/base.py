@@ -208,6 +208,15 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
     def __str__(self) -> str:
         return type(self).__name__
 
+    def _structure(self) -> str:
+        """This node in a checkpoint's pipeline description (see ``core/state.py``).
+
+        Override to list every parameter that decides which element comes where (a seed, a
+        size, a length; a function by its qualified name); the default is the class's name
+        and the length.
+        """
+        return f"{type(self).__qualname__}(len={len(self)})"
+
     # -- fluent API ----------------------------------------------------------------------
 
     def pipe(self, func: Callable[..., S], /, *args: Any, **kwargs: Any) -> S:

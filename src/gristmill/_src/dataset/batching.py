@@ -165,6 +165,9 @@ class BatchMapDataset(MapDataset[Any]):
             self._parent, self._batch_size, self._drop_remainder, self._batch_fn, make_batch
         )
 
+    def _structure(self) -> str:
+        return f"Batch({self._batch_size}, drop_remainder={self._drop_remainder})"
+
     def __str__(self) -> str:
         return (
             f"BatchMapDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"

@@ -139,6 +139,10 @@ class SelectionWithProportionsMap(DatasetSelectionMap):
     def __len__(self) -> int:
         return self._length
 
+    @property
+    def proportions(self) -> tuple[float, ...]:
+        return self._proportions
+
     def __getitem__(self, index: int) -> tuple[int, int]:
         return mix_position(index, self._proportions)
 
@@ -277,6 +281,14 @@ class MixedMapDataset(MapDataset[Any]):
     @property
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._parents[0])  # the parents share one spec
+
+    def _structure(self) -> str:
+        selection = self._selection_map
+        if isinstance(selection, SelectionWithProportionsMap):
+            return f"Mix(proportions={list(selection.proportions)}, len={self._length})"
+        if isinstance(selection, ConcatenationMap):
+            return f"Concatenate(len={self._length})"
+        return f"Select({type(selection).__qualname__}, len={self._length})"
 
     def __str__(self) -> str:
         return f"{type(self).__name__}[{len(self._parents)} parents]"

@@ -89,6 +89,9 @@ class FlatMapMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         raise _no_element_spec("FlatMapMapDataset")
 
+    def _structure(self) -> str:
+        return f"FlatMap({transforms.qualified_name(self._transform)}, fan_out={self._fan_out})"
+
     def __str__(self) -> str:
         return f"FlatMapMapDataset(transform={transforms.describe(self._transform)})"
 
@@ -146,7 +149,7 @@ class _FlatMapIterator(ForwardingIterator):
         return output
 
     def _describe(self) -> str:
-        return "flat_map"
+        return f"flat_map({transforms.qualified_name(self._flat_map)})"
 
     def get_state(self) -> dict[str, Any]:
         return self._export_state(

@@ -76,7 +76,7 @@ class _MapIterator(_OneParentIterator):
         return self._fn(next(self._parent))
 
     def _describe(self) -> str:
-        return "map"
+        return f"map({transforms.qualified_name(self._fn)})"
 
     def _get_next_index(self) -> int:
         return self._parent._get_next_index()
@@ -117,7 +117,7 @@ class _FilterIterator(_OneParentIterator):
         self._check: FilterRatioCheck | None = _UNCHECKED
 
     def _describe(self) -> str:
-        return "filter"
+        return f"filter({transforms.qualified_name(self._fn)})"
 
     def __next__(self) -> Any:
         parent, fn, check = self._parent, self._fn, self._check
@@ -166,11 +166,16 @@ class _CountingIterator(DatasetIterator[Any]):
     """Applies ``apply(count, x)``; state ``{"parent": …, key: count}``."""
 
     def __init__(
-        self, parent: DatasetIterator[Any], apply: Callable[[int, Any], Any], key: str
+        self,
+        parent: DatasetIterator[Any],
+        apply: Callable[[int, Any], Any],
+        key: str,
+        description: str,
     ) -> None:
         super().__init__(parent)
         self._apply = apply
         self._key = key
+        self._description = description
         self._count = 0
 
     def __next__(self) -> Any:
@@ -183,7 +188,7 @@ class _CountingIterator(DatasetIterator[Any]):
         return self._export_state({"parent": self._parent.get_state(), self._key: self._count})
 
     def _describe(self) -> str:
-        return "random_map" if self._key == "index_for_rng" else "map_with_index"
+        return self._description
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
@@ -222,7 +227,8 @@ class RandomMapIterDataset(IterDataset[Any]):
         def apply(count: int, element: Any) -> Any:
             return fn(element, rng.at(count % _U64))
 
-        return _CountingIterator(iter(self._parent), apply, "index_for_rng")
+        description = f"random_map({transforms.qualified_name(fn)}, seed={self._seed})"
+        return _CountingIterator(iter(self._parent), apply, "index_for_rng", description)
 
     @property
     def _element_spec(self) -> Any:
@@ -242,7 +248,8 @@ class MapWithIndexIterDataset(IterDataset[Any]):
         self._fn = transforms.map_with_index_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
-        return _CountingIterator(iter(self._parent), self._fn, "counter")
+        description = f"map_with_index({transforms.qualified_name(self._fn)})"
+        return _CountingIterator(iter(self._parent), self._fn, "counter", description)
 
     @property
     def _element_spec(self) -> Any:

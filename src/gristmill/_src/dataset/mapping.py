@@ -39,6 +39,9 @@ class MapMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         return specs.from_transform(self._transform, self._parent)
 
+    def _structure(self) -> str:
+        return f"Map({transforms.qualified_name(self._transform)})"
+
     def __str__(self) -> str:
         return f"MapMapDataset(transform={transforms.describe(self._transform)})"
 
@@ -53,7 +56,8 @@ class RandomMapMapDataset(MapDataset[Any]):
         self._fn = transforms.random_map_function(transform)
         if seed is None:
             seed = resolve_seed(self, None, "random_map")
-        self._rng = IndexedRng(validation.check_rng_seed(seed))
+        self._seed = validation.check_rng_seed(seed)
+        self._rng = IndexedRng(self._seed)
 
     def __len__(self) -> int:
         return len(self._parent)
@@ -74,6 +78,9 @@ class RandomMapMapDataset(MapDataset[Any]):
     @property
     def _element_spec(self) -> Any:
         return specs.from_transform(self._transform, self._parent)
+
+    def _structure(self) -> str:
+        return f"RandomMap({transforms.qualified_name(self._transform)}, seed={self._seed})"
 
     def __str__(self) -> str:
         return f"RandomMapMapDataset(transform={transforms.describe(self._transform)})"
@@ -106,6 +113,9 @@ class MapWithIndexMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         return specs.from_transform(self._transform, self._parent)
 
+    def _structure(self) -> str:
+        return f"MapWithIndex({transforms.qualified_name(self._transform)})"
+
     def __str__(self) -> str:
         return f"MapWithIndexMapDataset(transform={transforms.describe(self._transform)})"
 
@@ -135,6 +145,9 @@ class FilterMapDataset(MapDataset[Any]):
     @property
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._parent)
+
+    def _structure(self) -> str:
+        return f"Filter({transforms.qualified_name(self._transform)})"
 
     def __str__(self) -> str:
         return f"FilterMapDataset(transform={transforms.describe(self._transform)})"

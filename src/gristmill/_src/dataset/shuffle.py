@@ -129,5 +129,8 @@ class ShuffleMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._parent)
 
+    def _structure(self) -> str:
+        return f"Shuffle(seed={self._seed})"
+
     def __str__(self) -> str:
         return "ShuffleMapDataset"

@@ -55,6 +55,9 @@ class SliceMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._parent)
 
+    def _structure(self) -> str:
+        return f"Slice({self._start}:{self._stop}:{self._step})"
+
     def __str__(self) -> str:
         return f"SliceMapDataset[{self._start}:{self._stop}:{self._step}]"
 
@@ -109,6 +112,9 @@ class RepeatMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._parent)
 
+    def _structure(self) -> str:
+        return f"Repeat(num_epochs={self._num_epochs}, reseed_each_epoch={self._reseed})"
+
     def __str__(self) -> str:
         return f"RepeatMapDataset(num_epochs={self._num_epochs})"
 
@@ -137,6 +143,9 @@ class _WithSeedMapDataset(MapDataset[Any]):
     @property
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._parent)
+
+    def _structure(self) -> str:
+        return "Seed"  # the seeds it derives are the random nodes' own parameters
 
     def __str__(self) -> str:
         return f"WithSeedMapDataset(seed={self._seed_value})"

@@ -59,6 +59,9 @@ class SourceMapDataset(MapDataset[Any]):
             return list(self._batched(local.tolist()))
         return [source[i] for i in local.tolist()]
 
+    def _structure(self) -> str:
+        return f"Source({type(self._source).__qualname__}, len={self._length})"
+
     def __str__(self) -> str:
         return f"SourceMapDataset(source={type(self._source).__name__})"
 
@@ -116,6 +119,9 @@ class RangeMapDataset(MapDataset[int]):
         if read_options is None:
             read_options = ReadOptions(prefetch_buffer_size=0)
         return super().to_iter_dataset(read_options, allow_nones=allow_nones)
+
+    def _structure(self) -> str:
+        return f"Range({self._range.start}, {self._range.stop}, {self._range.step})"
 
     def __str__(self) -> str:
         r = self._range

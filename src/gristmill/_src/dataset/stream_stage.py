@@ -230,7 +230,7 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
     def _pipeline(self) -> list[str]:
         # The fused ops describe themselves as the nodes they replace, so a state restores
         # with or without mp_prefetch.
-        return [*(kind for kind, _ in reversed(self._ops.ops)), *self._parent._pipeline()]
+        return [*self._ops.describe(), *self._parent._pipeline()]
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)

@@ -19,6 +19,7 @@ from gristmill._src.core import specs
 from gristmill._src.core.dataset_options import WINDOW, FilterRatioCheck
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.core.state import StateOutOfRangeError
+from gristmill._src.core.transforms import qualified_name
 from gristmill._src.dataset.base import MapDataset, register
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
@@ -61,17 +62,33 @@ class PrefetchIterDataset(IterDataset[Any]):
         )
 
 
-def stage_name(ds: MapDataset[Any], *, functions: bool = True) -> str:
-    """A short name for the fused chain ending at ``ds``: ``Range → Shuffle → Map(f)``.
+def structure(ds: MapDataset[Any]) -> str:
+    """``ds`` in a checkpoint's pipeline description: every node's ``_structure()`` (its
+    seeds, sizes, lengths and functions), from the sources to ``ds``.
 
-    ``functions=False`` leaves out the functions' names (a structural description).
+    >>> import gristmill as gm
+    >>> structure(gm.MapDataset.range(8).seed(3).shuffle().batch(2))
+    'Range(0, 8, 1) → Seed → Shuffle(seed=...) → Batch(2, drop_remainder=False)'
     """
+    names = []
+    node: MapDataset[Any] | None = ds
+    while node is not None:
+        names.append(node._structure())
+        parents = node.parents
+        node = parents[0] if len(parents) == 1 else None
+        if len(parents) > 1:  # a mix, a zip: each parent's chain
+            names.append(f"[{', '.join(structure(parent) for parent in parents)}]")
+    return " → ".join(reversed(names))
+
+
+def stage_name(ds: MapDataset[Any]) -> str:
+    """A short name for the fused chain ending at ``ds``: ``Range → Shuffle → Map(f)``."""
     names = []
     node: MapDataset[Any] | None = ds
     while node is not None:
         name = type(node).__name__.removesuffix("MapDataset").strip("_") or type(node).__name__
         transform = getattr(node, "_transform", None)
-        if transform is not None and functions:
+        if transform is not None:
             name += f"({getattr(transform, '__name__', type(transform).__name__)})"
         if len(node.parents) > 1:
             name += f"[{len(node.parents)}]"
@@ -140,6 +157,11 @@ class FusedOps:
 
     def function(self, allow_nones: bool) -> Callable[[Any], Any]:
         return _FusedFunction(self.ops, allow_nones)
+
+    def describe(self) -> list[str]:
+        """The ops as the unfused iterators describe themselves (last op first), so a state
+        restores with or without fusion."""
+        return [f"{kind}({qualified_name(fn)})" for kind, fn in reversed(self.ops)]
 
 
 class _FusedFunction:
@@ -315,13 +337,12 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         return self._export_state({"next_index": self._next_index})
 
     def _describe(self) -> str:
-        structure = stage_name(self._dataset, functions=False)
-        return f"to_iter_dataset({structure}, len={self._length})"
+        return f"to_iter_dataset({structure(self._dataset)}, len={self._length})"
 
     def _pipeline(self) -> list[str]:
         # Fused IterDataset ops describe themselves as the nodes they replace, so a state
         # restores with or without multithread_prefetch.
-        fused = [kind for kind, _ in reversed(self._fused.ops)] if self._fused else []
+        fused = self._fused.describe() if self._fused else []
         return [*fused, self._describe()]
 
     def set_state(self, state: dict[str, Any]) -> None:

@@ -149,6 +149,9 @@ class WindowShuffleMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._parent)
 
+    def _structure(self) -> str:
+        return f"WindowShuffle(window_size={self._window_size}, seed={self._seed})"
+
     def __str__(self) -> str:
         return "WindowShuffleMapDataset"
 
@@ -174,7 +177,9 @@ class WindowShuffleIterDataset(IterDataset[Any]):
         return perms
 
     def __iter__(self) -> DatasetIterator[Any]:
-        return _WindowShuffleIterator(iter(self._parent), self._window_size, self._permutations)
+        return _WindowShuffleIterator(
+            iter(self._parent), self._window_size, self._permutations, self._seed
+        )
 
     @property
     def _element_spec(self) -> Any:
@@ -193,8 +198,11 @@ class _WindowShuffleIterator(ForwardingIterator):
         "an output is a shuffled element of its window, known only by reading the window"
     )
 
-    def __init__(self, parent: DatasetIterator[Any], window_size: int, permutations: Any) -> None:
+    def __init__(
+        self, parent: DatasetIterator[Any], window_size: int, permutations: Any, seed: int
+    ) -> None:
         super().__init__(parent)
+        self._seed = seed
         self._window_size = window_size
         self._permutations = permutations
         self._window_start = parent.get_state()
@@ -236,7 +244,7 @@ class _WindowShuffleIterator(ForwardingIterator):
         return element
 
     def _describe(self) -> str:
-        return f"window_shuffle(window_size={self._window_size})"
+        return f"window_shuffle(window_size={self._window_size}, seed={self._seed})"
 
     def get_state(self) -> dict[str, Any]:
         return self._export_state(

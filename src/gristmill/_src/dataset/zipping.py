@@ -59,6 +59,9 @@ class ZipMapDataset(MapDataset[Any]):
     def _element_spec(self) -> Any:
         return tuple(specs.get_element_spec(parent) for parent in self._parents)
 
+    def _structure(self) -> str:
+        return f"Zip(len={self._length})"
+
     def __str__(self) -> str:
         return f"ZipMapDataset[{len(self._parents)} parents]"
 

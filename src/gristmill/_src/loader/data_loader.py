@@ -10,8 +10,9 @@ the remainder of an uneven shard).
 
 The iterator's state is Grain's version-2 JSON (``last_seen_indices`` per worker, computed
 from the number of records consumed so far, as Grain's round-robin over worker slices would
-have consumed them); a state restores under the same ``worker_count``, sampler and source
-(validated as upstream, with its messages).
+have consumed them); a state restores under the same sampler and source (validated as
+upstream, with its messages) and under any ``worker_count`` (``loader_state``: Grain
+refuses another count).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
-from gristmill._src.loader import operations, sharding
+from gristmill._src.loader import loader_state, operations, sharding
 from gristmill._src.loader.pack_and_batch import PackAndBatchIterDataset, PackAndBatchOperation
 from gristmill._src.loader.samplers import IndexSampler
 
@@ -418,13 +419,9 @@ class DataLoaderIterator:
             )
         if self._validate:
             _check_same_loader(loader, data)
-        s, c = loader._shard_options.shard_index, loader._shard_options.shard_count
-        count = max(loader._worker_count, 1)
-        stride = count * c
-        consumed = 0
-        for w in range(count):
-            last = int(data["last_seen_indices"][str(w)])
-            consumed += (last + stride - s - w * c) // stride
+        shard = loader._shard_options
+        taken = loader_state.records_taken(data, shard.shard_index, shard.shard_count)
+        consumed = loader_state.continuation(taken, exact=self._validate)
         native = self._iterator.get_state()
         self._iterator.set_state(_with_next_index(native, consumed))
 
@@ -433,13 +430,8 @@ class DataLoaderIterator:
 
 
 def _check_same_loader(loader: DataLoader, data: dict[str, Any]) -> None:
-    """A state restores only under the worker count, sampler and source it was taken with."""
-    if data["worker_count"] != loader._worker_count:
-        raise ValueError(
-            "Worker count in checkpoint does not match dataloader worker count.\n"
-            f"worker count in checkpoint: {data['worker_count']}\n"
-            f"worker count in dataloader: {loader._worker_count}"
-        )
+    """A state restores only under the sampler and source it was taken with (under any
+    worker count: see ``loader_state``)."""
     if data["sampler"] != repr(loader._sampler):
         raise ValueError(
             "Sampler in checkpoint does not match dataloader sampler.\n"

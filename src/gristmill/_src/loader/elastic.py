@@ -13,7 +13,7 @@ from gristmill._src.core import validation
 from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
-from gristmill._src.dataset.to_iter import stage_name
+from gristmill._src.dataset.to_iter import structure
 from gristmill._src.loader.sharding import ShardOptions, check_shard_options
 
 _KEY = "global_next_index"
@@ -193,7 +193,7 @@ class ElasticDatasetIterator(DatasetIterator[Any]):
 
     def _describe(self) -> str:
         # Neither the shard nor the batch size: a state restores under any of them.
-        return f"elastic({stage_name(self._ds, functions=False)}, len={len(self._ds)})"
+        return f"elastic({structure(self._ds)}, len={len(self._ds)})"
 
     def _pipeline(self) -> list[str]:
         return [self._describe()]

@@ -21,7 +21,7 @@ from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.streams import IteratorStream
-from gristmill._src.spdl import config, defs, ops
+from gristmill._src.spdl import config, defs, fingerprint, ops
 from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
 from gristmill._src.spdl.executors import ExecutorCall
@@ -163,6 +163,7 @@ def build_pipeline(
             [*(config.get_default_background_tasks() or ()), *(background_tasks or ())],
             name=f"gristmill[{pipeline_id}:background]",
         ),
+        stages=fingerprint.describe(cfg, stage_id),
     )
 
 

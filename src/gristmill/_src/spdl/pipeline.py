@@ -27,6 +27,7 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate_chunks
+from gristmill._src.spdl import fingerprint
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
 from gristmill._src.spdl.queue_monitor import ItemCount, QueueMonitor, counters_probe
 from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, Path, ResumableSource
@@ -126,8 +127,10 @@ class Pipeline(Generic[T]):
         sink_info: StageInfo | None = None,
         background: BackgroundRunner | None = None,
         executor_calls: list[Any] | None = None,
+        stages: list[str] | None = None,
     ) -> None:
         self._config = config
+        self._stages = stages if stages is not None else []  # see spdl/fingerprint.py
         self._sink_buffer = sink_buffer
         self._counters = StageCounters(f"{name}:sink", 1, sink_buffer)
         self._pending: collections.deque[Any] = collections.deque()  # a taken chunk's rest
@@ -270,14 +273,22 @@ class Pipeline(Generic[T]):
 
         Independent of concurrency, ``num_threads`` and output order: a pipeline built the
         same way (any of those changed) and given this state with :meth:`set_state` yields
-        exactly the items not yet received, none twice.
+        exactly the items not yet received, none twice. ``"stages"`` describes the pipeline
+        (see ``spdl/fingerprint.py``): a pipeline built differently refuses the state.
         """
         if self._resumable is None:
             raise NotImplementedError(_NO_STATE)
-        return self._tracker.state()
+        return {**self._tracker.state(), fingerprint.STAGES_KEY: list(self._stages)}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continues from ``state`` (from :meth:`get_state`); call before the pipeline starts."""
+        """Continues from ``state`` (from :meth:`get_state`); call before the pipeline starts.
+
+        Raises:
+          StateMismatchError: the state was saved by a pipeline built differently (another
+            source length, op or aggregation size; the stage is named). Restore
+            ``gristmill.checkpoint.accept_changes(state)`` to accept a deliberate change.
+          ValueError: the state is malformed.
+        """
         if self._resumable is None:
             raise NotImplementedError(_NO_STATE)
         if self._started:
@@ -285,7 +296,12 @@ class Pipeline(Generic[T]):
                 "set_state() must be called before the pipeline starts; build a new pipeline "
                 "and restore it before the first get_item()"
             )
+        if isinstance(state, dict) and fingerprint.STAGES_KEY in state:
+            # Without the list (gristmill.checkpoint.accept_changes): the shape is checked only.
+            fingerprint.check(state[fingerprint.STAGES_KEY], self._stages)
+            state = {k: v for k, v in state.items() if k != fingerprint.STAGES_KEY}
         self._tracker.restore(state)
+        self._resumable.check_positions(self._tracker.watermark, self._tracker.done)
         self._resumable.start = self._tracker.watermark
         self._resumable.skip = set(self._tracker.done)
         self._resumable.epochs_ended = self._tracker.epochs_ended

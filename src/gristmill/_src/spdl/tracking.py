@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.core.state import StateOutOfRangeError
 from gristmill._src.engine.feeds import Chunk, FailedInput
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 
@@ -299,6 +300,20 @@ class ResumableSource:
         self.skip: set[int] = set()
         self.epochs_ended = 0
         self._markers_made = 0  # EPOCH_END markers (not items: the stats leave them out)
+
+    def check_positions(self, watermark: int, done: set[int]) -> None:
+        """Raises StateOutOfRangeError if a restored state counts more items than a
+        sequence source has (only a continuous source counts across passes)."""
+        source = self.source
+        if self.continuous or not isinstance(source, (Sequence, np.ndarray)):
+            return
+        last = max(done, default=watermark - 1)
+        if watermark > len(source) or last >= len(source):
+            raise StateOutOfRangeError(
+                f"the pipeline state counts {max(watermark, last + 1)} source items, the "
+                f"source has {len(source)}; restore it into a pipeline over the source "
+                "that saved it"
+            )
 
     def passes_made(self) -> int:
         return self._markers_made

@@ -389,9 +389,9 @@ class ChunkRunner:
         counters.task_done(task.size, elapsed)
         counters.delivered(len(chunk.values), task.size)
         self._policy.record(task.size, elapsed)
-        if self._policy.use_threads():
-            # The probe showed costly work: start the workers now, so that they read ahead
-            # while the consumer handles this chunk (a training step overlaps the reads).
+        if self._policy.threads_pay_after_warmup():
+            # Inline chunks showed costly work: start the workers now, so that they read
+            # ahead while the consumer handles this chunk (a training step overlaps reads).
             with core.lock:
                 self._enable_workers()
         return chunk

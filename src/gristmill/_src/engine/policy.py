@@ -26,6 +26,10 @@ _WINDOW = 16
 ASYNC_TASKS_PER_BUFFER = 4
 
 
+COLD_START_S = 1e-3
+"""A first measured cost per element below this may be a cold start, not the work's cost."""
+
+
 class ChunkPolicy:
     """Decides inline vs threads and chunk sizes. Owned by one runner; not thread-safe."""
 
@@ -85,6 +89,14 @@ class ChunkPolicy:
     def cost(self) -> float | None:
         """Estimated seconds of work per element, or None before the first measurement."""
         return min(self._costs) if self._costs else None
+
+    def threads_pay_after_warmup(self) -> bool:
+        """:meth:`use_threads`, judged on two measurements, or on one of at least
+        ``COLD_START_S`` per element: a first measurement alone can be a cold start (first
+        calls, cold caches) that makes cheap work look costly."""
+        if not self._costs or (len(self._costs) < 2 and self._costs[0] < COLD_START_S):
+            return False
+        return self.use_threads()
 
     def use_threads(self) -> bool:
         """True when even the largest allowed thread chunk amortises a hand-off."""

@@ -59,13 +59,13 @@ def resolve_verify_crc(verify_crc: Any) -> bool:
     unchecked and logs a warning once per process (on the ``gristmill.source`` logger).
     """
     global _unverified_noticed
-    verify_crc = validation.check_optional_bool(
+    flag = validation.check_optional_bool(
         verify_crc, "verify_crc", "verify when google_crc32c is installed"
     )
-    if verify_crc is not None:
-        if verify_crc:
+    if flag is not None:
+        if flag:
             crc32c()
-        return verify_crc
+        return flag
     try:
         crc32c()
     except ImportError:
@@ -83,8 +83,10 @@ def resolve_verify_crc(verify_crc: Any) -> bool:
 
 def data_crc_ok(data: bytes, buffer: Any, pos: int) -> bool:
     """Whether the masked CRC of ``data`` is the uint32 at ``buffer[pos:pos + 4]``."""
-    crc = crc32c().value(data)
-    return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF == unpack_footer(buffer, pos)[0]
+    crc = int(crc32c().value(data))
+    return bool(
+        (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF == unpack_footer(buffer, pos)[0]
+    )
 
 
 def masked_crc(data: Any) -> int:

@@ -161,8 +161,14 @@ def _read_offsets(file: IO[bytes], meta: dict[str, Any], start: int) -> Offsets:
     values = np.frombuffer(body, dtype="<u8")
     if len(values) != meta["count"] + 1:  # the file changed since _header measured it
         raise _Invalid(f"it holds {len(values)} offsets, expected {meta['count'] + 1}")
-    steps = np.diff(values)
-    if values[0] != 0 or values[-1] != meta["size"] or (steps < fmt.FRAME_SIZE).any():
+    size = meta["size"]
+    # Bounded by the size first, so the differences cannot wrap around in int64.
+    if (
+        values[0] != 0
+        or values[-1] != size
+        or (values > size).any()
+        or (np.diff(values.astype(np.int64)) < fmt.FRAME_SIZE).any()
+    ):
         raise _Invalid(
             f"its offsets do not fit the file (they must start at 0, grow by at least "
             f"{fmt.FRAME_SIZE} bytes a record and end at its size {meta['size']})"

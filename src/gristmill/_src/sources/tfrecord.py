@@ -30,7 +30,7 @@ class TFRecordIterDataset(IterDataset[bytes]):
     """The records of the TFRecord file ``path``, in file order, as ``bytes``.
 
     ``path`` is a local path or a URL (``gs://...``, ``memory://...``; through fsspec). The
-    file is opened by ``iter()``. Each record's length and data CRC-32C are checked when
+    file is opened by ``iter()``. Records are checked against their CRC-32C checksums when
     ``google_crc32c`` is installed (``pip install 'gristmill[tfrecord]'``), so a damaged
     file raises an error instead of reading back different bytes (Grain 0.2.18 never
     checks them).

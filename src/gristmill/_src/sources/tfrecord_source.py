@@ -20,12 +20,12 @@ class TFRecordDataSource:
     On first use each file's headers are scanned once to index its records; the index is
     cached as ``<file>.gmidx`` next to the file, or in ``index_dir`` when given, and reused
     while the file's size and modification time are unchanged; a cached index that is stale,
-    damaged (its checksum) or inconsistent with the file is rebuilt, with a warning naming
-    it and why. A remote file (``gs://``,
-    ``memory://``, ...; through fsspec) or one in a read-only directory keeps its index in
-    memory unless ``index_dir`` is given. Batched reads (``_getitems``) read all of a file's
-    records in one call (concurrent requests for remote files). The source pickles without
-    its open files (workers reopen them), and with the in-memory indexes only.
+    damaged (its checksums) or inconsistent with the file is rebuilt, with a warning naming
+    it and why. A remote file (``gs://``, ``memory://``, ...; through fsspec) or one in a
+    read-only directory keeps its index in memory unless ``index_dir`` is given. Batched
+    reads (``_getitems``) read all of a file's records in one call (concurrent requests for
+    remote files). The source pickles without its open files (workers reopen them), and with
+    the in-memory indexes only.
 
     Args:
       paths: a TFRecord file, or a sequence of them (local paths or URLs).

@@ -177,6 +177,30 @@ def test_checkpoint_handler_errors(tmp_path):
         handler.restore(tmp_path, iter(pipeline(gm)))
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"next_ind', r"is not valid JSON \(Unterminated string .*; the file has 10 bytes\)"),
+        (b"", r"is not valid JSON \(Expecting value: .*; the file has 0 bytes\): it is trunc"),
+        (b'{"a": 1} }', r"is not valid JSON \(Extra data: line 1 column 10 \(char 9\); the"),
+        (b'{"a": "\xff\xfe"}', r"is not UTF-8 text \(byte 7 of 11 is b'\\xff'\)"),
+    ],
+    ids=["truncated", "empty", "damaged", "not-utf8"],
+)
+def test_a_damaged_checkpoint_file_is_an_error_naming_its_path(tmp_path, content, message):
+    (tmp_path / "process_0-of-1.json").write_bytes(content)
+    pattern = rf"the checkpoint '.*process_0-of-1.json' {message}"
+    with pytest.raises(ValueError, match=pattern):
+        gm.checkpoint.CheckpointHandler().restore(tmp_path, iter(pipeline(gm)))
+    with pytest.raises(ValueError, match=pattern):
+        asyncio.run(iter(pipeline(gm)).load(tmp_path))
+    loader = gm.DataLoader(
+        data_source=list(range(8)), sampler=gm.samplers.SequentialSampler(8), worker_count=0
+    )
+    with pytest.raises(ValueError, match=pattern):
+        asyncio.run(iter(loader).load(tmp_path))
+
+
 def test_async_save_and_load(tmp_path):
     it = advanced(pipeline(gm), 3)
     expected = [b.tolist() for b in advanced(pipeline(gm), 3)]

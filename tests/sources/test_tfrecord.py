@@ -1,6 +1,7 @@
 """TFRecord files: the writer, TFRecordIterDataset (sequential) and TFRecordDataSource
 (random access by a cached offset index), with clear errors for bad data."""
 
+import logging
 import os
 import pickle
 import struct
@@ -229,7 +230,9 @@ def test_iter_rejects_bad_states(tmp_path, state, message):
 def test_iter_rejects_bad_arguments(tmp_path):
     with pytest.raises(TypeError, match=r"path must be one path \(str or os.PathLike\), got list"):
         TFRecordIterDataset(["a", "b"])
-    with pytest.raises(TypeError, match="verify_crc must be a bool, got 1"):
+    with pytest.raises(
+        TypeError, match=r"verify_crc must be a bool or None, got 1 of type int; pass verify_crc="
+    ):
         TFRecordIterDataset("a", verify_crc=1)
     ds = TFRecordIterDataset(tmp_path / "missing.tfrecord")  # opened by iter(), as upstream
     assert str(ds) == f"TFRecordIterDataset(path={str(tmp_path / 'missing.tfrecord')!r})"
@@ -368,7 +371,7 @@ def test_source_rejects_bad_indices(tmp_path, index, error, message):
 def test_source_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="paths must name at least one file"):
         TFRecordDataSource([])
-    with pytest.raises(TypeError, match="verify_crc must be a bool"):
+    with pytest.raises(TypeError, match="verify_crc must be a bool or None"):
         TFRecordDataSource("x", verify_crc="yes")
     with pytest.raises(ValueError, match="index_dir must be a local directory, got 'memory://x'"):
         TFRecordDataSource("x", index_dir="memory://x")
@@ -411,16 +414,31 @@ def test_missing_google_crc32c_names_the_extra(tmp_path, monkeypatch):
         TFRecordDataSource(path, verify_crc=True)
 
 
-def test_reading_needs_no_google_crc32c(tmp_path, monkeypatch):
+def test_reading_needs_no_google_crc32c_and_says_once_that_it_does_not_verify(
+    tmp_path, monkeypatch, caplog
+):
     import sys
 
     from gristmill._src.sources import tfrecord_format
 
     path = _write(tmp_path / "d.tfrecord", RECORDS)
     monkeypatch.setattr(tfrecord_format, "_crc32c_module", None)
+    monkeypatch.setattr(tfrecord_format, "_unverified_noticed", False)  # a fresh process
     monkeypatch.setitem(sys.modules, "google_crc32c", None)
-    assert _read_all(path) == RECORDS
-    assert TFRecordDataSource(path)._getitems([0, 1, 2]) == RECORDS[:3]
+    with caplog.at_level(logging.WARNING, logger="gristmill.source"):
+        assert _read_all(path) == RECORDS
+        assert TFRecordDataSource(path)._getitems([0, 1, 2]) == RECORDS[:3]
+        assert _read_all(path) == RECORDS
+    notices = [r for r in caplog.records if "CRC-32C" in r.getMessage()]
+    assert len(notices) == 1
+    assert notices[0].name == "gristmill.source"
+    assert "pip install 'gristmill[tfrecord]'" in notices[0].getMessage()
+    assert "verify_crc=False" in notices[0].getMessage()
+    caplog.clear()
+    monkeypatch.setattr(tfrecord_format, "_unverified_noticed", False)
+    with caplog.at_level(logging.WARNING, logger="gristmill.source"):
+        assert _read_all(path, verify_crc=False) == RECORDS  # asked for: no notice
+    assert not caplog.records
 
 
 # -- bad data ------------------------------------------------------------------------------
@@ -474,9 +492,9 @@ def _all_readers(path, verify_crc):
             "1000000000000 bytes",
         ),
         (
-            lambda raw: raw[:27] + b"\0\0\0\0" + raw[31:],
+            lambda raw: raw[:8] + b"\0\0\0\0" + raw[12:],
             True,
-            r"corrupt TFRecord file: '.*bad.tfrecord' at byte offset 19 \(record 1\) the "
+            r"corrupt TFRecord file: '.*bad.tfrecord' at byte offset 0 \(record 0\) the "
             "length CRC is 0x00000000, expected 0x",
         ),
         (
@@ -497,11 +515,26 @@ def test_bad_data_names_file_offset_and_record(tmp_path, edit, verify_crc, messa
 
 
 def test_bad_data_without_verification_is_read_as_upstream(tmp_path):
-    """Grain does not check CRCs: a damaged data byte is returned as is (verify_crc=False)."""
+    """Grain does not check CRCs: with verify_crc=False a damaged data byte reads as is."""
     path = _corrupt(tmp_path, RECORDS, lambda raw: raw[:50] + b"Y" + raw[51:])
     expected = [RECORDS[0], RECORDS[1], b"xxxYxxxxxx", *RECORDS[3:]]
-    assert _read_all(path) == expected
-    assert [TFRecordDataSource(path)[i] for i in range(5)] == expected
+    assert _read_all(path, verify_crc=False) == expected
+    assert [TFRecordDataSource(path, verify_crc=False)[i] for i in range(5)] == expected
+
+
+def test_crcs_are_checked_by_default(tmp_path):
+    path = _corrupt(tmp_path, RECORDS, lambda raw: raw[:50] + b"Y" + raw[51:])
+    message = r"'.*bad.tfrecord' at byte offset 35 \(record 2\) the data CRC"
+    with pytest.raises(ValueError, match=message):
+        _read_all(path)
+    source = TFRecordDataSource(path)
+    assert source[1] == RECORDS[1]
+    with pytest.raises(ValueError, match=message):
+        source[2]
+    with pytest.raises(ValueError, match=message):
+        source._getitems([0, 2])
+    assert "verify_crc" not in repr(source)
+    assert repr(TFRecordDataSource(path, verify_crc=False)).endswith("verify_crc=False)")
 
 
 def test_restored_iterator_errors_count_records_from_the_restored_offset(tmp_path):
@@ -628,6 +661,6 @@ def test_a_damaged_large_record_fails_its_crc(tmp_path):
         return raw
 
     path = _corrupt(tmp_path, records, damage)
-    assert len(_read_all(path)) == 6  # unverified, as upstream
+    assert len(_read_all(path, verify_crc=False)) == 6  # unverified, as upstream
     with pytest.raises(ValueError, match=rf"at byte offset {offset} \(record 4\) the data CRC"):
-        _read_all(path, verify_crc=True)
+        _read_all(path)

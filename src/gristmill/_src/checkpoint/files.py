@@ -46,24 +46,40 @@ def write_state(directory: str | os.PathLike[str], state: Any) -> pathlib.Path:
 
 
 def read_state_text(directory: str | os.PathLike[str]) -> str:
+    """The JSON text saved in ``directory`` for this process, checked to parse.
+
+    Raises:
+      FileNotFoundError: no state file for this process (the message names the path).
+      ValueError: the file is not UTF-8 JSON (damaged, truncated, or not a state file).
+    """
+    return _load(directory)[0]
+
+
+def read_state(directory: str | os.PathLike[str]) -> Any:
+    """The state saved in ``directory`` for this process, parsed (errors as read_state_text)."""
+    return _load(directory)[1]
+
+
+def _load(directory: str | os.PathLike[str]) -> tuple[str, Any]:
     path = state_path(directory)
     try:
-        return path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(
             f"no checkpoint for this process at {str(path)!r}; save one there first (the file "
             "name carries the process index and count, which must match the saving run's)"
         ) from None
-
-
-def read_state(directory: str | os.PathLike[str]) -> Any:
-    """The state saved in ``directory`` for this process, parsed."""
-    path = state_path(directory)
-    text = read_state_text(directory)
     try:
-        return json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"the checkpoint {str(path)!r} is not UTF-8 text (byte {e.start} of {len(raw)} is "
+            f"{raw[e.start : e.start + 1]!r}); it is damaged or was not written by get_state()"
+        ) from None
+    try:
+        return text, json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(
-            f"the checkpoint {str(path)!r} is not valid JSON ({e}); it is truncated or was "
-            "not written by get_state()"
+            f"the checkpoint {str(path)!r} is not valid JSON ({e}; the file has {len(raw)} "
+            "bytes): it is truncated or damaged, or was not written by get_state()"
         ) from None

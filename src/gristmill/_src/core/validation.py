@@ -115,6 +115,18 @@ def check_bool(value: Any, name: str) -> bool:
     )
 
 
+def check_optional_bool(value: Any, name: str, none_means: str) -> bool | None:
+    """A flag that may be None (``none_means`` says what None does); ints are TypeErrors."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{name} must be a bool or None, got {value!r} of type {type(value).__name__}; "
+        f"pass {name}=True, {name}=False or {name}=None ({none_means})"
+    )
+
+
 def check_default_seed(seed: Any) -> int:
     """The argument of ``ds.seed(seed)``: a non-negative integer (None is an error)."""
     if seed is None:

@@ -8,12 +8,17 @@ pyarrow scalar is ever made per cell.
 
 Errors: a path that cannot be opened raises the OSError subclass the OS reported, naming the
 path (``files.open_binary``); bytes that are not valid Parquet (wrong magic, a truncated or
-corrupted file) raise :class:`ParquetFormatError`, a ValueError naming the file, the row
-group where one is involved, and pyarrow's reason.
+corrupted file, a data page whose CRC-32 checksum fails) raise :class:`ParquetFormatError`, a
+ValueError naming the file, the row group where one is involved, and pyarrow's reason.
+
+Checksums: ``write_parquet`` writes a CRC-32 per page, and the readers verify the pages that
+carry one (``page_checksum_verification=True``, unless ``read_kwargs`` say otherwise); pages
+of files written without checksums are read unchecked.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from types import ModuleType
@@ -22,6 +27,8 @@ from typing import IO, Any
 import numpy as np
 
 from gristmill._src.sources import files
+
+_VERIFY_PAGES = {"page_checksum_verification": True}
 
 
 class ParquetFormatError(ValueError):
@@ -71,6 +78,52 @@ def _decode_errors() -> tuple[type[BaseException], ...]:
     return (pa.ArrowException, OSError, UnicodeDecodeError, MemoryError, EOFError)
 
 
+def _kind(type_: Any) -> str:
+    """A coarse family of an Arrow type: the units pyarrow may change on a round trip
+    (``timestamp[s]`` reads back as ``timestamp[ms]``) stay in one family."""
+    pa = files.optional_import("pyarrow", extra="parquet", purpose="Parquet files")
+    if pa.types.is_dictionary(type_):  # read_dictionary= decodes a column as a dictionary
+        return _kind(type_.value_type)
+    for name in (
+        "boolean", "integer", "floating", "decimal", "string", "large_string", "binary",
+        "large_binary", "fixed_size_binary", "temporal", "list", "large_list",
+        "fixed_size_list", "struct", "map", "null",
+    ):  # fmt: skip
+        if getattr(pa.types, f"is_{name}")(type_):
+            return name.removeprefix("large_")
+    return str(type_)
+
+
+def _check_stored_schema(path: str, file: Any) -> None:
+    """The footer's schema against the Arrow schema pyarrow stores in it, when it does.
+
+    Parquet checksums cover the pages only: a damaged footer can rename a column or turn
+    strings into bytes and still parse. Names must match, and types be of one family.
+    """
+    stored_text = (file.metadata.metadata or {}).get(b"ARROW:schema")
+    if stored_text is None:
+        return
+    pa = files.optional_import("pyarrow", extra="parquet", purpose="Parquet files")
+    try:
+        stored = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(stored_text)))
+    except (pa.ArrowException, ValueError) as error:
+        raise format_error(path, "decoding the Arrow schema in its footer", error) from error
+    read = file.schema_arrow
+    if stored.names != read.names:
+        raise ParquetFormatError(
+            f"{path!r} is not a valid Parquet file: its footer gives the columns "
+            f"{read.names}, the Arrow schema stored with it {stored.names}; the footer is "
+            "damaged"
+        )
+    for mine, theirs in zip(read, stored, strict=True):
+        if _kind(mine.type) != _kind(theirs.type):
+            raise ParquetFormatError(
+                f"{path!r} is not a valid Parquet file: its footer gives column "
+                f"{mine.name!r} the type {mine.type}, the Arrow schema stored with it "
+                f"{theirs.type}; the footer is damaged"
+            )
+
+
 class ParquetFile:
     """One open Parquet file: its metadata, and row groups decoded as numpy columns.
 
@@ -96,7 +149,7 @@ class ParquetFile:
             else:
                 self._handle = source = handle
         try:
-            self._file = pq.ParquetFile(source, **read_kwargs)
+            self._file = pq.ParquetFile(source, **{**_VERIFY_PAGES, **read_kwargs})
             metadata = self._file.metadata
             self.row_counts: list[int] = [
                 metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)
@@ -114,6 +167,14 @@ class ParquetFile:
             if _is_os_problem(error):
                 raise
             raise format_error(path, "reading its footer", error) from error
+        try:
+            _check_stored_schema(path, self._file)
+        except ParquetFormatError:
+            self.close()
+            raise
+        except _decode_errors() as error:  # e.g. a column name that is not UTF-8
+            self.close()
+            raise format_error(path, "reading its schema", error) from error
         if any(n < 0 for n in self.row_counts) or sum(self.row_counts) != total:
             self.close()
             raise ParquetFormatError(
@@ -180,7 +241,8 @@ def write_parquet(
         ``pyarrow.Table``.
       row_group_size: most rows per row group (pyarrow's default when None).
       kwargs: ``schema=`` (a ``pyarrow.Schema`` for the rows, needed for an empty list), and
-        the rest passed to ``pyarrow.parquet.write_table`` (``compression=``, ...).
+        the rest passed to ``pyarrow.parquet.write_table`` (``compression=``, ...); page
+        checksums are written unless ``write_page_checksum=False``.
 
     >>> import tempfile, os, gristmill as gm
     >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
@@ -196,6 +258,7 @@ def write_parquet(
 
         validation.check_positive_int(row_group_size, "row_group_size")
     schema = kwargs.pop("schema", None)
+    kwargs.setdefault("write_page_checksum", True)  # the readers verify them
     if isinstance(rows, pa.Table):
         table = rows if schema is None else rows.cast(schema)
     elif isinstance(rows, Mapping):

@@ -7,19 +7,24 @@ A TFRecord file is a sequence of records, each framed as::
 
 so a record of ``n`` data bytes takes ``n + 16`` bytes of the file. The masked CRC is
 ``((crc >> 15) | (crc << 17)) + 0xa282ead8`` (mod 2**32) of the CRC-32C; computing it needs
-``google_crc32c`` (the ``tfrecord`` extra), imported on first use: reading without checking
-the checksums (the default, as upstream) needs nothing beyond the standard library.
+``google_crc32c`` (the ``tfrecord`` extra). Readers check the checksums when it is installed
+(``verify_crc=None``, the default; Grain 0.2.18 never checks them, so a damaged byte reads
+back as different data); without it they read unchecked and say so once per process.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from collections.abc import Iterable
 from types import ModuleType
 from typing import IO, Any
 
+from gristmill._src.core import validation
 from gristmill._src.sources import files
+
+logger = logging.getLogger("gristmill.source")
 
 HEADER_SIZE = 12  # uint64 length + uint32 masked CRC of the length
 FOOTER_SIZE = 4  # uint32 masked CRC of the data
@@ -27,8 +32,9 @@ FRAME_SIZE = HEADER_SIZE + FOOTER_SIZE
 
 unpack_length = struct.Struct("<Q").unpack_from
 _UINT32 = struct.Struct("<I")
+unpack_footer = _UINT32.unpack_from
 _HEADER = struct.Struct("<QI")
-_MASK_DELTA = 0xA282EAD8
+MASK_DELTA = 0xA282EAD8
 
 _crc32c_module: ModuleType | None = None
 
@@ -43,12 +49,52 @@ def crc32c() -> ModuleType:
     return _crc32c_module
 
 
+_unverified_noticed = False
+
+
+def resolve_verify_crc(verify_crc: Any) -> bool:
+    """Whether a reader checks CRCs: ``verify_crc``, or (None) whether google_crc32c imports.
+
+    True without google_crc32c is an ImportError naming the extra; None without it reads
+    unchecked and logs a warning once per process (on the ``gristmill.source`` logger).
+    """
+    global _unverified_noticed
+    flag = validation.check_optional_bool(
+        verify_crc, "verify_crc", "verify when google_crc32c is installed"
+    )
+    if flag is not None:
+        if flag:
+            crc32c()
+        return flag
+    try:
+        crc32c()
+    except ImportError:
+        if not _unverified_noticed:
+            _unverified_noticed = True
+            logger.warning(
+                "TFRecord records are read without checking their CRC-32C checksums, so "
+                "damaged data is not detected: google_crc32c is not installed. Install it "
+                "(pip install 'gristmill[tfrecord]') to verify them, or pass verify_crc=False "
+                "to read unchecked without this notice."
+            )
+        return False
+    return True
+
+
+def data_crc_ok(data: bytes, buffer: Any, pos: int) -> bool:
+    """Whether the masked CRC of ``data`` is the uint32 at ``buffer[pos:pos + 4]``."""
+    crc = int(crc32c().value(data))
+    return bool(
+        (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF == unpack_footer(buffer, pos)[0]
+    )
+
+
 def masked_crc(data: Any) -> int:
     """The TFRecord masked CRC-32C of ``data`` (bytes or a buffer)."""
     if not isinstance(data, bytes):
-        data = bytes(data)  # google_crc32c takes read-only buffers only
+        data = bytes(data)  # google_crc32c takes bytes only (not even a memoryview)
     crc = int(crc32c().value(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
 
 
 def single_path(path: Any, parameter: str = "path") -> str:
@@ -113,15 +159,6 @@ def check_data_crc(path: str, offset: int, index: int | None, data: Any, stored:
             f"{stored:#010x}, expected {actual:#010x} for {len(data)} data bytes: the record "
             "is damaged"
         )
-
-
-def frame_ok(buffer: bytes, start: int, end: int) -> bool:
-    """Whether both CRCs of the record framed in ``buffer[start:end]`` are right."""
-    _, stored = _HEADER.unpack_from(buffer, start)
-    if masked_crc(buffer[start : start + 8]) != stored:
-        return False
-    data = buffer[start + HEADER_SIZE : end - FOOTER_SIZE]
-    return masked_crc(data) == read_footer(buffer, end - FOOTER_SIZE)
 
 
 def read_footer(buffer: Any, pos: int) -> int:

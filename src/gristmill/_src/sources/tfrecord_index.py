@@ -6,11 +6,14 @@ to the file, or in ``index_dir`` (named after the file and a hash of its full pa
 remote file, or one in a directory we cannot write, without ``index_dir`` keeps its index in
 memory only. The cached file::
 
-    b"GMTFIDX1" | uint32 n | n bytes of JSON {"size", "mtime", "count"} |
-    (count + 1) little-endian uint64 offsets
+    b"GMTFIDX2" | uint32 n | uint32 crc32 of the JSON | n bytes of JSON
+    {"size", "mtime", "count", "offsets_crc32"} | (count + 1) little-endian uint64 offsets
 
-A cached index whose size or modification time differ from the file's is stale: the file is
-scanned again and the cache rewritten.
+A cached index is trusted only if it passes every check: its magic, the CRC-32 of its header
+and of its offsets, its length, the size and modification time of the file it indexes, and
+offsets that start at 0, grow by at least one frame (16 bytes) per record and end at the
+file's size. One that fails is rebuilt by a new scan, with a warning (on the
+``gristmill.source`` logger) naming it and the check that failed; an absent one silently.
 """
 
 from __future__ import annotations
@@ -18,19 +21,25 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import struct
 import sys
 import tempfile
+import zlib
 from array import array
 from dataclasses import dataclass
 from typing import IO, Any, TypeAlias
 
+import numpy as np
+
 from gristmill._src.sources import files
 from gristmill._src.sources import tfrecord_format as fmt
 
-_MAGIC = b"GMTFIDX1"
-_HEADER_LEN = struct.Struct("<I")
+logger = logging.getLogger("gristmill.source")
+
+_MAGIC = b"GMTFIDX2"
+_HEADER = struct.Struct("<II")  # JSON length, CRC-32 of the JSON
 _SUFFIX = ".gmidx"
 _SCAN_BLOCK = 1 << 20
 _SMALL_READ = 1 << 12  # after a record larger than a block: read only around the next header
@@ -82,75 +91,113 @@ def cache_path(path: str, index_dir: str | None) -> str | None:
     return local + _SUFFIX
 
 
-def _matching_header(cache: str, sig: Signature) -> tuple[dict[str, Any], int] | None:
-    """The header of a cached index written for ``sig`` (same size and mtime), else None."""
-    header = _read_header(cache)
-    if header is None:
+class _Invalid(Exception):
+    """A cached index that cannot be trusted; the message says why."""
+
+
+def _header(file: IO[bytes], sig: Signature) -> tuple[dict[str, Any], int]:
+    """The checked header of a cached index of the file ``sig`` describes, and its length."""
+    head = file.read(len(_MAGIC) + _HEADER.size)
+    if len(head) < len(_MAGIC) + _HEADER.size:
+        raise _Invalid(f"it is truncated ({len(head)} bytes)")
+    if not head.startswith(_MAGIC[:6]):
+        raise _Invalid("it is not a gristmill TFRecord index (wrong magic bytes)")
+    if not head.startswith(_MAGIC):
+        raise _Invalid(f"it is in another index format ({head[:8]!r}, expected {_MAGIC!r})")
+    n, stored = _HEADER.unpack_from(head, len(_MAGIC))
+    text = file.read(n)
+    if len(text) < n or zlib.crc32(text) != stored:
+        raise _Invalid("its header is damaged (CRC-32 mismatch)")
+    meta = json.loads(text)
+    keys = ("size", "mtime", "count", "offsets_crc32")
+    if not isinstance(meta, dict) or any(key not in meta for key in keys):
+        raise _Invalid(f"its header lacks one of {keys}")
+    if meta["size"] != sig.size or meta["mtime"] != sig.mtime:
+        raise _Invalid(
+            f"it is stale: it indexes the file at size {meta['size']}, mtime {meta['mtime']}; "
+            f"the file now has size {sig.size}, mtime {sig.mtime}"
+        )
+    count = meta["count"]
+    if type(count) is not int or not 0 <= count <= sig.size // fmt.FRAME_SIZE:
+        raise _Invalid(f"its record count {count!r} cannot fit a file of {sig.size} bytes")
+    start = len(head) + n
+    expected = start + (count + 1) * 8
+    actual = os.fstat(file.fileno()).st_size
+    if actual != expected:
+        raise _Invalid(f"it has {actual} bytes, expected {expected} for {count} records")
+    return meta, start
+
+
+def _checked(cache: str, sig: Signature, read: Any) -> Any:
+    """``read(file, meta, start)`` on the checked cache; None (and a warning) if it fails."""
+    try:
+        with open(cache, "rb") as file:
+            meta, start = _header(file, sig)
+            return read(file, meta, start)
+    except FileNotFoundError:
         return None
-    meta = header[0]
-    if meta.get("size") != sig.size or meta.get("mtime") != sig.mtime:
+    except (_Invalid, OSError, ValueError) as error:
+        logger.warning("rebuilding the TFRecord index %r: %s", cache, error)
         return None
-    return header
 
 
 def read_cached_count(cache: str, sig: Signature) -> int | None:
-    """The record count in a cached index that matches ``sig``; None if absent or stale."""
-    header = _matching_header(cache, sig)
-    if header is None:
-        return None
-    meta, _ = header
-    count = meta.get("count")
-    return count if isinstance(count, int) and count >= 0 else None
+    """The record count of a valid cached index of ``sig``'s file; None: rebuild it."""
+    count: int | None = _checked(cache, sig, lambda _file, meta, _start: meta["count"])
+    return count
 
 
 def read_cached_offsets(cache: str, sig: Signature) -> Offsets | None:
-    """The offsets in a cached index that matches ``sig``; None if absent, stale or broken."""
-    header = _matching_header(cache, sig)
-    if header is None:
-        return None
-    meta, start = header
-    offsets = array("Q")
-    try:
-        with open(cache, "rb") as f:
-            f.seek(start)
-            body = f.read()
-        offsets.frombytes(body[: len(body) - len(body) % offsets.itemsize])
-    except (OSError, ValueError):
-        return None
-    if sys.byteorder == "big":
-        offsets.byteswap()  # stored little-endian
-    if len(offsets) != meta.get("count", -1) + 1 or (len(offsets) and offsets[-1] != sig.size):
-        return None
+    """The offsets of a valid cached index of ``sig``'s file; None: rebuild it."""
+    offsets: Offsets | None = _checked(cache, sig, _read_offsets)
     return offsets
 
 
-def _read_header(cache: str) -> tuple[dict[str, Any], int] | None:
-    try:
-        with open(cache, "rb") as f:
-            head = f.read(len(_MAGIC) + _HEADER_LEN.size)
-            if len(head) < len(_MAGIC) + _HEADER_LEN.size or not head.startswith(_MAGIC):
-                return None
-            (n,) = _HEADER_LEN.unpack_from(head, len(_MAGIC))
-            meta = json.loads(f.read(n))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(meta, dict):
-        return None
-    return meta, len(_MAGIC) + _HEADER_LEN.size + n
+def _read_offsets(file: IO[bytes], meta: dict[str, Any], start: int) -> Offsets:
+    file.seek(start)
+    body = file.read()
+    if zlib.crc32(body) != meta["offsets_crc32"]:
+        raise _Invalid("its offsets are damaged (CRC-32 mismatch)")
+    values = np.frombuffer(body, dtype="<u8")
+    if len(values) != meta["count"] + 1:  # the file changed since _header measured it
+        raise _Invalid(f"it holds {len(values)} offsets, expected {meta['count'] + 1}")
+    size = meta["size"]
+    # Bounded by the size first, so the differences cannot wrap around in int64.
+    if (
+        values[0] != 0
+        or values[-1] != size
+        or (values > size).any()
+        or (np.diff(values.astype(np.int64)) < fmt.FRAME_SIZE).any()
+    ):
+        raise _Invalid(
+            f"its offsets do not fit the file (they must start at 0, grow by at least "
+            f"{fmt.FRAME_SIZE} bytes a record and end at its size {meta['size']})"
+        )
+    offsets = array("Q")
+    offsets.frombytes(body)
+    if sys.byteorder == "big":
+        offsets.byteswap()  # stored little-endian
+    return offsets
 
 
 def write_cache(cache: str, sig: Signature, offsets: Offsets) -> None:
     """Writes the index atomically; a directory we cannot write leaves it uncached."""
-    meta = json.dumps({"size": sig.size, "mtime": sig.mtime, "count": len(offsets) - 1})
-    body = meta.encode()
+    data = _little_endian(offsets)
+    meta = {
+        "size": sig.size,
+        "mtime": sig.mtime,
+        "count": len(offsets) - 1,
+        "offsets_crc32": zlib.crc32(data),
+    }
+    body = json.dumps(meta).encode()
     directory = os.path.dirname(os.path.abspath(cache))
     with contextlib.suppress(OSError):
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".gmidx-", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + _HEADER_LEN.pack(len(body)) + body)
-                f.write(_little_endian(offsets))
+                f.write(_MAGIC + _HEADER.pack(len(body), zlib.crc32(body)) + body)
+                f.write(data)
             os.replace(tmp, cache)
         except BaseException:
             with contextlib.suppress(OSError):

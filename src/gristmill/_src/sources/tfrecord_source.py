@@ -19,21 +19,26 @@ class TFRecordDataSource:
 
     On first use each file's headers are scanned once to index its records; the index is
     cached as ``<file>.gmidx`` next to the file, or in ``index_dir`` when given, and reused
-    while the file's size and modification time are unchanged. A remote file (``gs://``,
-    ``memory://``, ...; through fsspec) or one in a read-only directory keeps its index in
-    memory unless ``index_dir`` is given. Batched reads (``_getitems``) read all of a file's
-    records in one call (concurrent requests for remote files). The source pickles without
-    its open files (workers reopen them), and with the in-memory indexes only.
+    while the file's size and modification time are unchanged; a cached index that is stale,
+    damaged (its checksums) or inconsistent with the file is rebuilt, with a warning naming
+    it and why. A remote file (``gs://``, ``memory://``, ...; through fsspec) or one in a
+    read-only directory keeps its index in memory unless ``index_dir`` is given. Batched
+    reads (``_getitems``) read all of a file's records in one call (concurrent requests for
+    remote files). The source pickles without its open files (workers reopen them), and with
+    the in-memory indexes only.
 
     Args:
       paths: a TFRecord file, or a sequence of them (local paths or URLs).
       index_dir: a local directory for the cached indexes (created if missing).
-      verify_crc: check each record's length and data CRC-32C (needs google_crc32c:
-        ``pip install 'gristmill[tfrecord]'``); off by default, as TFRecordIterDataset.
+      verify_crc: check each record's length and data CRC-32C, as TFRecordIterDataset:
+        None (default) when google_crc32c is installed (``pip install
+        'gristmill[tfrecord]'``), else unchecked with a warning once per process; True:
+        always (google_crc32c required); False: never.
 
     Raises:
       FileNotFoundError, PermissionError: a file cannot be read (the message names it).
-      ValueError: a file is not a valid TFRecord file (the message names the offset).
+      ValueError: a file is not a valid TFRecord file, or (reading) a record is damaged; the
+        message names the file, the record and its byte offset.
 
     >>> import os, tempfile
     >>> import gristmill as gm
@@ -52,7 +57,7 @@ class TFRecordDataSource:
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         index_dir: str | os.PathLike[str] | None = None,
-        verify_crc: bool = False,
+        verify_crc: bool | None = None,
     ) -> None:
         self._paths = files.normalize_paths(paths)
         if index_dir is not None:
@@ -64,9 +69,7 @@ class TFRecordDataSource:
                 )
             index_dir = files.local_path(index_dir)
         self._index_dir: str | None = index_dir
-        self._verify = validation.check_bool(verify_crc, "verify_crc")
-        if self._verify:
-            fmt.crc32c()
+        self._verify = fmt.resolve_verify_crc(verify_crc)
         self._signatures = [idx.signature(path) for path in self._paths]
         self._caches = [idx.cache_path(path, index_dir) for path in self._paths]
         # Offsets are loaded per file on first read (a cached index needs only its count here).
@@ -172,12 +175,13 @@ class TFRecordDataSource:
                 + (f" with length field {fmt.unpack_length(raw, 0)[0]}" if len(raw) >= 8 else "")
                 + "; the file changed after it was indexed: create the source again"
             )
-        if self._verify:
+        data = raw[fmt.HEADER_SIZE : size - fmt.FOOTER_SIZE]
+        # The length matches the index (built by a scan that checked its CRC when
+        # verifying), so the data CRC is enough; the length CRC names a damaged header.
+        if self._verify and not fmt.data_crc_ok(data, raw, size - fmt.FOOTER_SIZE):
             fmt.check_length_crc(path, offset, local, raw, 0)
-            data = raw[fmt.HEADER_SIZE : size - fmt.FOOTER_SIZE]
             fmt.check_data_crc(path, offset, local, data, fmt.read_footer(raw, size - 4))
-            return data
-        return raw[fmt.HEADER_SIZE : size - fmt.FOOTER_SIZE]
+        return data
 
     def close(self) -> None:
         """Closes the open files (reads reopen them); idempotent."""
@@ -207,5 +211,5 @@ class TFRecordDataSource:
     def __repr__(self) -> str:
         paths = self._paths
         shown = repr(paths) if len(paths) <= 3 else f"[{paths[0]!r}, ... {len(paths)} files]"
-        extra = ", verify_crc=True" if self._verify else ""
+        extra = "" if self._verify else ", verify_crc=False"
         return f"TFRecordDataSource(paths={shown}, len={self._length}{extra})"

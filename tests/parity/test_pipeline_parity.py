@@ -324,6 +324,10 @@ def process_pool():
     with concurrent.futures.ProcessPoolExecutor(
         2, mp_context=multiprocessing.get_context("fork")
     ) as pool:
+        # A fork pool forks all its workers at the first submit: do it here, from the main
+        # thread, not from a pipeline's worker thread (a child forked while another thread
+        # holds a lock can deadlock on it).
+        pool.submit(int).result()
         yield pool
 
 

@@ -60,6 +60,7 @@ def drain(pipeline):
 def test_a_killed_executor_worker_fails_the_stage_at_once(concurrency):
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        pool.submit(int).result()  # forks the workers here, not from a pipeline thread
         pipeline = (
             PipelineBuilder()
             .add_source(range(300))
@@ -230,6 +231,7 @@ _HANGING_STAGE = textwrap.dedent(
             pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("fork")
             )
+            pool.submit(int).result()  # forks the worker here, not from a pipeline thread
             builder.pipe(hang, executor=pool)
         pipeline = builder.add_sink(1).build(num_threads=1)
         pipeline.start()

@@ -17,6 +17,7 @@ import gristmill as gm
 SUPPORT = Path(__file__).parents[1] / "support"
 if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))  # so that worker processes import the helpers by name
+import interrupts  # noqa: E402
 import mp_fns as fns  # noqa: E402
 
 
@@ -232,39 +233,20 @@ def test_no_segment_is_left_by_an_early_close_or_a_killed_worker():
 def test_keyboard_interrupt_while_waiting_leaves_no_worker_or_thread():
     """A real SIGINT to the main thread while it waits for the workers (sent again until
     caught: CPython drops one that lands while the main thread runs a finaliser)."""
-    main = threading.main_thread().ident
-    caught = threading.Event()
-
-    def on_sigint(signum, frame):
-        if not caught.is_set():
-            raise KeyboardInterrupt
-
-    def interrupt_until_caught():
-        while not caught.wait(0.05):
-            signal.pthread_kill(main, signal.SIGINT)
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    sender = threading.Thread(target=interrupt_until_caught)
-    try:
-        ds = gm.MapDataset.range(10**6).map(fns.slow_pid_and).to_iter_dataset()
-        it = iter(ds.mp_prefetch(options(2)))
-        next(it)
-        sender.start()
+    ds = gm.MapDataset.range(10**6).map(fns.slow_pid_and).to_iter_dataset()
+    it = iter(ds.mp_prefetch(options(2)))
+    next(it)
+    with interrupts.until_caught() as caught:
         with pytest.raises(KeyboardInterrupt):
             for _ in it:
                 pass
         caught.set()
-        del it
-        gc.collect()
-        deadline = time.monotonic() + 5
-        while (
-            multiprocessing.active_children()
-            or [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
-        ) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert multiprocessing.active_children() == []
-    finally:
-        caught.set()
-        if sender.is_alive():
-            sender.join()
-        signal.signal(signal.SIGINT, previous)
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (
+        multiprocessing.active_children()
+        or [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
+    ) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []

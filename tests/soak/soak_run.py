@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import faulthandler
 import glob
 import itertools
 import json
+import multiprocessing
 import os
 import time
 
@@ -87,6 +89,8 @@ def main():
     parser.add_argument("--json", required=True)
     parser.add_argument("--pause-s", type=float, default=0.01, help="between rounds")
     args = parser.parse_args()
+    # a hang prints every thread's stack and ends the soak, rather than waiting for the test
+    faulthandler.dump_traceback_later(args.seconds + 120, exit=True)
 
     shuffled = gm.MapDataset.range(N).shuffle(seed=7)
     processes = iter(
@@ -103,7 +107,11 @@ def main():
         .repeat()
         .to_iter_dataset(gm.ReadOptions(num_threads=4, prefetch_buffer_size=16))
     )
-    pool = concurrent.futures.ProcessPoolExecutor(2)
+    # forkserver: a fork pool would fork at its first submit, from a pipeline thread, while
+    # the other pipelines' threads run (a child forked while one holds a lock can deadlock)
+    pool = concurrent.futures.ProcessPoolExecutor(
+        2, mp_context=multiprocessing.get_context("forkserver")
+    )
     pipeline = (
         PipelineBuilder()
         .add_source(itertools.count())

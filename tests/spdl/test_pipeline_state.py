@@ -46,7 +46,7 @@ STAGES = {
     "map": lambda b, c, o: b.pipe(times10, concurrency=c, output_order=o),
     "filter": lambda b, c, o: b.pipe(drop_multiples_of_3, concurrency=c, output_order=o),
     "fail": lambda b, c, o: b.pipe(fail_on_7s, concurrency=c, output_order=o),
-    "generator": lambda b, c, o: b.pipe(triples, concurrency=c),
+    "generator": lambda b, c, o: b.pipe(triples, concurrency=c, output_order=o),
     "aggregate": lambda b, c, o: b.aggregate(3),
     "aggregate-drop-last": lambda b, c, o: b.aggregate(4, drop_last=True),
     "aggregate-sum": lambda b, c, o: b.aggregate(3).pipe(total, concurrency=c, output_order=o),

@@ -31,6 +31,7 @@ from gristmill.pipeline import (
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))  # so that spawned workers import the helpers by name
+import interrupts  # noqa: E402
 import subprocess_fns as fns  # noqa: E402
 from mp_fns import in_shared_memory, own_shm_segments  # noqa: E402
 
@@ -288,11 +289,10 @@ def test_keyboard_interrupt_while_waiting_stops_the_worker():
     iterable = iterate_in_subprocess(fns.pid_then_stall)
     iterator = iter(iterable)
     pid = next(iterator)
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        next(iterator)
-    timer.join()
+    with interrupts.until_caught() as caught:
+        with pytest.raises(KeyboardInterrupt):
+            next(iterator)
+        caught.set()
     assert gone(pid, within=0)
     with pytest.raises(RuntimeError, match="KeyboardInterrupt"):
         iter(iterable)

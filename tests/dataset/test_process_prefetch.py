@@ -129,6 +129,33 @@ def test_grain_per_worker_order_batches_per_worker_and_restores():
     assert as_lists(restored) == as_lists(it) == [[5, 7], [8, 10], [9, 11]]
 
 
+def draw(x, rng):
+    return x + int(rng.integers(2**62))
+
+
+def test_per_worker_random_map_draws_differ_between_workers():
+    ds = gm.MapDataset.source([0]).repeat(30).to_iter_dataset().random_map(draw, seed=42)
+    elements = list(multiprocess_prefetch(ds, 3))
+    assert len(set(elements)) == len(elements) == 30
+
+
+def test_per_worker_random_map_of_a_one_to_one_pipeline_matches_the_unprefetched_run():
+    ds = gm.MapDataset.range(12).to_iter_dataset().random_map(draw, seed=5)
+    options = gm.MultiprocessingOptions(num_workers=3, order=MultiprocessingOrder.GRAIN_PER_WORKER)
+    assert list(ds.mp_prefetch(options)) == list(ds)
+
+
+def test_default_mp_prefetch_random_map_does_not_depend_on_the_worker_count():
+    ds = gm.MapDataset.range(12).to_iter_dataset().filter(lambda x: x % 3 != 1)
+    ds = ds.random_map(draw, seed=5)
+    runs = []
+    for workers in (1, 3):
+        it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=workers)))
+        runs.append(list(it))
+        it.close()
+    assert runs[0] == runs[1] == list(ds)
+
+
 def test_the_order_option_must_be_the_enum():
     with pytest.raises(TypeError, match=r"order must be a gristmill\.multiprocessing"):
         gm.MultiprocessingOptions(num_workers=2, order="grain")

@@ -180,10 +180,6 @@ FAILING: dict[str, str] = {
     "test_set_state_does_not_restart_process": (
         "InterleaveDatasetIterator.set_state reopens its slots, which starts new workers"
     ),
-    "dataset/transformations/process_prefetch_test.py::ProcessPrefetchIterDatasetTest::"
-    "test_prefetch_traceback_preserves_worker_frames2": (
-        "config py_traceback_filtering='remove_frames' (frames only in __cause__) not built"
-    ),
     "dataset/transformations/repeat_test.py::RepeatIterDatasetTest::"
     "test_repeat_after_mp_prefetch_does_not_restart_workers": (
         "each epoch of repeat() re-iterates mp_prefetch with new worker processes "

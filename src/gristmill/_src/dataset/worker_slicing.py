@@ -39,7 +39,8 @@ class WorkerSliceIterDataset(IterDataset[Any]):
 
     def __iter__(self) -> DatasetIterator[Any]:
         if not _in_worker:  # the parent process: a state before the first element
-            return self._parent.__iter__()
+            unsliced: DatasetIterator[Any] = self._parent.__iter__()
+            return unsliced
         part = sliced(self._parent, self._index, self._count, self._sequential)
         iterator: DatasetIterator[Any] = part.__iter__()
         # The worker's tree shares one context: random_map keys its generator on it.

@@ -210,19 +210,22 @@ class _CountingIterator(DatasetIterator[Any]):
 
 
 class _RandomMapIterator(_CountingIterator):
-    """``fn(x, rng)`` with the generator at ``w + k * W`` (see RandomMapIterDataset)."""
+    """``fn(x, rng)`` with the generator at ``w + k * W`` (see RandomMapIterDataset); its
+    ``apply`` is ``fn``."""
 
     def __init__(self, parent: DatasetIterator[Any], fn: Callable[..., Any], seed: int) -> None:
         description = f"random_map({transforms.qualified_name(fn)}, seed={seed})"
-        super().__init__(parent, self._call, "index_for_rng", description)
-        self._fn = fn
+        super().__init__(parent, fn, "index_for_rng", description)
         self._rng = IndexedRng(seed)
 
-    def _call(self, count: int, element: Any) -> Any:
+    def __next__(self) -> Any:
+        element = next(self._parent)
+        count = self._count
+        self._count += 1
         # Read per element: a worker process sets its context after the tree is built.
         worker = self._ctx.mp_context
         index = worker.process_index + count * worker.process_count
-        return self._fn(element, self._rng.at(index % _U64))
+        return self._apply(element, self._rng.at(index % _U64))
 
 
 @register("iter.random_map")

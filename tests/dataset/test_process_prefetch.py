@@ -85,6 +85,43 @@ def test_a_worker_error_keeps_its_type_and_the_worker_frames(where):
     it.close()
 
 
+@pytest.fixture
+def remove_frames():
+    gm.config.update("py_traceback_filtering", "remove_frames")
+    yield
+    gm.config.update("py_traceback_filtering", "auto")
+
+
+def frame_names(tb):
+    return [frame.name for frame in traceback.extract_tb(tb)]
+
+
+@pytest.mark.parametrize("where", ["process_prefetch", "mp_prefetch"])
+def test_remove_frames_filtering_moves_gristmill_worker_frames_to_the_cause(where, remove_frames):
+    ds = gm.MapDataset.range(8).to_iter_dataset().map(nested_b)
+    if where == "process_prefetch":
+        ds = ProcessPrefetchIterDataset(ds, buffer_size=1)
+    else:
+        ds = ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1))
+    it = iter(ds)
+    try:
+        for _ in range(5):
+            next(it)
+    except KeyError as error:
+        names, cause = frame_names(error.__traceback__), error.__cause__
+    else:
+        pytest.fail("the worker's KeyError was not raised")
+    it.close()
+    assert names[-2:] == ["nested_b", "nested_c"]
+    # above the worker's own functions only the consumer's raise: no gristmill worker frame
+    assert len(names[names.index("nested_b") - 1 :]) == 3
+    assert type(cause).__name__ == "WorkerTracebackError"
+    assert str(cause).startswith("KeyError: 'element 3'")
+    cause_names = frame_names(cause.__traceback__)
+    assert cause_names[-2:] == ["nested_b", "nested_c"]
+    assert len(cause_names) > 2  # gristmill's worker frames are kept there
+
+
 def test_a_worker_that_exits_is_reported_with_its_exit_code():
     ds = gm.MapDataset.range(4).to_iter_dataset().map(lambda _: sys.exit(7))
     with pytest.raises(RuntimeError, match="terminated unexpectedly with exit code 7"):
@@ -127,6 +164,33 @@ def test_grain_per_worker_order_batches_per_worker_and_restores():
     restored = iter(make())
     restored.set_state(state)
     assert as_lists(restored) == as_lists(it) == [[5, 7], [8, 10], [9, 11]]
+
+
+def draw(x, rng):
+    return x + int(rng.integers(2**62))
+
+
+def test_per_worker_random_map_draws_differ_between_workers():
+    ds = gm.MapDataset.source([0]).repeat(30).to_iter_dataset().random_map(draw, seed=42)
+    elements = list(multiprocess_prefetch(ds, 3))
+    assert len(set(elements)) == len(elements) == 30
+
+
+def test_per_worker_random_map_of_a_one_to_one_pipeline_matches_the_unprefetched_run():
+    ds = gm.MapDataset.range(12).to_iter_dataset().random_map(draw, seed=5)
+    options = gm.MultiprocessingOptions(num_workers=3, order=MultiprocessingOrder.GRAIN_PER_WORKER)
+    assert list(ds.mp_prefetch(options)) == list(ds)
+
+
+def test_default_mp_prefetch_random_map_does_not_depend_on_the_worker_count():
+    ds = gm.MapDataset.range(12).to_iter_dataset().filter(lambda x: x % 3 != 1)
+    ds = ds.random_map(draw, seed=5)
+    runs = []
+    for workers in (1, 3):
+        it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=workers)))
+        runs.append(list(it))
+        it.close()
+    assert runs[0] == runs[1] == list(ds)
 
 
 def test_the_order_option_must_be_the_enum():

@@ -82,3 +82,24 @@ def test_a_grain_multi_worker_state_names_the_option_without_it():
     with pytest.raises(ValueError, match=r"Grain's mp_prefetch with 2 worker.*GRAIN_PER_WORKER"):
         it.set_state(states[2])
     it.close()
+
+
+def odd_or_big(x):
+    return x % 2 == 1 or x > 12
+
+
+def draw(x, rng):
+    return x * 1000 + int(rng.integers(1000))
+
+
+def test_grain_per_worker_random_map_draws_grains_numbers_in_each_worker():
+    def make(m, **options):
+        ds = m.MapDataset.range(20).to_iter_dataset().filter(odd_or_big)
+        return ds.random_map(draw, seed=9).mp_prefetch(m.MultiprocessingOptions(**options))
+
+    theirs = iter(make(grain, num_workers=3))
+    expected = list(theirs)
+    theirs.close()
+    ours = iter(make(gm, num_workers=3, order=MultiprocessingOrder.GRAIN_PER_WORKER))
+    assert list(ours) == expected
+    ours.close()

@@ -177,17 +177,8 @@ FAILING: dict[str, str] = {
     "dataset/transformations/process_prefetch_test.py::ProcessPrefetchIterDatasetTest::"
     "test_parent_dataset_modifies_state": _STATE_KEY,
     "dataset/transformations/process_prefetch_test.py::MultiprocessingPrefetchTest::"
-    "test_prefetch_with_random_map": (
-        "process_prefetch workers do not get Grain's per-worker MultiprocessingContext, so "
-        "their random_map seeds coincide"
-    ),
-    "dataset/transformations/process_prefetch_test.py::MultiprocessingPrefetchTest::"
     "test_set_state_does_not_restart_process": (
         "InterleaveDatasetIterator.set_state reopens its slots, which starts new workers"
-    ),
-    "dataset/transformations/process_prefetch_test.py::ProcessPrefetchIterDatasetTest::"
-    "test_prefetch_traceback_preserves_worker_frames2": (
-        "config py_traceback_filtering='remove_frames' (frames only in __cause__) not built"
     ),
     "dataset/transformations/repeat_test.py::RepeatIterDatasetTest::"
     "test_repeat_after_mp_prefetch_does_not_restart_workers": (

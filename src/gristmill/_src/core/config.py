@@ -3,14 +3,16 @@
 ``config.update(name, value)`` sets an option, ``config.<name>`` reads it and
 ``config.get_or_default(name)`` reads it too (Grain's form for before flags are parsed).
 Grain reads these from absl flags (``--grain_<name>``); gristmill keeps them in this object
-only. Every option is accepted and validated so that Grain code runs unchanged, but none of
-them changes what gristmill does today: the ``tf_*`` options concern Grain's TensorFlow data
-loaders, which gristmill does not have; ``py_debug_mode`` and
+only. Every option is accepted and validated so that Grain code runs unchanged, but only one
+mode of one option changes what gristmill does (below): the ``tf_*`` options concern Grain's
+TensorFlow data loaders, which gristmill does not have; ``py_debug_mode`` and
 ``py_dataset_visualization_output_dir`` concern Grain's execution summaries (gristmill logs
 per-stage statistics through ``gristmill.experimental.log_statistics_every`` and
-``DatasetOptions(execution_tracking_mode=STAGE_TIMING)`` instead); gristmill does not filter
-traceback frames (``py_traceback_filtering``) nor relay SIGTERM from workers
-(``py_relay_sigterm_to_main``).
+``DatasetOptions(execution_tracking_mode=STAGE_TIMING)`` instead); gristmill does not relay
+SIGTERM from workers (``py_relay_sigterm_to_main``). Of ``py_traceback_filtering``, only
+``"remove_frames"`` acts, on errors raised in worker processes: their traceback keeps the
+worker frames outside gristmill, and the full list is on their ``__cause__``; every other
+mode keeps all worker frames on the error (gristmill removes no frames of its own process).
 
 >>> import gristmill as gm
 >>> gm.config.update("py_debug_mode", True)

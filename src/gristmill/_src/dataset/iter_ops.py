@@ -209,9 +209,31 @@ class _CountingIterator(DatasetIterator[Any]):
         self._count = index
 
 
+class _RandomMapIterator(_CountingIterator):
+    """``fn(x, rng)`` with the generator at ``w + k * W`` (see RandomMapIterDataset); its
+    ``apply`` is ``fn``."""
+
+    def __init__(self, parent: DatasetIterator[Any], fn: Callable[..., Any], seed: int) -> None:
+        description = f"random_map({transforms.qualified_name(fn)}, seed={seed})"
+        super().__init__(parent, fn, "index_for_rng", description)
+        self._rng = IndexedRng(seed)
+
+    def __next__(self) -> Any:
+        element = next(self._parent)
+        count = self._count
+        self._count += 1
+        # Read per element: a worker process sets its context after the tree is built.
+        worker = self._ctx.mp_context
+        index = worker.process_index + count * worker.process_count
+        return self._apply(element, self._rng.at(index % _U64))
+
+
 @register("iter.random_map")
 class RandomMapIterDataset(IterDataset[Any]):
-    """``fn(x, rng)``; the generator is keyed by (seed, elements seen), as upstream."""
+    """``fn(x, rng)``; the generator is keyed by (seed, ``w + k * W``), as upstream: ``k``
+    counts the elements this node has seen, and worker ``w`` of ``W`` is the iterator
+    context's process (0 of 1 except in ``multiprocess_prefetch``'s workers), so the
+    workers' slices draw different numbers."""
 
     def __init__(self, parent: IterDataset[Any], transform: Any, seed: int | None = None) -> None:
         super().__init__(parent)
@@ -222,13 +244,7 @@ class RandomMapIterDataset(IterDataset[Any]):
         self._seed = validation.check_rng_seed(seed)
 
     def __iter__(self) -> DatasetIterator[Any]:
-        fn, rng = self._fn, IndexedRng(self._seed)
-
-        def apply(count: int, element: Any) -> Any:
-            return fn(element, rng.at(count % _U64))
-
-        description = f"random_map({transforms.qualified_name(fn)}, seed={self._seed})"
-        return _CountingIterator(iter(self._parent), apply, "index_for_rng", description)
+        return _RandomMapIterator(iter(self._parent), self._fn, self._seed)
 
     @property
     def _element_spec(self) -> Any:

@@ -6,7 +6,8 @@ the ``i``-th of ``W`` contiguous blocks of each MapDataset *source* (the first
 ``len % W`` blocks one element longer); an interleave reads its datasets ``i::W``. The
 slicing happens in the worker process (a copy of the graph made there), so the dataset the
 parent holds keeps its full length. A pipeline with no such node cannot be split among
-workers (a ``ValueError``, as upstream).
+workers (a ``ValueError``, as upstream). The worker's iterators see ``i`` of ``W`` as their
+context's ``mp_context`` (random_map draws differ per worker, as upstream).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import copy
 from typing import Any, TypeVar
 
 from gristmill._src.core import specs
+from gristmill._src.core.dataset_options import MultiprocessingContext
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 
@@ -36,10 +38,13 @@ class WorkerSliceIterDataset(IterDataset[Any]):
         self._index, self._count, self._sequential = index, count, sequential
 
     def __iter__(self) -> DatasetIterator[Any]:
-        part: IterDataset[Any] = self._parent
-        if _in_worker:  # not in the parent process (a state before the first element)
-            part = sliced(part, self._index, self._count, self._sequential)
+        if not _in_worker:  # the parent process: a state before the first element
+            unsliced: DatasetIterator[Any] = self._parent.__iter__()
+            return unsliced
+        part = sliced(self._parent, self._index, self._count, self._sequential)
         iterator: DatasetIterator[Any] = part.__iter__()
+        # The worker's tree shares one context: random_map keys its generator on it.
+        iterator._ctx.mp_context = MultiprocessingContext(self._index, self._count)
         return iterator
 
     @property

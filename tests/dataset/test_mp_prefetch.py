@@ -131,6 +131,25 @@ def test_an_unpicklable_transform_is_named():
         list(ds)
 
 
+class RefusesPickling:
+    def __getstate__(self):
+        raise ValueError("RefusesPickling stays in this process")
+
+
+def test_an_unpicklable_transform_raises_the_picklers_own_error_with_a_note():
+    held = RefusesPickling()
+    ds = gm.MapDataset.range(4).map(lambda x: (held, x)[1]).to_iter_dataset()
+    with pytest.raises(ValueError, match="stays in this process") as info:
+        list(ds.mp_prefetch(options(2)))
+    assert "cannot be sent to worker processes" in "\n".join(info.value.__notes__)
+
+
+def test_sys_exit_in_a_worker_is_reported_as_a_crash_with_its_exit_code():
+    ds = gm.MapDataset.range(8).map(lambda x: sys.exit(123) if x == 3 else x).to_iter_dataset()
+    with pytest.raises(RuntimeError, match=r"worker process \d .* exit code 123"):
+        list(ds.mp_prefetch(options(2)))  # never a SystemExit in the consumer
+
+
 def test_worker_init_fn_runs_in_every_worker():
     ds = gm.MapDataset.range(20).map(fns.worker_tag).to_iter_dataset()
     tags = set(ds.mp_prefetch(options(2), worker_init_fn=fns.record_init))

@@ -141,6 +141,12 @@ def test_an_unpicklable_op_is_named():
         list(ds)
 
 
+def test_sys_exit_in_an_op_is_reported_as_a_worker_crash_with_its_exit_code():
+    ds = interleaved().map(lambda x: sys.exit(9) if x == 203 else x).mp_prefetch(options(2))
+    with pytest.raises(RuntimeError, match="terminated unexpectedly with exit code 9"):
+        list(ds)  # never a SystemExit in the consumer
+
+
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_arrays_travel_both_ways_through_shared_memory_and_nothing_is_left():
     before = fns.own_shm_segments()

@@ -330,3 +330,45 @@ def test_enable_profiling_logs_the_stages_at_the_end_of_the_data(caplog, workers
     assert any("out=40" in line for line in lines)
     with pytest.raises(TypeError, match="enable_profiling"):
         loader("yes")
+
+
+class RefusesPickling(gm.transforms.Map):
+    """A transformation whose pickling raises ValueError (it holds something per-process)."""
+
+    def __getstate__(self):
+        raise ValueError("RefusesPickling stays in this process")
+
+    def map(self, x):
+        return x
+
+
+def test_an_unpicklable_transformation_raises_the_picklers_own_error_naming_the_loader():
+    data_loader = gm.DataLoader(
+        data_source=list(range(8)),
+        sampler=gm.samplers.SequentialSampler(8, gm.sharding.NoSharding()),
+        operations=[RefusesPickling()],
+        worker_count=2,
+    )
+    with pytest.raises(ValueError, match="stays in this process") as info:
+        list(data_loader)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "cannot be sent to worker processes" in notes
+    assert "picklable by cloudpickle" in notes
+
+
+class ExitsOnThree(gm.transforms.Map):
+    def map(self, x):
+        if x == 3:
+            sys.exit(123)
+        return x
+
+
+def test_sys_exit_in_a_worker_is_reported_as_a_crash_with_its_exit_code():
+    data_loader = gm.DataLoader(
+        data_source=list(range(8)),
+        sampler=gm.samplers.SequentialSampler(8, gm.sharding.NoSharding()),
+        operations=[ExitsOnThree()],
+        worker_count=2,
+    )
+    with pytest.raises(RuntimeError, match="terminated unexpectedly with exit code 123"):
+        list(data_loader)  # never a SystemExit in the consumer

@@ -149,14 +149,6 @@ FAILING: dict[str, str] = {
     "data_loader_test.py::DataLoaderTest_*::test_data_loader_checkpointing_same_object[456]": (
         _PER_WORKER_BATCHES
     ),
-    "data_loader_test.py::DataLoaderTest_*::test_fails_to_pickle": (
-        "Grain re-raises the pickling error's own type (ValueError); gristmill raises a "
-        "TypeError naming the pipeline, chained to it"
-    ),
-    "data_loader_test.py::DataLoaderTest_*::test_reports_multiprocessing_worker_crash": (
-        "sys.exit(123) in a DataLoader worker arrives as SystemExit; Grain reports a "
-        "RuntimeError naming the exit code"
-    ),
     "dataset/dataset_test.py::ApplyTransformationsTest::test_unsupported_transform": (
         "gristmill applies TfRandomMap as a RandomMap (docs/architecture.md); Grain raises"
     ),

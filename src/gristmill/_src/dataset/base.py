@@ -107,6 +107,13 @@ class _MapDatasetMeta(abc.ABCMeta):
         return op("select_from_datasets")(datasets, selection_map)  # type: ignore[no-any-return]
 
 
+def as_index_type(value: int, kind: type[np.integer[Any]]) -> Any:
+    """``value`` as a numpy integer of type ``kind`` (a user's index type), or as
+    ``np.int64`` where it does not fit ``kind`` (never wrapped around)."""
+    info = np.iinfo(kind)
+    return kind(value) if info.min <= value <= info.max else np.int64(value)
+
+
 class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
     """A lazy, random-access dataset: ``len(ds)`` elements per epoch, ``ds[i]`` for any int.
 
@@ -170,7 +177,21 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
         if type(index) is not int:
             if isinstance(index, slice):
                 return self.slice(index)
+            given: object = index  # typed int, often a numpy integer (e.g. from np.arange)
+            if isinstance(given, np.integer):
+                return self._get_typed(int(given), type(given))
             index = validation.check_index(index)
+        return self._get(index)
+
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> T | None:
+        """The element at ``index`` read with a numpy integer of type ``kind``.
+
+        Grain computes with the index as given, so a range, and the nodes that pass the
+        index down unchanged (map, filter, slice, ...), return (or pass their function) a
+        numpy integer of the index's type. Those nodes override this; every other node reads
+        as with an int. Arithmetic stays on ints: only the result takes ``kind``
+        (:func:`as_index_type`).
+        """
         return self._get(index)
 
     def _get(self, index: int) -> T | None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from gristmill._src.core import specs, transforms, validation
 from gristmill._src.core.rng import IndexedRng
-from gristmill._src.dataset.base import IndexArray, MapDataset, register
+from gristmill._src.dataset.base import IndexArray, MapDataset, as_index_type, register
 from gristmill._src.dataset.shuffle import resolve_seed
 
 _U64 = 2**64
@@ -29,6 +31,10 @@ class MapMapDataset(MapDataset[Any]):
 
     def _get(self, index: int) -> Any:
         element = self._parent._get(index)
+        return None if element is None else self._fn(element)
+
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        element = self._parent._get_typed(index, kind)
         return None if element is None else self._fn(element)
 
     def _read(self, indices: IndexArray) -> list[Any]:
@@ -68,6 +74,12 @@ class RandomMapMapDataset(MapDataset[Any]):
             return None
         return self._fn(element, self._rng.at(index % _U64))
 
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        element = self._parent._get_typed(index, kind)
+        if element is None:
+            return None
+        return self._fn(element, self._rng.at(index % _U64))
+
     def _read(self, indices: IndexArray) -> list[Any]:
         fn, at = self._fn, self._rng.at
         return [
@@ -101,6 +113,10 @@ class MapWithIndexMapDataset(MapDataset[Any]):
     def _get(self, index: int) -> Any:
         element = self._parent._get(index)
         return None if element is None else self._fn(index, element)
+
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        element = self._parent._get_typed(index, kind)
+        return None if element is None else self._fn(as_index_type(index, kind), element)
 
     def _read(self, indices: IndexArray) -> list[Any]:
         fn = self._fn
@@ -136,6 +152,10 @@ class FilterMapDataset(MapDataset[Any]):
 
     def _get(self, index: int) -> Any:
         element = self._parent._get(index)
+        return element if element is not None and self._fn(element) else None
+
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        element = self._parent._get_typed(index, kind)
         return element if element is not None and self._fn(element) else None
 
     def _read(self, indices: IndexArray) -> list[Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import numpy as np
+
 from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
 
@@ -35,11 +37,17 @@ class SliceMapDataset(MapDataset[Any]):
         return self._length
 
     def _get(self, index: int) -> Any:
+        return self._parent._get(self._parent_index(index))
+
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        return self._parent._get_typed(self._parent_index(index), kind)
+
+    def _parent_index(self, index: int) -> int:
         m = self._length
         if not m:
             raise validation.empty_dataset_error(self, index)
         epoch, position = divmod(index, m)
-        return self._parent._get(self._start + position * self._step + epoch * self._parent_length)
+        return self._start + position * self._step + epoch * self._parent_length
 
     def _read(self, indices: IndexArray) -> list[Any]:
         m = self._length
@@ -101,6 +109,13 @@ class RepeatMapDataset(MapDataset[Any]):
             index %= self._parent_length
         return self._parent._get(index)
 
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        if not self._reseed:
+            if not self._parent_length:
+                raise validation.empty_dataset_error(self, index)
+            index %= self._parent_length
+        return self._parent._get_typed(index, kind)
+
     def _read(self, indices: IndexArray) -> list[Any]:
         if not self._reseed:
             if not self._parent_length:
@@ -136,6 +151,9 @@ class _WithSeedMapDataset(MapDataset[Any]):
 
     def _get(self, index: int) -> Any:
         return self._parent._get(index)
+
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        return self._parent._get_typed(index, kind)
 
     def _read(self, indices: IndexArray) -> list[Any]:
         return self._parent._read(indices)

@@ -8,7 +8,13 @@ import numpy as np
 
 from gristmill._src.core import specs, validation
 from gristmill._src.core.options import ReadOptions
-from gristmill._src.dataset.base import IndexArray, MapDataset, empty_read, register
+from gristmill._src.dataset.base import (
+    IndexArray,
+    MapDataset,
+    as_index_type,
+    empty_read,
+    register,
+)
 
 if TYPE_CHECKING:
     from gristmill._src.dataset.iter_base import IterDataset
@@ -99,6 +105,9 @@ class RangeMapDataset(MapDataset[int]):
             return self._range[index % self._length]
         except ZeroDivisionError:
             raise validation.empty_dataset_error(self, index) from None
+
+    def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
+        return as_index_type(self._get(index), kind)  # Grain: start + (index % len) * step
 
     def _read(self, indices: IndexArray) -> list[Any]:
         if not self._length:

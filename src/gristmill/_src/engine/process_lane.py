@@ -15,8 +15,10 @@ then.
 
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
 with its text), with the worker's frames as its traceback and its formatted traceback as a
-note, located at its element like any read failure. A worker that dies is reported within
-``_POLL_S`` as a RuntimeError naming the worker and its exit code. Closing stops the
+note, located at its element like any read failure. A worker that dies (``sys.exit`` in a
+transformation included: it ends the worker with that code) is reported within ``_POLL_S``
+as a RuntimeError naming the worker and its exit code; a pipeline that cannot be pickled for
+the workers raises the pickler's own error, with a note naming the stage. Closing stops the
 workers: asked, then terminated, then killed.
 """
 
@@ -30,7 +32,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from gristmill._src.engine import remote_traceback, sending, shm
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
@@ -110,6 +112,8 @@ def _worker_main(
         if init is not None:
             init(index, count)
         job: Any = sending.loads(work)
+    except SystemExit as error:
+        _exit(conn, error)
     except BaseException as error:
         _send_failure(conn, 0, error)
         return
@@ -126,7 +130,9 @@ def _worker_main(
                 chunk = job.run(Task(start, size))
             else:
                 chunk = apply(job, Task(start, size, shm.decode(message[2], message[3])))
-        except BaseException as error:  # run() returns failures; this is a bug or an exit
+        except SystemExit as error:  # sys.exit() in a transformation: the worker ends
+            _exit(conn, error)
+        except BaseException as error:  # run() returns failures; this is a bug
             _send_failure(conn, start, error)
             return
         if chunk.error is not None:
@@ -136,6 +142,16 @@ def _worker_main(
             conn.send(("ok", *shm.encode(chunk.values, shm_prefix, segments)))
         except Exception as error:  # a value that cannot be pickled
             _send_failure(conn, start, error)
+
+
+def _exit(conn: Any, error: SystemExit) -> NoReturn:
+    """Ends the worker with the exit code ``sys.exit`` asked for (Python's rule: None is 0,
+    an int itself, anything else 1), as Grain's workers do; the parent reports the worker as
+    terminated with that code (never a SystemExit in the consumer)."""
+    code = 0 if error.code is None else error.code if isinstance(error.code, int) else 1
+    with contextlib.suppress(Exception):
+        conn.close()
+    raise SystemExit(code)
 
 
 def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ()) -> None:
@@ -191,13 +207,14 @@ class ProcessCore(Core):
         try:
             payload = sending.dumps(work)
             init = sending.dumps(self._worker_init_fn)
-        except Exception as error:
-            raise TypeError(
-                f"the pipeline of {name!r} cannot be sent to worker processes: {error}. "
-                "Its sources and transformations must be picklable by cloudpickle (functions "
-                "and lambdas are; locks, open files, connections and generators are not): "
-                "open files and connections lazily in the worker"
-            ) from error
+        except Exception as error:  # re-raised as itself (Grain's type), with a note
+            error.add_note(
+                f"gristmill: the pipeline of {name!r} cannot be sent to worker processes: "
+                f"{error}. Its sources and transformations must be picklable by cloudpickle "
+                "(functions and lambdas are; locks, open files, connections and generators "
+                "are not): open files and connections lazily in the worker"
+            )
+            raise
         for index in range(count):
             parent, child = self._context.Pipe()
             prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
@@ -281,6 +298,8 @@ class ProcessCore(Core):
         return Chunk(task.start, values, error)
 
     def _died(self, index: int, process: Any) -> WorkerDiedError:
+        if process.exitcode is None:  # its pipe closed an instant before it exited
+            process.join(_JOIN_TIMEOUT_S)
         return WorkerDiedError(
             f"worker process {index} (pid {process.pid}) of this stage was terminated "
             f"unexpectedly with exit code {process.exitcode}"

@@ -220,6 +220,9 @@ class Core:
     def stop_executor(self) -> None:
         """Hook for executors that need more than ``closed`` to stop (an event loop)."""
 
+    def after_threads_joined(self) -> None:
+        """Hook: cleans up what the threads may have made while the executor stopped."""
+
     def shutdown(self) -> None:
         with self.lock:
             self.closed = True
@@ -236,6 +239,7 @@ class Core:
             # A worker still being started sees `closed` and returns at once.
             if thread is not current and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
+        self.after_threads_joined()
 
 
 _LIVE: weakref.WeakSet[Core] = weakref.WeakSet()

@@ -318,3 +318,8 @@ class ProcessCore(Core):
             with contextlib.suppress(Exception):
                 conn.close()
         shm.unlink_leftovers(self._shm_prefix)
+
+    def after_threads_joined(self) -> None:
+        # a proxy thread that claimed a task as the stage stopped may have written its
+        # inputs' segments after the first sweep
+        shm.unlink_leftovers(self._shm_prefix)

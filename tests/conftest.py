@@ -106,19 +106,20 @@ def no_orphaned_processes():
     assert not orphans, f"processes outlived their parent worker: {orphans}"
 
 
-_UPSTREAM_LINES = pytest.StashKey[list]()
+_SUMMARY_LINES = pytest.StashKey[list]()
 
 
 @pytest.fixture
-def record_upstream_line(request):
-    """``record_upstream_line(line)``: shows an upstream suite's closing line in the summary."""
-    lines = request.config.stash.setdefault(_UPSTREAM_LINES, [])
+def record_summary_line(request):
+    """``record_summary_line(line)``: shows ``line`` in pytest's terminal summary (an upstream
+    suite's closing line, the soak's measurements)."""
+    lines = request.config.stash.setdefault(_SUMMARY_LINES, [])
     return lines.append
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    for line in config.stash.get(_UPSTREAM_LINES, []):
-        terminalreporter.write_line(f"upstream suite {line}")
+    for line in config.stash.get(_SUMMARY_LINES, []):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture

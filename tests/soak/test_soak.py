@@ -82,7 +82,28 @@ def test_the_flatness_check_catches_a_steady_leak(leak):
 
 @pytest.mark.slow
 @pytest.mark.background.with_args(soak)
-def test_a_five_minute_soak_stays_flat(background_run):
+def test_a_five_minute_soak_stays_flat(background_run, record_summary_line):
     code, stdout, stderr = background_run.wait(SOAK_S + 240)
     assert code == 0, f"the soak failed:\n{stdout[-3000:]}\n{stderr[-3000:]}"
-    check_flat(json.loads((background_run.out_dir / "soak.json").read_text()))
+    result = json.loads((background_run.out_dir / "soak.json").read_text())
+    record_summary_line(summary(result))
+    check_flat(result)
+
+
+def summary(result: dict) -> str:
+    """One line: what the soak read and how its resources moved after the warm-up."""
+    after = [s for s in result["samples"] if s["t"] >= WARMUP_S]
+
+    def span(values: list[int], unit: int = 1) -> str:
+        return f"{values[0] // unit}->{values[-1] // unit} (max {max(values) // unit})"
+
+    workers = sorted(after[0]["workers"])
+    worker_rss = [
+        span([s["workers"][pid] for s in after if pid in s["workers"]], MIB) for pid in workers
+    ]
+    return (
+        f"soak: {result['seconds']:.0f} s, {result['counts']}; after {WARMUP_S:.0f} s: "
+        f"consumer RSS MiB {span([s['rss'] for s in after], MIB)}, "
+        f"workers RSS MiB {', '.join(worker_rss)}, fds {span([s['fds'] for s in after])}, "
+        f"/dev/shm segments {span([s['shm'] for s in after])}"
+    )

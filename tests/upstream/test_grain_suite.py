@@ -54,11 +54,11 @@ def listed(name: str, patterns: dict[str, str]) -> bool:
 @pytest.mark.background.with_args(
     grain_run
 )  # minutes, mostly upstream's sleeps: overlaps the suite
-def test_grain_shipped_suite_passes(background_run, record_upstream_line):
+def test_grain_shipped_suite_passes(background_run, record_summary_line):
     _, stdout, stderr = background_run.wait(RUN_TIMEOUT_S)
     closing = [line for line in stdout.splitlines() if line.startswith("grain:")]
     assert closing, f"no closing line:\n{stdout[-4000:]}\n{stderr[-4000:]}"
-    record_upstream_line(closing[-1])
+    record_summary_line(f"upstream suite {closing[-1]}")
     result = json.loads((background_run.out_dir / "grain.json").read_text())
     failed = {node_id(n): m for n, m in result["messages"].items()}
     unexpected = {n: m for n, m in failed.items() if not listed(n, grain_skips.FAILING)}
@@ -67,4 +67,4 @@ def test_grain_shipped_suite_passes(background_run, record_upstream_line):
         "\n".join(f"{n}: {m}" for n, m in sorted(unexpected.items()))
     )
     for pattern in fixed:  # reported, not failed: a flaky pass must not break the run
-        record_upstream_line(f"grain: listed in grain_skips.FAILING but passed: {pattern}")
+        record_summary_line(f"upstream suite grain: listed in FAILING but passed: {pattern}")

@@ -10,12 +10,15 @@ import copy
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gristmill as gm
 import gristmill.python as gp
 from gristmill.pipeline import PipelineBuilder
+
+pytestmark = pytest.mark.timeout(120)  # a state that makes a restore hang fails the test
 
 N = 40
 CLEAR_ERRORS = (ValueError, TypeError)  # StateMismatchError is a ValueError
@@ -209,3 +212,11 @@ def test_a_mutated_dataloader_state_restores_or_is_a_clear_error(state):
         return WithDictState()
 
     restores_cleanly(loader_with_json_state, state, lambda x: 0 <= int(x) < N)
+
+
+def test_a_huge_worker_count_in_a_dataloader_state_is_refused_at_once():
+    """Found by the test above: worker_count 2**63 built a list of 2**63 worker names."""
+    state = loader_state()
+    state["worker_count"] = 2**63
+    with pytest.raises(ValueError, match="last_seen_indices"):
+        loader_iterator().set_state(json.dumps(state).encode())

@@ -41,8 +41,9 @@ def records_taken(data: dict[str, Any], shard_index: int, shard_count: int) -> l
     worker_count = _integer(data["worker_count"], "worker_count", low=0)
     workers = max(worker_count, 1)
     last_seen = data["last_seen_indices"]
-    expected = [str(w) for w in range(workers)]
-    if not isinstance(last_seen, dict) or set(last_seen) != set(expected):
+    # named one by one up to 64 workers: a huge worker_count must not build a huge list
+    expected: Any = [str(w) for w in range(workers)] if workers <= 64 else f"0..{workers - 1}"
+    if not isinstance(last_seen, dict) or not _names_workers(last_seen, workers):
         raise ValueError(
             f"DataLoader state 'last_seen_indices' must map each worker {expected} (the "
             f"state's worker_count is {worker_count}) to a sampler index, got {last_seen!r:.200}; "
@@ -91,6 +92,14 @@ def continuation(taken: list[int], *, exact: bool) -> int:
             "first not consumed; records consumed after it are read again)"
         )
     return first_open
+
+
+def _names_workers(last_seen: dict[Any, Any], workers: int) -> bool:
+    """Whether the keys are exactly "0", "1", …, str(workers - 1)."""
+    return len(last_seen) == workers and all(
+        isinstance(k, str) and k.isdigit() and str(int(k)) == k and int(k) < workers
+        for k in last_seen
+    )
 
 
 def _integer(value: Any, name: str, *, low: int | None = None) -> int:

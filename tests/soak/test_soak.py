@@ -49,8 +49,9 @@ def check_flat(result: dict) -> None:
         assert grew(rss) < 16 * MIB, (pid, [r >> 20 for r in rss])
     assert grew([s["fds"] for s in after]) <= 0, [s["fds"] for s in after]
     shm = [s["shm"] for s in after]
-    assert max(shm) <= 64, shm  # results in flight only
-    assert grew(shm) <= 8, shm
+    assert max(shm) <= 64, shm  # results in flight only: a sample is 0..buffer at random
+    half = len(shm) // 2
+    assert min(shm[half:]) <= min(shm[: half + 1]) + 8, shm  # a leak raises the floor
 
 
 def synthetic(leak_rss=0, leak_worker=0, leak_fds=0, leak_shm=0, steps=12):

@@ -66,14 +66,17 @@ def nested_b(x):
     return nested_c(x)
 
 
-@pytest.mark.parametrize("where", ["process_prefetch", "mp_prefetch"])
-def test_a_worker_error_keeps_its_type_and_the_worker_frames(where):
+def failing_in_a_worker(where):
+    """range(8) mapped through nested_b (a KeyError at 5), prefetched by one worker."""
     ds = gm.MapDataset.range(8).to_iter_dataset().map(nested_b)
     if where == "process_prefetch":
-        ds = ProcessPrefetchIterDataset(ds, buffer_size=1)
-    else:
-        ds = ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1))
-    it = iter(ds)
+        return ProcessPrefetchIterDataset(ds, buffer_size=1)
+    return ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1))
+
+
+@pytest.mark.parametrize("where", ["process_prefetch", "mp_prefetch"])
+def test_a_worker_error_keeps_its_type_and_the_worker_frames(where):
+    it = iter(failing_in_a_worker(where))
     try:
         for _ in range(5):
             next(it)
@@ -98,12 +101,7 @@ def frame_names(tb):
 
 @pytest.mark.parametrize("where", ["process_prefetch", "mp_prefetch"])
 def test_remove_frames_filtering_moves_gristmill_worker_frames_to_the_cause(where, remove_frames):
-    ds = gm.MapDataset.range(8).to_iter_dataset().map(nested_b)
-    if where == "process_prefetch":
-        ds = ProcessPrefetchIterDataset(ds, buffer_size=1)
-    else:
-        ds = ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1))
-    it = iter(ds)
+    it = iter(failing_in_a_worker(where))
     try:
         for _ in range(5):
             next(it)

@@ -6,10 +6,6 @@ per-worker order is ``MultiprocessingOrder.GRAIN_PER_WORKER``: the same elements
 states, and without that option a Grain multi-worker state is a clear error.
 """
 
-import gc
-import multiprocessing
-import time
-
 import grain.python as grain
 import numpy as np
 import pytest
@@ -17,17 +13,8 @@ import pytest
 import gristmill as gm
 from gristmill.multiprocessing import MultiprocessingOrder
 
-pytestmark = pytest.mark.parity
+pytestmark = [pytest.mark.parity, pytest.mark.usefixtures("no_children_left")]
 STEPS = (0, 2, 5)
-
-
-@pytest.fixture(autouse=True)
-def no_children_left():
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def pipeline(m, **options):

@@ -116,6 +116,18 @@ def test_apply_rejects_plain_functions_and_unknown_objects():
         M.range(10).apply(object())
 
 
+class AddDraw(gm.transforms.TfRandomMap):
+    def np_random_map(self, x, rng):
+        return x + int(rng.integers(10))
+
+
+@pytest.mark.parametrize("kind", ["map", "iter"])
+def test_apply_refuses_a_tf_random_map_as_grain_does(kind):
+    ds = M.range(10) if kind == "map" else M.range(10).to_iter_dataset()
+    with raises(NotImplementedError, "does not take a TfRandomMap", "RandomMap"):
+        ds.apply(AddDraw())
+
+
 def test_mix_weights_must_be_positive():
     with raises(ValueError, "weights must all be > 0", "[1, 0]"):
         M.mix([M.range(3), M.range(3)], [1, 0])

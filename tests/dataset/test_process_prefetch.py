@@ -216,3 +216,21 @@ def test_repeat_after_mp_prefetch_and_set_state_leave_no_stale_output():
     assert tail == [20, 30, 40, 0, 10, 20, 30, 40]
     it.set_state(state)
     assert list(it) == tail
+
+
+@pytest.mark.parametrize("order", list(MultiprocessingOrder))
+def test_repeat_and_set_state_keep_the_worker_processes(order):
+    options = gm.MultiprocessingOptions(num_workers=2, order=order)
+    ds = gm.MapDataset.range(20).to_iter_dataset().map(lambda _: os.getpid())
+    prefetched = ds.mp_prefetch(options)
+    epochs = list(gm.experimental.RepeatIterDataset(prefetched, num_epochs=3))
+    assert len(epochs) == 60
+    assert len(set(epochs)) == 2  # the same two workers in every epoch
+    it = iter(prefetched)
+    first = {next(it) for _ in range(6)}
+    state = it.get_state()
+    next(it)
+    it.set_state(state)
+    assert {next(it) for _ in range(6)} <= first
+    assert os.getpid() not in first
+    it.close()

@@ -149,9 +149,6 @@ FAILING: dict[str, str] = {
     "data_loader_test.py::DataLoaderTest_*::test_data_loader_checkpointing_same_object[456]": (
         _PER_WORKER_BATCHES
     ),
-    "dataset/dataset_test.py::ApplyTransformationsTest::test_unsupported_transform": (
-        "gristmill applies TfRandomMap as a RandomMap (docs/architecture.md); Grain raises"
-    ),
     "dataset/dataset_test.py::DatasetTest::test_prefetch_with_slice_source": _SET_SLICE,
     "dataset/sources/parquet_dataset_test.py::ParquetIterDatasetTest::test_set_slice": _SET_SLICE,
     "dataset/sources/parquet_dataset_test.py::ParquetIterDatasetTest::test_sharding_multi_file": (
@@ -168,13 +165,4 @@ FAILING: dict[str, str] = {
     "test_parent_dataset_modifies_state": _STATE_KEY,
     "dataset/transformations/process_prefetch_test.py::ProcessPrefetchIterDatasetTest::"
     "test_parent_dataset_modifies_state": _STATE_KEY,
-    "dataset/transformations/process_prefetch_test.py::MultiprocessingPrefetchTest::"
-    "test_set_state_does_not_restart_process": (
-        "InterleaveDatasetIterator.set_state reopens its slots, which starts new workers"
-    ),
-    "dataset/transformations/repeat_test.py::RepeatIterDatasetTest::"
-    "test_repeat_after_mp_prefetch_does_not_restart_workers": (
-        "each epoch of repeat() re-iterates mp_prefetch with new worker processes "
-        "(persistent workers: issue 16)"
-    ),
 }

@@ -1,8 +1,9 @@
 """``ds.apply(transformations)``: dispatch transformation objects to the matching op.
 
 The same rules for MapDataset and IterDataset: ``Batch`` -> ``batch``, ``Map`` -> ``map``,
-``RandomMap`` / ``TfRandomMap`` -> ``random_map``, ``MapWithIndex`` -> ``map_with_index``,
-``Filter`` -> ``filter``, ``FlatMap`` -> FlatMapMapDataset / FlatMapIterDataset.
+``RandomMap`` -> ``random_map``, ``MapWithIndex`` -> ``map_with_index``, ``Filter`` ->
+``filter``, ``FlatMap`` -> FlatMapMapDataset / FlatMapIterDataset. A ``TfRandomMap`` is
+refused, as upstream (the DataLoader applies it).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def apply_transformations(ds: D, transformations: Any) -> D:
 
     Raises:
       UnsupportedTransformError: an object that is not one of the transformation types
-        (a plain function: use ``ds.map(fn)``). It is both a TypeError and, as upstream,
-        a NotImplementedError.
+        (a plain function: use ``ds.map(fn)``), or a ``TfRandomMap`` (as upstream). It is
+        both a TypeError and, as upstream, a NotImplementedError.
 
     >>> import gristmill as gm
     >>> class AddOne(gm.transforms.Map):
@@ -55,7 +56,12 @@ def apply_transformations(ds: D, transformations: Any) -> D:
             )
         elif isinstance(t, transforms.Map):
             result = result.map(t)
-        elif isinstance(t, (transforms.RandomMap, transforms.TfRandomMap)):
+        elif isinstance(t, transforms.TfRandomMap):
+            raise UnsupportedTransformError(
+                f"apply does not take a TfRandomMap ({t!r}), as in Grain: make it a "
+                f"gristmill.transforms.RandomMap, or use ds.random_map(t.np_random_map)"
+            )
+        elif isinstance(t, transforms.RandomMap):
             result = result.random_map(t)
         elif isinstance(t, transforms.MapWithIndex):
             result = result.map_with_index(t)
@@ -69,7 +75,7 @@ def apply_transformations(ds: D, transformations: Any) -> D:
         else:
             raise UnsupportedTransformError(
                 f"transformations must be gristmill.transforms objects (Map, RandomMap, "
-                f"TfRandomMap, MapWithIndex, FlatMap, Filter, Batch), got {t!r} of type "
+                f"MapWithIndex, FlatMap, Filter, Batch), got {t!r} of type "
                 f"{type(t).__name__}; for a plain function use ds.map(fn) instead of apply"
             )
     return result  # type: ignore[no-any-return]

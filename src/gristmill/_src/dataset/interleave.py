@@ -12,7 +12,10 @@ whose turn comes next are opened ahead, in dataset order, by an OrderedChunkRunn
 consumer's thread while opening is cheap). Each one's prefetch is started at once, so a
 switch to it finds its first elements loading. The state never mentions iterators opened
 ahead: a restore repositions the runner, and the ones nobody took are closed. An error
-opening dataset ``k`` is raised when dataset ``k``'s turn comes, not earlier.
+opening dataset ``k`` is raised when dataset ``k``'s turn comes, not earlier. A restore
+repositions the open iterators of datasets that the state has open too (an exhausted one
+included), rather than reopening them: Grain-order ``mp_prefetch`` keeps its worker
+processes across ``set_state`` and the epochs of ``repeat()``.
 """
 
 from __future__ import annotations
@@ -400,15 +403,24 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         next_in_datasets = state_count(
             values["next_index_in_datasets"], owner, "next_index_in_datasets", high=self._count
         )
-        for iterator in self._iterators:
-            if iterator is not None:
-                iterator.close()
+        # An open iterator of a dataset the state also has open is repositioned, not
+        # reopened: its resources (a worker process, an open file) stay.
+        reusable = {
+            index: iterator
+            for index, iterator in zip(self._in_use, self._iterators, strict=True)
+            if iterator is not None
+        }
         self._in_use = indices
         self._iterators = [None] * len(indices)
-        for slot, (index, slot_state) in enumerate(zip(indices, states, strict=True)):
-            iterator = _open(self._datasets, index, self._iter_buffer_size, self._ctx)
-            self._iterators[slot] = iterator
-            iterator.set_state(slot_state)
+        try:
+            for slot, (index, slot_state) in enumerate(zip(indices, states, strict=True)):
+                iterator = reusable.pop(index, None)
+                if iterator is None:
+                    iterator = _open(self._datasets, index, self._iter_buffer_size, self._ctx)
+                self._iterators[slot] = iterator
+                iterator.set_state(slot_state)
+        finally:
+            _close_all(list(reusable.values()))
         self._exhausted = exhausted
         self._next_in_cycle = next_in_cycle
         self._next_in_datasets = next_in_datasets

@@ -18,6 +18,7 @@ of them.
 from __future__ import annotations
 
 import abc
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
@@ -148,6 +149,18 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
     def _own_seed(self) -> int | None:
         """The seed this node sets for downstream random ops (only ``ds.seed()`` nodes)."""
         return None
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[T]:
+        """A copy of this node reading ``parents`` instead (a worker's sliced sources).
+
+        The copy keeps the default seed derived from the original graph. A node that
+        derives fields from its parents at construction (a length, a permutation) overrides
+        this to derive them again from the new parents.
+        """
+        self._default_seed  # noqa: B018 (derived from the original graph: the copy keeps it)
+        clone = copy.copy(self)
+        clone._parents = tuple(parents)
+        return clone
 
     @functools.cached_property
     def _stats(self) -> NodeStats:

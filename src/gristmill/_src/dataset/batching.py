@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -113,9 +113,18 @@ class BatchMapDataset(MapDataset[Any]):
         self._batch_size = batch_size
         self._drop_remainder = bool(drop_remainder)
         self._batch_fn = make_batch if batch_fn is None else batch_fn
-        n = len(parent)
+        self._fit_parent()
+
+    def _fit_parent(self) -> None:
+        n = len(self._parent)
         self._parent_length = n
-        self._length = n // batch_size if drop_remainder else -(-n // batch_size)
+        size = self._batch_size
+        self._length = n // size if self._drop_remainder else -(-n // size)
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[Any]:
+        clone = cast(BatchMapDataset, super()._on_parents(parents))
+        clone._fit_parent()
+        return clone
 
     def __len__(self) -> int:
         return self._length

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -239,13 +239,27 @@ class MixedMapDataset(MapDataset[Any]):
                 f"{proportions!r} and selection_map={selection_map!r}; give one of them"
             )
         if selection_map is None:
-            self._selection_map: Any = SelectionWithProportionsMap(checked, proportions)
+            self._use(SelectionWithProportionsMap(checked, proportions))
         else:
-            self._selection_map = _check_selection_map(selection_map)
+            self._use(_check_selection_map(selection_map))
+
+    def _use(self, selection_map: Any) -> None:
+        self._selection_map = selection_map
         # Built-in maps answer a whole chunk at once; a user's map is asked index by index.
-        built_in = isinstance(self._selection_map, (SelectionWithProportionsMap, ConcatenationMap))
-        self._select_many = self._selection_map.select if built_in else None
-        self._length = len(self._selection_map)
+        built_in = isinstance(selection_map, (SelectionWithProportionsMap, ConcatenationMap))
+        self._select_many = selection_map.select if built_in else None
+        self._length = len(selection_map)
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[Any]:
+        """A copy over ``parents``; a built-in selection map is made again for their lengths
+        (a user's map is kept: it chose its positions itself)."""
+        clone = cast(MixedMapDataset, super()._on_parents(parents))
+        selection = self._selection_map
+        if isinstance(selection, SelectionWithProportionsMap):
+            clone._use(SelectionWithProportionsMap(parents, selection.proportions))
+        elif isinstance(selection, ConcatenationMap):
+            clone._use(ConcatenationMap(parents))
+        return clone
 
     def __len__(self) -> int:
         return self._length

@@ -28,6 +28,7 @@ from typing import Any
 from gristmill._src.core import specs, validation
 from gristmill._src.core.dataset_options import IteratorContext
 from gristmill._src.dataset.base import MapDataset
+from gristmill._src.dataset.in_place_slicing import check_set_slice
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.iter_support import state_count, state_fields
 from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
@@ -101,6 +102,14 @@ class InterleaveIterDataset(IterDataset[Any]):
             num_make_iter_threads=self._num_make_iter_threads,
             make_iter_buffer_size=self._make_iter_buffer_size,
         )
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """From now on interleaves only ``datasets[sl]`` (in place; ``sequential_slice`` is
+        accepted and ignored, as upstream)."""
+        check_set_slice(sl, sequential_slice)
+        self._datasets = self._datasets[sl]
+        if isinstance(self._datasets, MapDataset):  # a MapDataset of datasets is the parent
+            self._parents = (self._datasets,)
 
     @property
     def _element_spec(self) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -105,8 +105,16 @@ class ShuffleMapDataset(MapDataset[Any]):
     def __init__(self, parent: MapDataset[Any], seed: int | None = None) -> None:
         super().__init__(parent)
         self._seed = resolve_seed(self, seed, "shuffle")
-        self._length = len(parent)
+        self._fit_parent()
+
+    def _fit_parent(self) -> None:
+        self._length = len(self._parent)
         self._perm = EpochPermutation(self._length, self._seed)
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[Any]:
+        clone = cast(ShuffleMapDataset, super()._on_parents(parents))
+        clone._fit_parent()
+        return clone
 
     def __len__(self) -> int:
         return self._length

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -29,9 +29,18 @@ class SliceMapDataset(MapDataset[Any]):
             )
         if sl.step == 0:
             raise ValueError("slice step cannot be zero, got step=0; use a step of 1 or -1")
-        self._start, self._stop, self._step = sl.indices(len(parent))
+        self._slice = sl
+        self._fit_parent()
+
+    def _fit_parent(self) -> None:
+        self._parent_length = len(self._parent)
+        self._start, self._stop, self._step = self._slice.indices(self._parent_length)
         self._length = len(range(self._start, self._stop, self._step))
-        self._parent_length = len(parent)
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[Any]:
+        clone = cast(SliceMapDataset, super()._on_parents(parents))
+        clone._fit_parent()
+        return clone
 
     def __len__(self) -> int:
         return self._length
@@ -81,23 +90,31 @@ class RepeatMapDataset(MapDataset[Any]):
         reseed_each_epoch: bool = True,
     ) -> None:
         super().__init__(parent)
-        parent_length = len(parent)
         if num_epochs is not None:
             validation.check_positive_int(
                 num_epochs, "num_epochs", fix="; use repeat(None) to repeat forever"
             )
+        self._reseed = reseed_each_epoch
+        self._num_epochs = num_epochs
+        self._fit_parent()
+
+    def _fit_parent(self) -> None:
+        parent_length = len(self._parent)
         if parent_length >= sys.maxsize:
             raise ValueError(
-                f"Repeating already infinite dataset {parent} does nothing; remove the "
+                f"Repeating already infinite dataset {self._parent} does nothing; remove the "
                 "repeat(...) call"
             )
         self._parent_length = parent_length
-        self._reseed = reseed_each_epoch
-        if num_epochs is None:
+        if self._num_epochs is None:
             self._length = sys.maxsize if parent_length else 0
         else:
-            self._length = min(num_epochs * parent_length, sys.maxsize)
-        self._num_epochs = num_epochs
+            self._length = min(self._num_epochs * parent_length, sys.maxsize)
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[Any]:
+        clone = cast(RepeatMapDataset, super()._on_parents(parents))
+        clone._fit_parent()
+        return clone
 
     def __len__(self) -> int:
         return self._length

@@ -15,6 +15,11 @@ from gristmill._src.dataset.base import (
     empty_read,
     register,
 )
+from gristmill._src.dataset.in_place_slicing import (
+    check_sequential,
+    check_set_slice,
+    sequential_block,
+)
 
 if TYPE_CHECKING:
     from gristmill._src.dataset.iter_base import IterDataset
@@ -31,7 +36,11 @@ def _batched_reader(source: Any) -> Any:
 
 @register("source")
 class SourceMapDataset(MapDataset[Any]):
-    """``ds[i] = source[i % len(source)]``; chunks go to the source's batched read if any."""
+    """``ds[i] = source[i % len(source)]``; chunks go to the source's batched read if any.
+
+    After ``set_slice(slice(w, None, n), sequential_slice=True)`` it reads block ``w`` of
+    ``n`` contiguous blocks of the source: ``ds[i] = source[offset + i % len(block)]``.
+    """
 
     def __init__(self, source: Any) -> None:
         super().__init__()
@@ -42,22 +51,37 @@ class SourceMapDataset(MapDataset[Any]):
                 "iterable, use a list(...) of it or an IterDataset"
             )
         self._source = source
-        self._length = len(source)
+        self._source_length = self._length = len(source)
+        self._offset = 0  # where the slice set by set_slice starts in the source
         self._batched = _batched_reader(source)
 
     def __len__(self) -> int:
         return self._length
 
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Reads only block ``sl.start`` of ``sl.step`` contiguous blocks of the source.
+
+        In place, and always of the whole source (a second call replaces the first).
+
+        Raises:
+          TypeError: ``sl`` is not a slice.
+          ValueError: ``sequential_slice`` is False (also an ``AssertionError``, as
+            upstream), or ``sl`` is not ``slice(worker_index, None, worker_count)``.
+        """
+        check_sequential(check_set_slice(sl, sequential_slice), "SourceMapDataset")
+        block = sequential_block(self._source_length, sl, "SourceMapDataset")
+        self._offset, self._length = block.start, block.stop - block.start
+
     def _get(self, index: int) -> Any:
         try:
-            return self._source[index % self._length]
+            return self._source[self._offset + index % self._length]
         except ZeroDivisionError:
             raise validation.empty_dataset_error(self, index) from None
 
     def _read(self, indices: IndexArray) -> list[Any]:
         if not self._length:
             return empty_read(self, indices)
-        local = indices % self._length
+        local = indices % self._length + self._offset
         source = self._source
         if isinstance(source, np.ndarray):
             return list(source[local])
@@ -66,7 +90,10 @@ class SourceMapDataset(MapDataset[Any]):
         return [source[i] for i in local.tolist()]
 
     def _structure(self) -> str:
-        return f"Source({type(self._source).__qualname__}, len={self._length})"
+        name, n = type(self._source).__qualname__, self._source_length
+        if self._length == n:
+            return f"Source({name}, len={n})"
+        return f"Source({name}, len={n})[{self._offset}:{self._offset + self._length}]"
 
     def __str__(self) -> str:
         return f"SourceMapDataset(source={type(self._source).__name__})"
@@ -94,7 +121,7 @@ class RangeMapDataset(MapDataset[int]):
         step = _check_range_arg(step, "step")
         if step == 0:
             raise ValueError("step must not be zero, got step=0; use step=1 to count up")
-        self._range = range(start, stop, step)
+        self._range = self._original = range(start, stop, step)
         self._length = len(self._range)
 
     def __len__(self) -> int:
@@ -105,6 +132,20 @@ class RangeMapDataset(MapDataset[int]):
             return self._range[index % self._length]
         except ZeroDivisionError:
             raise validation.empty_dataset_error(self, index) from None
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Counts only block ``sl.start`` of ``sl.step`` contiguous blocks of the range.
+
+        In place, and always of the whole range (a second call replaces the first).
+
+        Raises:
+          TypeError: ``sl`` is not a slice.
+          ValueError: ``sequential_slice`` is False (also an ``AssertionError``, as
+            upstream), or ``sl`` is not ``slice(worker_index, None, worker_count)``.
+        """
+        check_sequential(check_set_slice(sl, sequential_slice), "RangeMapDataset")
+        self._range = self._original[sequential_block(len(self._original), sl, "RangeMapDataset")]
+        self._length = len(self._range)
 
     def _get_typed(self, index: int, kind: type[np.integer[Any]]) -> Any:
         return as_index_type(self._get(index), kind)  # Grain: start + (index % len) * step

@@ -21,6 +21,7 @@ from gristmill._src.core.options import ReadOptions
 from gristmill._src.core.state import StateOutOfRangeError
 from gristmill._src.core.transforms import qualified_name
 from gristmill._src.dataset.base import MapDataset, register
+from gristmill._src.dataset.in_place_slicing import check_set_slice, sliced_copy
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
 from gristmill._src.engine.reporting import PeriodicReporter
@@ -50,6 +51,19 @@ class PrefetchIterDataset(IterDataset[Any]):
 
     def __iter__(self) -> PrefetchDatasetIterator:
         return PrefetchDatasetIterator(self._parent, self._read_options, self._allow_nones)
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """From now on reads ``parent[sl]``; with ``sequential_slice``, reads the parent
+        chain over its sources' sequential slices instead (``sl`` is then
+        ``slice(worker_index, None, worker_count)``: see ``SourceMapDataset.set_slice``).
+
+        In place, as upstream; the parent chain itself is copied, not changed, so the
+        MapDataset you built stays whole.
+        """
+        if check_set_slice(sl, sequential_slice):
+            self._parents = (sliced_copy(self._parent, sl, sequential_slice=True),)
+        else:
+            self._parents = (self._parent.slice(sl),)
 
     @property
     def _element_spec(self) -> Any:

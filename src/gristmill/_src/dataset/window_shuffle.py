@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -108,12 +108,20 @@ class WindowShuffleMapDataset(MapDataset[Any]):
             )
         super().__init__(parent)
         self._window_size, self._seed = _check_arguments(window_size, seed)
-        self._length = len(parent)
+        self._fit_parent()
+
+    def _fit_parent(self) -> None:
+        self._length = len(self._parent)
         w = self._window_size
         self._windows_per_epoch = -(-self._length // w)
         self._full = WindowPermutations(w, self._seed)
         last = self._length % w
         self._last = WindowPermutations(last, self._seed) if last else self._full
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[Any]:
+        clone = cast(WindowShuffleMapDataset, super()._on_parents(parents))
+        clone._fit_parent()
+        return clone
 
     def __len__(self) -> int:
         return self._length

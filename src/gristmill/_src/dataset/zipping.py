@@ -6,7 +6,7 @@ The element spec is the tuple of the parents' specs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset
@@ -37,13 +37,21 @@ class ZipMapDataset(MapDataset[Any]):
                     f"{type(ds).__name__}; zip IterDatasets with ZipIterDataset"
                 )
         super().__init__(datasets)
-        lengths = [len(ds) for ds in datasets]
+        self._fit_parents()
+
+    def _fit_parents(self) -> None:
+        lengths = [len(ds) for ds in self._parents]
         if len(set(lengths)) > 1:
             raise ValueError(
                 f"ZipMapDataset: all parents must have the same length, got lengths {lengths}; "
                 "slice the longer ones first, e.g. ds[:n]"
             )
         self._length = lengths[0]
+
+    def _on_parents(self, parents: tuple[MapDataset[Any], ...]) -> MapDataset[Any]:
+        clone = cast(ZipMapDataset, super()._on_parents(parents))
+        clone._fit_parents()
+        return clone
 
     def __len__(self) -> int:
         return self._length

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.dataset.in_place_slicing import check_set_slice
 from gristmill._src.dataset.interleave import InterleaveIterDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import state_count, state_fields
@@ -67,7 +68,7 @@ class ParquetIterDataset(IterDataset[dict[str, Any]]):
         parts = [ParquetIterDataset(path, **kwargs) for path in self._paths]
         interleave = InterleaveIterDataset(
             parts,
-            cycle_length=min(len(parts), _MAX_CYCLE_LENGTH),
+            cycle_length=min(max(len(parts), 1), _MAX_CYCLE_LENGTH),
             # Files are opened one ahead of their turn; rows are read inline (a thread
             # hand-off per row would cost more than decoding it).
             num_make_iter_threads=1,
@@ -75,6 +76,12 @@ class ParquetIterDataset(IterDataset[dict[str, Any]]):
             iter_buffer_size=0,
         )
         return iter(interleave)
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """From now on reads only the files ``paths[sl]`` (in place; ``sequential_slice``
+        is accepted and ignored, as upstream)."""
+        check_set_slice(sl, sequential_slice)
+        self._paths = self._paths[sl]
 
     def __str__(self) -> str:
         shown = self._paths[0] if len(self._paths) == 1 else f"[{len(self._paths)} files]"

@@ -50,16 +50,17 @@ CHAINS = {
 }
 
 
+def sliced_output(lib, chain, worker, sequential):
+    a, b = lib.MapDataset.range(14), lib.MapDataset.source(list(range(100, 114)))
+    ds = CHAINS[chain](lib, a, b).to_iter_dataset()
+    ds.set_slice(slice(worker, None, 3), sequential_slice=sequential)
+    return list(ds)
+
+
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_to_iter_set_slice_matches_grain(chain):
     for worker in range(3):
-        got = []
-        for lib in (gm, grain):
-            a, b = lib.MapDataset.range(14), lib.MapDataset.source(list(range(100, 114)))
-            ds = CHAINS[chain](lib, a, b).to_iter_dataset()
-            ds.set_slice(slice(worker, None, 3))
-            got.append(list(ds))
-        assert_same(*got)
+        assert_same(*(sliced_output(lib, chain, worker, False) for lib in (gm, grain)))
 
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
@@ -69,27 +70,17 @@ def test_to_iter_sequential_set_slice_matches_grain_built_on_the_sliced_sources(
     concatenate and zip keep the lengths of the unsliced sources (empty batches, elements
     read again past the block's end); gristmill's nodes follow the sliced sources."""
     for worker in range(3):
-        ours = CHAINS[chain](
-            gm, gm.MapDataset.range(14), gm.MapDataset.source(list(range(100, 114)))
-        )
-        ours = ours.to_iter_dataset()
-        ours.set_slice(slice(worker, None, 3), sequential_slice=True)
+        ours = sliced_output(gm, chain, worker, True)
         a, b = grain.MapDataset.range(14), grain.MapDataset.source(list(range(100, 114)))
         a.set_slice(slice(worker, None, 3), sequential_slice=True)
         b.set_slice(slice(worker, None, 3), sequential_slice=True)
-        assert_same(list(ours), list(CHAINS[chain](grain, a, b).to_iter_dataset()))
+        assert_same(ours, list(CHAINS[chain](grain, a, b).to_iter_dataset()))
 
 
 @pytest.mark.parametrize("chain", ["map", "shuffle"])
 def test_to_iter_sequential_set_slice_matches_grain_where_grain_refits(chain):
     for worker in range(3):
-        got = []
-        for lib in (gm, grain):
-            a, b = lib.MapDataset.range(14), lib.MapDataset.source(list(range(100, 114)))
-            ds = CHAINS[chain](lib, a, b).to_iter_dataset()
-            ds.set_slice(slice(worker, None, 3), sequential_slice=True)
-            got.append(list(ds))
-        assert_same(*got)
+        assert_same(*(sliced_output(lib, chain, worker, True) for lib in (gm, grain)))
 
 
 def test_interleave_set_slice_matches_grain():

@@ -134,15 +134,8 @@ class RangeMapDataset(MapDataset[int]):
             raise validation.empty_dataset_error(self, index) from None
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
-        """Counts only block ``sl.start`` of ``sl.step`` contiguous blocks of the range.
-
-        In place, and always of the whole range (a second call replaces the first).
-
-        Raises:
-          TypeError: ``sl`` is not a slice.
-          ValueError: ``sequential_slice`` is False (also an ``AssertionError``, as
-            upstream), or ``sl`` is not ``slice(worker_index, None, worker_count)``.
-        """
+        """Counts only block ``sl.start`` of ``sl.step`` contiguous blocks of the range
+        (in place; the errors of ``SourceMapDataset.set_slice``)."""
         check_sequential(check_set_slice(sl, sequential_slice), "RangeMapDataset")
         self._range = self._original[sequential_block(len(self._original), sl, "RangeMapDataset")]
         self._length = len(self._range)

@@ -37,18 +37,20 @@ def _ops(m, *names):
 
 
 CONFIGS = {
-    "34-records-batch-16": dict(n=34, workers=2, ops=lambda m: [m.Batch(16)]),
-    "filter-then-batch": dict(
-        n=11, workers=3, ops=lambda m: [*_ops(m, "NotMultipleOfThree"), m.Batch(2)]
-    ),
-    "shuffled-two-epochs": dict(
-        n=10,
-        workers=2,
-        sampler=dict(shuffle=True, seed=5, num_epochs=2),
-        ops=lambda m: [*_ops(m, "PlusHundred"), m.Batch(3)],
-    ),
-    "sharded": dict(n=10, workers=2, shard=(1, 2), ops=lambda m: [m.Batch(2)]),
-    "flat-map": dict(n=6, workers=2, ops=lambda m: _ops(m, "OddTwice")),
+    "34-records-batch-16": {"n": 34, "workers": 2, "ops": lambda m: [m.Batch(16)]},
+    "filter-then-batch": {
+        "n": 11,
+        "workers": 3,
+        "ops": lambda m: [*_ops(m, "NotMultipleOfThree"), m.Batch(2)],
+    },
+    "shuffled-two-epochs": {
+        "n": 10,
+        "workers": 2,
+        "sampler": {"shuffle": True, "seed": 5, "num_epochs": 2},
+        "ops": lambda m: [*_ops(m, "PlusHundred"), m.Batch(3)],
+    },
+    "sharded": {"n": 10, "workers": 2, "shard": (1, 2), "ops": lambda m: [m.Batch(2)]},
+    "flat-map": {"n": 6, "workers": 2, "ops": lambda m: _ops(m, "OddTwice")},
 }
 
 
@@ -56,7 +58,7 @@ def loader(m, name, *, workers=None, **options):
     config = CONFIGS[name]
     n = config["n"]
     shard = m.ShardOptions(*config["shard"]) if "shard" in config else m.NoSharding()
-    sampler_options = config.get("sampler", dict(num_epochs=1))
+    sampler_options = config.get("sampler", {"num_epochs": 1})
     source = m.RangeDataSource(0, n, 1) if name == "sharded" else list(range(n))
     return m.DataLoader(
         data_source=source,
@@ -119,23 +121,27 @@ def test_per_worker_order_gives_grains_elements_and_states_and_continues_grains_
 def test_the_default_order_refuses_a_grain_per_worker_batched_state_naming_the_option():
     states = grain_run("34-records-batch-16")[0]
     after_one_batch = json.dumps(states[1]).encode()  # worker 0 read 16 records, worker 1 none
-    with iter(loader(gp, "34-records-batch-16")) as it:
-        with pytest.raises(
+    with (
+        iter(loader(gp, "34-records-batch-16")) as it,
+        pytest.raises(
             ValueError,
             match=r"worker_count=2, order=MultiprocessingOrder\.GRAIN_PER_WORKER\)",
-        ):
-            it.set_state(after_one_batch)
+        ),
+    ):
+        it.set_state(after_one_batch)
 
 
 def test_per_worker_order_refuses_a_state_of_another_worker_count_as_grain_does():
     states = grain_run("34-records-batch-16")[0]
-    with iter(loader(gp, "34-records-batch-16", workers=3, order=PER_WORKER)) as it:
-        with pytest.raises(
-            ValueError,
-            match=r"^Worker count in checkpoint does not match dataloader worker count\.\n"
-            r"worker count in checkpoint: 2\nworker count in dataloader: 3\n",
-        ):
-            it.set_state(json.dumps(states[1]).encode())
+    message = (
+        r"^Worker count in checkpoint does not match dataloader worker count\.\n"
+        r"worker count in checkpoint: 2\nworker count in dataloader: 3\n"
+    )
+    with (
+        iter(loader(gp, "34-records-batch-16", workers=3, order=PER_WORKER)) as it,
+        pytest.raises(ValueError, match=message),
+    ):
+        it.set_state(json.dumps(states[1]).encode())
 
 
 def test_per_worker_order_without_workers_is_the_default_order():

@@ -154,7 +154,8 @@ class DataLoader:
     ...     worker_count=2,
     ...     order=MultiprocessingOrder.GRAIN_PER_WORKER,
     ... )
-    >>> [b.tolist() for b in loader]
+    >>> with iter(loader) as it:
+    ...     [b.tolist() for b in it]
     [[0, 2], [1, 3], [4]]
     """
 

@@ -125,3 +125,17 @@ def in_shared_memory(array):
                 if start <= address < end:
                     return True
     return False
+
+
+class NotMultipleOfThree(_gm.transforms.Filter):
+    def filter(self, x):
+        return x % 3 != 0
+
+
+class OddTwice(_gm.transforms.FlatMap):
+    """``x`` once if even, ``x`` and ``x + 100`` if odd."""
+
+    max_fan_out = 2
+
+    def flat_map(self, x):
+        return [x, x + 100][: 1 + x % 2]

@@ -127,9 +127,11 @@ SKIPS: dict[str, str] = {
 }
 
 _PER_WORKER_BATCHES = (
-    "Grain's DataLoader forms batches per worker (google/grain#953); gristmill batches the "
-    "merged record stream, so its output does not depend on worker_count (deliberate; the "
-    "DataLoader has no GRAIN_PER_WORKER order yet)"
+    "a documented upstream bug that gristmill fixes (google/grain#953, reference table B8): "
+    "Grain's DataLoader batches per worker, so its output depends on worker_count; gristmill's "
+    "default batches the merged record stream. DataLoader(..., order=MultiprocessingOrder."
+    "GRAIN_PER_WORKER) reproduces Grain's order and states (tests/loader/"
+    "test_data_loader_grain_order.py; these 15 tests pass with that order forced)"
 )
 _MP_ORDER = (
     "a documented upstream bug that gristmill fixes (google/grain#953, reference table B8): "

@@ -81,8 +81,14 @@ class MultiprocessingOptions:
                 raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value!r}")
-        if not isinstance(self.order, MultiprocessingOrder):
-            raise TypeError(
-                f"order must be a gristmill.multiprocessing.MultiprocessingOrder, got "
-                f"{self.order!r}; e.g. order=MultiprocessingOrder.GRAIN_PER_WORKER"
-            )
+        check_order(self.order)
+
+
+def check_order(order: object) -> MultiprocessingOrder:
+    """``order`` if it is a :class:`MultiprocessingOrder`, else a TypeError naming the fix."""
+    if not isinstance(order, MultiprocessingOrder):
+        raise TypeError(
+            f"order must be a gristmill.multiprocessing.MultiprocessingOrder, got "
+            f"{order!r}; e.g. order=MultiprocessingOrder.GRAIN_PER_WORKER"
+        )
+    return order

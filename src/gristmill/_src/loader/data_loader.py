@@ -3,16 +3,23 @@
 A loader is a pipeline: the sampler's records of this shard as a MapDataset
 (``_SamplerRecords``: element ``i`` is ``Record(sampler[i * C + s], source[key])``) →
 ``to_iter_dataset(read_options)`` → the operations on records → ``record.data`` →
-``mp_prefetch(worker_count)``. Batches are formed over the one merged record stream, so the
-output never depends on ``worker_count`` (Grain's workers batch their own records:
-google/grain#953), and every record of the shard is read once per epoch (Grain 0.2.18 loses
-the remainder of an uneven shard).
+``mp_prefetch(worker_count, order)``. Every record of the shard is read once per epoch
+(Grain 0.2.18 loses the remainder of an uneven shard).
 
-The iterator's state is Grain's version-2 JSON (``last_seen_indices`` per worker, computed
-from the number of records consumed so far, as Grain's round-robin over worker slices would
-have consumed them); a state restores under the same sampler and source (validated as
-upstream, with its messages) and under any ``worker_count`` (``loader_state``: Grain
-refuses another count).
+Two orders (``order``, a ``MultiprocessingOrder``):
+
+- ``PIPELINE`` (default): batches are formed over the one merged record stream, so the
+  output never depends on ``worker_count`` (Grain's workers batch their own records:
+  google/grain#953). The state is Grain's version-2 JSON (``last_seen_indices`` per worker,
+  computed from the number of records consumed so far, as Grain's round-robin over worker
+  slices would have consumed them); it restores under the same sampler and source
+  (validated as upstream, with its messages) and under any ``worker_count``
+  (``loader_state``: Grain refuses another count).
+- ``GRAIN_PER_WORKER``: Grain's order: worker ``w`` of ``W`` reads the shard's records
+  ``w, w + W, …`` and applies every operation to them alone, the workers' outputs are taken
+  one of each in turn (skipping finished workers); the state is Grain's, computed from each
+  worker's position, and a Grain state restores exactly, under its own ``worker_count``
+  only (as upstream).
 """
 
 from __future__ import annotations
@@ -23,13 +30,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from gristmill._src.core import transforms, validation
-from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
+from gristmill._src.core.options import (
+    MultiprocessingOptions,
+    MultiprocessingOrder,
+    ReadOptions,
+    check_order,
+)
 from gristmill._src.core.records import Record, RecordMetadata
+from gristmill._src.core.state import to_grain_state
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
-from gristmill._src.loader import loader_state, operations, sharding
-from gristmill._src.loader.pack_and_batch import PackAndBatchIterDataset, PackAndBatchOperation
+from gristmill._src.loader import loader_state, record_ops, sharding
 from gristmill._src.loader.samplers import IndexSampler
 
 STATE_VERSION = 2
@@ -96,109 +108,6 @@ def _has(sampler: Any, index: int) -> bool:
     return True
 
 
-# -- operations on records (module-level classes: picklable for worker processes) ----------
-
-
-class _OnData:
-    """``record -> Record(metadata, f(data))`` for Map, RandomMap and MapWithIndex."""
-
-    def __init__(self, transform: Any) -> None:
-        self._transform = transform
-
-    def __call__(self, record: Record[Any]) -> Record[Any]:
-        t = self._transform
-        if isinstance(t, (transforms.RandomMap, transforms.TfRandomMap)):
-            rng = record.metadata.rng
-            if rng is None:
-                raise ValueError(
-                    f"{type(t).__name__} needs a per-record RNG, but the sampler has no seed: "
-                    "pass seed=... to the sampler (IndexSampler(..., seed=42))"
-                )
-            if isinstance(t, transforms.RandomMap):
-                data = t.random_map(record.data, rng)
-            else:
-                data = t.np_random_map(record.data, rng)
-        elif isinstance(t, transforms.MapWithIndex):
-            data = t.map_with_index(record.metadata.index, record.data)
-        else:
-            data = transforms.map_function(t)(record.data)
-        return Record(record.metadata, data)
-
-
-class _KeepData:
-    """``record -> filter(data)``."""
-
-    def __init__(self, transform: Any) -> None:
-        self._keep = transforms.filter_function(transform)
-
-    def __call__(self, record: Record[Any]) -> bool:
-        return bool(self._keep(record.data))
-
-
-class _BatchRecords:
-    """A batch of records: the batched data, the last record's metadata (no key)."""
-
-    def __init__(self, batch: transforms.Batch) -> None:
-        self._batch = batch
-
-    def __call__(self, records: Sequence[Record[Any]]) -> Record[Any]:
-        from gristmill._src.core import tree
-
-        data = [r.data for r in records]
-        batched = self._batch.batch_fn(data) if self._batch.batch_fn else tree.stack(data)
-        return Record(records[-1].metadata.remove_record_key(), batched)
-
-
-def _data(record: Record[Any]) -> Any:
-    return record.data
-
-
-def _apply(ds: IterDataset[Any], operation: Any) -> IterDataset[Any]:
-    if isinstance(operation, PackAndBatchOperation):
-        return PackAndBatchIterDataset(ds, operation)
-    if type(operation) is operations.BatchOperation:  # a subclass runs as an operation
-        operation = transforms.Batch(
-            operation.batch_size,
-            drop_remainder=operation.drop_remainder,
-            batch_fn=operation.batch_fn,
-        )
-    if isinstance(operation, transforms.Batch):
-        return ds.batch(
-            operation.batch_size,
-            drop_remainder=operation.drop_remainder,
-            batch_fn=_BatchRecords(operation),
-        )
-    if isinstance(operation, transforms.Filter):
-        return ds.filter(_KeepData(operation))
-    if isinstance(operation, transforms.FlatMap):
-        from gristmill._src.dataset.flatmap import FlatMapIterDataset
-
-        return FlatMapIterDataset(ds, _FlatMapRecords(operation))
-    if isinstance(
-        operation,
-        (transforms.Map, transforms.RandomMap, transforms.TfRandomMap, transforms.MapWithIndex),
-    ) or callable(getattr(operation, "map", None)):
-        return ds.map(_OnData(operation))
-    if callable(operation):
-        return operations.OperationIterDataset(ds, operation)
-    raise TypeError(
-        f"operations must be Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex, "
-        f"Batch or PackAndBatchOperation objects, or legacy operations (callables from an "
-        f"iterator of Records to an iterator of Records, e.g. MapOperation), got {operation!r}"
-    )
-
-
-class _FlatMapRecords(transforms.FlatMap):
-    """A FlatMap over records: each output keeps its input's metadata."""
-
-    def __init__(self, transform: transforms.FlatMap) -> None:
-        self._transform = transform
-        self.max_fan_out = transform.max_fan_out
-
-    def flat_map(self, record: Record[Any]) -> Sequence[Any]:
-        return [Record(record.metadata, y) for y in self._transform.flat_map(record.data)]
-
-
 # -- the loader --------------------------------------------------------------------------
 
 
@@ -222,6 +131,32 @@ class DataLoader:
       enable_profiling: log the per-stage statistics (``gristmill.statistics`` logger, INFO)
         every 60 s and at the end of the data, for any ``worker_count`` (upstream: workers
         only).
+      order: a ``MultiprocessingOrder``. ``PIPELINE`` (default): the operations run over the
+        one merged record stream, so the output is the same for every ``worker_count``,
+        and a state restores under any ``worker_count``. ``GRAIN_PER_WORKER``: Grain
+        0.2.18's order and states: with ``W >= 1`` workers, worker ``w`` reads the shard's
+        records ``w, w + W, …`` and applies every operation (batch, filter, …) to them
+        alone, and the workers' outputs are taken one of each in turn; a state Grain wrote
+        continues exactly as in Grain, under the same ``worker_count`` only. With
+        ``worker_count=0`` both orders are the same.
+
+    Raises:
+      TypeError: ``order`` is not a ``MultiprocessingOrder``.
+
+    Example (Grain's per-worker batches; the default order gives ``[0, 1], [2, 3], [4]``):
+
+    >>> from gristmill.python import DataLoader, IndexSampler, NoSharding, Batch
+    >>> from gristmill.multiprocessing import MultiprocessingOrder
+    >>> loader = DataLoader(
+    ...     data_source=list(range(5)),
+    ...     sampler=IndexSampler(5, shard_options=NoSharding(), num_epochs=1),
+    ...     operations=[Batch(2)],
+    ...     worker_count=2,
+    ...     order=MultiprocessingOrder.GRAIN_PER_WORKER,
+    ... )
+    >>> with iter(loader) as it:
+    ...     [b.tolist() for b in it]
+    [[0, 2], [1, 3], [4]]
     """
 
     def __init__(
@@ -235,6 +170,7 @@ class DataLoader:
         shard_options: sharding.ShardOptions | None = None,
         read_options: ReadOptions | None = None,
         enable_profiling: bool = False,
+        order: MultiprocessingOrder = MultiprocessingOrder.PIPELINE,
     ) -> None:
         if worker_count is None:
             worker_count = os.cpu_count() or 1
@@ -259,19 +195,26 @@ class DataLoader:
         self._worker_buffer_size = worker_buffer_size
         self._read_options = read_options or ReadOptions()
         self._enable_profiling = validation.check_bool(enable_profiling, "enable_profiling")
+        self._order = check_order(order)
         self._dataset = self._build()
+
+    @property
+    def _per_worker(self) -> bool:
+        """Grain's per-worker order is in effect (it needs worker processes)."""
+        return self._order is MultiprocessingOrder.GRAIN_PER_WORKER and self._worker_count > 0
 
     def _build(self) -> IterDataset[Any]:
         records = _SamplerRecords(self._source, self._sampler, self._shard_options)
         ds: IterDataset[Any] = records.to_iter_dataset(self._read_options)
         for operation in self._operations:
-            ds = _apply(ds, operation)
-        ds = ds.map(_data)
+            ds = record_ops.apply(ds, operation)
+        ds = ds.map(record_ops.data)
         if self._worker_count:
             ds = ds.mp_prefetch(
                 MultiprocessingOptions(
                     num_workers=self._worker_count,
                     per_worker_buffer_size=self._worker_buffer_size,
+                    order=self._order,
                 )
             )
         return ds
@@ -361,7 +304,7 @@ class DataLoaderIterator:
     def _records_consumed(self) -> int:
         """How many records (of this shard) the delivered elements came from."""
         state = self._iterator.get_state()
-        return _innermost_next_index(state)
+        return loader_state.innermost_next_index(state)
 
     def _native(self) -> bool:
         """A FlatMap splits records: the dataset's own state is used, as upstream does."""
@@ -369,27 +312,41 @@ class DataLoaderIterator:
 
     def get_state(self) -> bytes:
         if self._native():
-            return json.dumps(self._iterator.get_state(), indent=4).encode()
+            native = self._iterator.get_state()
+            if self._loader._per_worker:  # Grain's JSON exactly: no gristmill metadata
+                native = to_grain_state(native)
+            return json.dumps(native, indent=4).encode()
         loader = self._loader
-        consumed = self._records_consumed()
-        workers = loader._worker_count
         s, c = loader._shard_options.shard_index, loader._shard_options.shard_count
+        if loader._per_worker:
+            positions = loader_state.per_worker_fields(self._iterator.get_state(), s, c)
+        else:
+            positions = self._merged_positions(s, c)
+        state = {
+            "version": STATE_VERSION,
+            **positions,
+            "worker_count": loader._worker_count,
+            "sampler": repr(loader._sampler),
+            "data_source": _source_repr(loader._source),
+        }
+        return json.dumps(state, indent=4).encode()
+
+    def _merged_positions(self, s: int, c: int) -> dict[str, Any]:
+        """The positions Grain's workers would have after the records consumed so far (a
+        prefix of the merged stream: see ``loader_state``)."""
+        consumed = self._records_consumed()
+        workers = self._loader._worker_count
         count = max(workers, 1)
         stride = count * c
         last_seen = {}
         for w in range(count):
             taken = (consumed - w + count - 1) // count if consumed > w else 0  # w's slice
             last_seen[str(w)] = s - stride + w * c + taken * stride
-        state = {
-            "version": STATE_VERSION,
+        return {
             "last_seen_indices": last_seen,
             # Grain: the worker whose output comes next, minus one (-1 after a full cycle)
             "last_worker_index": consumed % count - 1 if workers else -1,
-            "worker_count": workers,
-            "sampler": repr(loader._sampler),
-            "data_source": _source_repr(loader._source),
         }
-        return json.dumps(state, indent=4).encode()
 
     def set_state(self, state: bytes) -> None:
         try:
@@ -417,21 +374,40 @@ class DataLoaderIterator:
             raise ValueError(
                 f"a DataLoader state must have the keys {sorted(expected)}, got {data!r:.200}"
             )
+        if loader._per_worker:  # another count has no continuation: checked even unvalidated
+            _check_same_worker_count(loader, data)
         if self._validate:
             _check_same_loader(loader, data)
         shard = loader._shard_options
         taken = loader_state.records_taken(data, shard.shard_index, shard.shard_count)
-        consumed = loader_state.continuation(taken, exact=self._validate)
         native = self._iterator.get_state()
-        self._iterator.set_state(_with_next_index(native, consumed))
+        if loader._per_worker:
+            self._iterator.set_state(loader_state.per_worker_interleave(data, taken, native))
+            return
+        consumed = loader_state.continuation(taken, exact=self._validate)
+        self._iterator.set_state(loader_state.with_next_index(native, consumed))
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"
 
 
+def _check_same_worker_count(loader: DataLoader, data: dict[str, Any]) -> None:
+    """In Grain's per-worker order a state restores under its own worker count only."""
+    if data["worker_count"] != loader._worker_count:
+        raise ValueError(
+            "Worker count in checkpoint does not match dataloader worker count.\n"
+            f"worker count in checkpoint: {data['worker_count']}\n"
+            f"worker count in dataloader: {loader._worker_count}\n"
+            "With order=MultiprocessingOrder.GRAIN_PER_WORKER each worker reads its own "
+            "slice of the records, so a state continues only under the worker_count that "
+            "wrote it; the default order (MultiprocessingOrder.PIPELINE) restores states "
+            "under any worker_count"
+        )
+
+
 def _check_same_loader(loader: DataLoader, data: dict[str, Any]) -> None:
     """A state restores only under the sampler and source it was taken with (under any
-    worker count: see ``loader_state``)."""
+    worker count in the default order: see ``loader_state``)."""
     if data["sampler"] != repr(loader._sampler):
         raise ValueError(
             "Sampler in checkpoint does not match dataloader sampler.\n"
@@ -450,25 +426,6 @@ def _source_repr(source: Any) -> str:
     if isinstance(source, (list, tuple)) or type(source).__module__ == "numpy":
         return str(type(source))
     return repr(source)
-
-
-def _innermost_next_index(state: Any) -> int:
-    node = state
-    while isinstance(node, dict):
-        if "next_index" in node:
-            return int(node["next_index"])
-        node = node.get("parent")
-    raise ValueError(f"the loader's iterator state has no record position: {state!r:.200}")
-
-
-def _with_next_index(state: Any, next_index: int) -> Any:
-    if not isinstance(state, dict):
-        return state
-    if "next_index" in state:
-        return {**state, "next_index": next_index}
-    if "parent" in state:
-        return {**state, "parent": _with_next_index(state["parent"], next_index)}
-    return state
 
 
 def load(

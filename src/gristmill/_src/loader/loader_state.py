@@ -16,7 +16,9 @@ continuation are Grain's. A Grain state whose workers consumed unevenly (each Gr
 batches and filters its own records, google/grain#953) is not a prefix: it is refused, as
 no position continues it without repeating or losing records — unless the caller asked for
 ``validate_state=False``, which continues at the first record not consumed (records
-consumed after it are read again; none is lost).
+consumed after it are read again; none is lost). Such a state continues exactly in Grain's
+own order: ``DataLoader(..., order=MultiprocessingOrder.GRAIN_PER_WORKER)`` under the same
+worker count (the functions at the end of this module).
 """
 
 from __future__ import annotations
@@ -86,10 +88,14 @@ def continuation(taken: list[int], *, exact: bool) -> int:
         raise ValueError(
             f"this DataLoader state's {workers} workers consumed unevenly (records per "
             f"worker: {taken}), as Grain's workers do when they batch or filter their own "
-            "records (google/grain#953): no position continues it without repeating or "
-            "losing records. Restore it with DataLoaderIterator(loader, json.loads(state), "
-            f"validate_state=False) to continue at record {first_open} of the shard (the "
-            "first not consumed; records consumed after it are read again)"
+            "records (google/grain#953): in this loader's order (the merged record stream, "
+            "MultiprocessingOrder.PIPELINE) no position continues it without repeating or "
+            f"losing records. Restore it under DataLoader(..., worker_count={workers}, "
+            "order=MultiprocessingOrder.GRAIN_PER_WORKER), which reproduces Grain's "
+            "per-worker order and continues it exactly; or, in this order, with "
+            "DataLoaderIterator(loader, json.loads(state), validate_state=False) to continue "
+            f"at record {first_open} of the shard (the first not consumed; records consumed "
+            "after it are read again)"
         )
     return first_open
 
@@ -113,3 +119,69 @@ def _integer(value: Any, name: str, *, low: int | None = None) -> int:
             f"DataLoader state {name!r} must be an integer{bound}, got {value!r}; {_FIX}"
         )
     return number
+
+
+def innermost_next_index(state: Any) -> int:
+    """The record position (``next_index``) at the bottom of a pipeline's state."""
+    node = state
+    while isinstance(node, dict):
+        if "next_index" in node:
+            return int(node["next_index"])
+        node = node.get("parent")
+    raise ValueError(f"the loader's iterator state has no record position: {state!r:.200}")
+
+
+def with_next_index(state: Any, next_index: int) -> Any:
+    """``state`` with its record position (``next_index``, at the bottom) replaced."""
+    if not isinstance(state, dict):
+        return state
+    if "next_index" in state:
+        return {**state, "next_index": next_index}
+    if "parent" in state:
+        return {**state, "parent": with_next_index(state["parent"], next_index)}
+    return state
+
+
+# -- Grain's per-worker order (DataLoader(order=MultiprocessingOrder.GRAIN_PER_WORKER)) ------
+
+
+def per_worker_fields(
+    interleave: dict[str, Any], shard_index: int, shard_count: int
+) -> dict[str, Any]:
+    """``last_seen_indices`` and ``last_worker_index`` of the per-worker interleave's state.
+
+    Slot ``w`` of the interleave is worker ``w``'s pipeline; its record position ``next_w``
+    (records read from its slice, filtered ones included) is ``taken[w]`` of the module
+    docstring, so ``last_seen = s - W*C + w*C + next_w*W*C``; the worker due next is the
+    interleave's ``next_index_in_cycle``.
+    """
+    workers = interleave["iterators_in_use_states"]
+    stride = len(workers) * shard_count
+    last_seen = {
+        str(w): shard_index - stride + w * shard_count + innermost_next_index(state) * stride
+        for w, state in enumerate(workers)
+    }
+    return {
+        "last_seen_indices": last_seen,
+        "last_worker_index": int(interleave["next_index_in_cycle"]) - 1,
+    }
+
+
+def per_worker_interleave(
+    data: dict[str, Any], taken: list[int], current: dict[str, Any]
+) -> dict[str, Any]:
+    """The per-worker interleave's state that continues ``data`` as Grain does: every
+    worker restarts at its ``taken[w]`` (none exhausted: a worker whose slice is done finds
+    nothing and is skipped), the round robin at ``last_worker_index + 1``. ``current`` (the
+    interleave's state now) gives the shape of each worker's state."""
+    workers = len(taken)
+    shapes = current["iterators_in_use_states"]
+    return {
+        "next_index_in_cycle": (int(data["last_worker_index"]) + 1) % workers,
+        "next_index_in_datasets": workers,
+        "iterators_in_use_indices": list(range(workers)),
+        "iterators_in_use_states": [
+            with_next_index(shape, t) for shape, t in zip(shapes, taken, strict=True)
+        ],
+        "exhausted": [0] * workers,
+    }

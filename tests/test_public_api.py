@@ -29,6 +29,7 @@ EXPECTED = {
         "sharding",
         "sources",
         "testing",
+        "training",
         "transforms",
     ],
     "gristmill.transforms": [
@@ -69,6 +70,7 @@ EXPECTED = {
         "to_grain_state",
     ],
     "gristmill.testing": ["assert_equal_output_after_checkpoint"],
+    "gristmill.training": ["Epoch", "Epochs", "ProgressMeter", "progress"],
     "gristmill.samplers": ["IndexSampler", "SequentialSampler", "Sampler"],
     "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],
     "gristmill.constants": [

@@ -18,6 +18,7 @@ from gristmill import (
     sharding,
     sources,
     testing,
+    training,
     transforms,
 )
 from gristmill._src import dataset as _dataset  # registers the transformations
@@ -66,6 +67,7 @@ __all__ = [
     "sharding",
     "sources",
     "testing",
+    "training",
     "transforms",
 ]
 

@@ -1,0 +1,1 @@
+"""Training-loop conveniences: epoch-by-epoch iteration with one state, a progress meter."""

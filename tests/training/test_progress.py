@@ -1,0 +1,75 @@
+"""gristmill.training.progress: batches/s and the share of the loop spent waiting for data."""
+
+import io
+import sys
+import time
+
+import pytest
+
+import gristmill as gm
+from gristmill.training import progress
+
+
+def slow_items(n, seconds):
+    for i in range(n):
+        time.sleep(seconds)
+        yield i
+
+
+def test_the_meter_passes_items_through_and_counts_them():
+    meter = progress(range(5), show=False)
+    assert list(meter) == [0, 1, 2, 3, 4]
+    summary = meter.summary()
+    assert summary["items"] == 5
+    assert summary["seconds"] >= 0
+
+
+def test_a_slow_source_shows_as_data_wait_and_a_slow_step_does_not():
+    waiting = progress(slow_items(10, 0.02), show=False)
+    for _ in waiting:
+        pass
+    stepping = progress(range(10), show=False)
+    for _ in stepping:
+        time.sleep(0.02)
+    assert waiting.wait_share() > 0.8
+    assert stepping.wait_share() < 0.2
+    assert waiting.summary()["wait_s"] >= 10 * 0.02 * 0.9
+
+
+def test_the_bar_shows_the_rate_and_the_data_wait():
+    out = io.StringIO()
+    ds = gm.MapDataset.range(12).to_iter_dataset().batch(4)
+    batches = list(progress(ds, desc="train", file=out))
+    assert len(batches) == 3
+    text = out.getvalue()
+    assert "train" in text
+    assert "3/3" not in text  # an IterDataset has no length
+    assert "3batch" in text.replace(" ", "")
+    assert "data wait" in text
+
+
+def test_the_total_comes_from_len_when_there_is_one():
+    out = io.StringIO()
+    list(progress([1, 2, 3], file=out))
+    assert "3/3" in out.getvalue()
+
+
+def test_leaving_early_closes_the_bar():
+    out = io.StringIO()
+    for _ in progress(range(100), file=out, total=100):
+        break
+    assert "1/100" in out.getvalue()
+
+
+def test_without_tqdm_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    with pytest.raises(ImportError, match=r"pip install 'gristmill\[progress\]'"):
+        list(progress(range(3)))
+    assert list(progress(range(3), show=False)) == [0, 1, 2]  # measuring needs no tqdm
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(TypeError, match="iterable must be iterable"):
+        progress(3)
+    with pytest.raises(ValueError, match="total"):
+        progress([1], total=-1)

@@ -29,14 +29,7 @@ def as_lists(ds):
     return [np.asarray(x).tolist() for x in ds]
 
 
-@pytest.fixture(autouse=True)
-def no_children_left():
-    yield
-    gc.collect()  # an iterator held by a traceback cycle releases its workers when collected
-    deadline = time.monotonic() + 5
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
+pytestmark = pytest.mark.usefixtures("no_children_left")
 
 
 PIPELINES = {

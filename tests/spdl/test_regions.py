@@ -1,6 +1,5 @@
 """to() regions: stages run in worker processes (gristmill behaviour beyond parity)."""
 
-import multiprocessing
 import os
 import signal
 import sys
@@ -17,18 +16,9 @@ if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))
 import mp_fns  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("quiet_failure_logs")
+pytestmark = pytest.mark.usefixtures("quiet_failure_logs", "no_children_left")
 
 FORK = defs.ProcessPoolExecutorConfig(max_workers=2, mp_context="fork")
-
-
-@pytest.fixture(autouse=True)
-def no_children_left():
-    yield
-    deadline = time.monotonic() + 5
-    while multiprocessing.active_children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
 
 
 def square(x):

@@ -100,7 +100,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
 
     def __iter__(self) -> TorchLoaderIterator:
         slot = self._slot()
-        state, self._pending = self._pending, None
+        state = self._pending
         if state is not None:
             _check_slot(state, slot)
         reader = _reader(self._kind, self._data, slot)
@@ -112,6 +112,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         except BaseException:
             reader.close()
             raise
+        self._pending = None  # used: a later iter() reads a whole pass
         self._cursor = cursor
         return TorchLoaderIterator(reader, cursor, self._transfer(pin), self._background(pin))
 

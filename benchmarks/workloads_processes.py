@@ -7,6 +7,9 @@
   concurrency=2).aggregate(32)``). The limit is the serial loop, timed, ÷ 2 (the ideal).
 - ``mp_images_batch64``: 2,000 dicts of 224x224x3 uint8 arrays, batch 64, 2 workers; the
   limit is stacking them in the main process.
+- ``mp_images_torch_batch64``: the same batches fed to a PyTorch loop: gristmill through
+  ``gristmill.torch.TorchLoader`` (tensor batches), against the PyTorch ``DataLoader`` and
+  grain; the limit is gristmill's own numpy batches (what the adapter adds to them).
 
 Every run starts its worker processes (``iter()`` is timed), and the first output includes
 that start. ``STRICT = False``: CI has no torch or spdl.
@@ -115,6 +118,40 @@ def _images_limit(*, n: int, batch_size: int) -> Case:
     return _case(start, n)
 
 
+# --- mp_images_torch_batch64 --------------------------------------------------------------
+
+
+def _images_pipeline(gm: Any, n: int, batch_size: int) -> Any:
+    return (
+        gm.MapDataset.source(_image_records(n))
+        .to_iter_dataset()
+        .batch(batch_size)
+        .mp_prefetch(_mp_options(gm))
+    )
+
+
+def _images_torch_loader(*, n: int, batch_size: int) -> Case:
+    import gristmill as gm
+    from gristmill.torch import TorchLoader
+
+    loader = TorchLoader(_images_pipeline(gm, n, batch_size))
+    return _case(lambda: iter(loader), n)
+
+
+def _images_gristmill_numpy(*, n: int, batch_size: int) -> Case:
+    import gristmill as gm
+
+    ds = _images_pipeline(gm, n, batch_size)
+    return _case(lambda: iter(ds), n)
+
+
+def _images_grain_numpy(*, n: int, batch_size: int) -> Case:
+    import grain
+
+    ds = _images_pipeline(grain, n, batch_size)
+    return _case(lambda: iter(ds), n)
+
+
 WORKLOADS = (
     Workload(
         name="mp_python_transform",
@@ -144,6 +181,22 @@ WORKLOADS = (
                 **grain_api(_images_dataset),
                 "torch": _images_torch,
                 "limit": _images_limit,
+            }
+        ),
+    ),
+    Workload(
+        name="mp_images_torch_batch64",
+        summary="mp_images_batch64 as torch.Tensor batches: TorchLoader(...mp_prefetch(2 "
+        "workers)) vs DataLoader(num_workers=2); limit: gristmill's numpy batches",
+        params={"n": 2_000, "batch_size": 64},
+        quick_params={"n": 256, "batch_size": 64},
+        warmup=False,
+        builders=_per_contender(
+            {
+                "grain": _images_grain_numpy,
+                "gristmill": _images_torch_loader,
+                "torch": _images_torch,
+                "limit": _images_gristmill_numpy,
             }
         ),
     ),

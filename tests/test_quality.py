@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import importlib.util
 import pkgutil
 import re
 import subprocess
@@ -34,9 +35,16 @@ def test_mypy_is_clean_on_src():
     run_tool("mypy")
 
 
+# modules that import an optional extra (name prefix -> module): doctested where installed
+_NEEDS = {"gristmill.torch": "torch", "gristmill._src.frameworks.torch_": "torch"}
+
+
 def _modules():
     yield gristmill
     for info in pkgutil.walk_packages(gristmill.__path__, "gristmill."):
+        needs = [m for prefix, m in _NEEDS.items() if info.name.startswith(prefix)]
+        if any(importlib.util.find_spec(m) is None for m in needs):
+            continue
         yield importlib.import_module(info.name)
 
 

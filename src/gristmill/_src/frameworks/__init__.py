@@ -1,0 +1,1 @@
+"""Adapters from gristmill's datasets and pipelines to training frameworks (torch)."""

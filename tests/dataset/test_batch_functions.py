@@ -104,6 +104,42 @@ def test_a_subclass_reads_grains_iterator_context_fields():
     assert seen.filter_warn_threshold_ratio == 0.5
 
 
+class _ContextOf(gm.DatasetIterator):
+    def __next__(self):
+        next(self._parent)
+        return self._ctx
+
+    def get_state(self):
+        return self._parent.get_state()
+
+    def set_state(self, state):
+        self._parent.set_state(state)
+
+
+class _ContextOfDataset(gm.IterDataset):
+    def __iter__(self):
+        return _ContextOf(self._parent.__iter__())
+
+
+def test_iterator_contexts_compare_and_print_by_value_as_grains():
+    def context(**options):
+        ds = _ContextOfDataset(gm.MapDataset.range(3).to_iter_dataset())
+        if options:
+            ds = experimental.WithOptionsIterDataset(ds, experimental.DatasetOptions(**options))
+        return next(iter(ds))
+
+    assert context(min_shm_size=8) == context(min_shm_size=8)
+    assert context(min_shm_size=8) != context(min_shm_size=16)
+    assert context(min_shm_size=8) != context()
+    assert repr(context()) == (
+        f"IteratorContext(dataset_options={experimental.DatasetOptions()!r}, "
+        "mp_context=MultiprocessingContext(process_index=0, process_count=1), "
+        "is_dataloader_pipeline=False)"
+    )
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(context())
+
+
 @pytest.mark.parametrize("next_index", [-1, 30])
 def test_an_out_of_range_state_is_an_index_error_and_a_value_error(next_index):
     it = iter(gm.MapDataset.range(20).to_iter_dataset())

@@ -158,6 +158,24 @@ class IteratorContext:
         self.mp_context = MultiprocessingContext() if mp_context is None else mp_context
         self.is_dataloader_pipeline = is_dataloader_pipeline
 
+    def _fields(self) -> tuple[DatasetOptions, MultiprocessingContext, bool]:
+        return (self.dataset_options, self.mp_context, self.is_dataloader_pipeline)
+
+    def __eq__(self, other: object) -> bool:
+        # by value, as Grain's (a dataclass); pipelines share one context by identity
+        if not isinstance(other, IteratorContext):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: unhashable, as Grain's
+
+    def __repr__(self) -> str:
+        return (
+            f"IteratorContext(dataset_options={self.dataset_options!r}, "
+            f"mp_context={self.mp_context!r}, "
+            f"is_dataloader_pipeline={self.is_dataloader_pipeline!r})"
+        )
+
     @property
     def options(self) -> DatasetOptions:
         """The merged dataset options (``dataset_options``)."""

@@ -14,8 +14,8 @@ SKIP_FILES: dict[str, str] = {
     "tests/pipeline/arena_registry_test.py": "SPDL's arena handler registry (privates "
     "_BytesHandler, _NumpyHandler, _PacketsHandler, _TorchHandler) and spdl.io packets "
     "from tests/fixture.py",
-    "tests/pipeline/rng_state_mtmpmtp_test.py": "imports torch at the top (torch is not in "
-    "the test environment) and checks sub-interpreter RNG copies (Python 3.14)",
+    "tests/pipeline/rng_state_mtmpmtp_test.py": "imports SPDL's private "
+    "spdl.pipeline._random_seed._capture_rng_initializers at the top",
     "tests/dataloader/source_test.py": "spdl.source.imagenet and spdl.source.local_directory "
     "(dataset-specific file listings) are out of scope",
     "tests/pipeline/source_locator_test.py": "SPDL's private helper "

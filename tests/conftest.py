@@ -18,6 +18,37 @@ from pathlib import Path
 import pytest
 
 
+def pytest_configure(config):
+    _pin_grain_to_its_no_jax_trees()
+
+
+def _pin_grain_to_its_no_jax_trees():
+    """With jax installed (the test extra has it), Grain 0.2.18 switches its tree library to
+    jax trees (dict keys sorted, ``None`` an empty subtree), and gristmill deliberately keeps
+    one behaviour, Grain's without jax (docs/architecture.md, differences from Grain). The
+    parity tests compare with that documented behaviour, so the oracle's tree library is
+    loaded as it is where jax is absent. Grain also reads an absl flag once jax is present
+    (its profiler), which needs the flags marked parsed. Grain's own suite runs in its own
+    process (tests/upstream/run_grain.py), with jax, untouched by this.
+    """
+    import importlib
+    import sys
+    from unittest import mock
+
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return
+    try:
+        from absl import flags
+        from grain._src.core import tree_lib
+    except ImportError:
+        return
+    flags.FLAGS.mark_as_parsed()
+    with mock.patch.dict(sys.modules, {"jax": None, "jax.tree_util": None}):
+        importlib.reload(tree_lib)
+
+
 def gristmill_threads():
     return [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
 

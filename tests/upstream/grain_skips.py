@@ -14,7 +14,6 @@ _STATS = (
     "Grain's private execution statistics (grain._src.python.dataset.stats: _ExecutionStats, "
     "make_stats, StatsConfig, execution-summary protos); gristmill's are iterator.statistics()"
 )
-_JAX = "needs jax, which the test extra does not install yet (the jax extra, issue 15)"
 
 SKIPS: dict[str, str] = {
     # whole files about Grain internals
@@ -29,12 +28,15 @@ SKIPS: dict[str, str] = {
     "grain_logging_test.py::*": (
         "Grain's private log-prefix helper (grain._src.python.grain_logging)"
     ),
-    # tests that need jax
-    "dataset/base_test.py": _JAX,
-    "dataset/transformations/packing_test.py": _JAX + " (its base classes in testing_util.py)",
-    "experimental/device_put/device_put_test.py": _JAX,
-    "ipc/shared_memory_array_test.py": _JAX,
-    "dataset/transformations/batch_test.py::*_jax": _JAX + " (reloads Grain's tree_lib with jax)",
+    # files whose imports need Grain privates
+    "dataset/transformations/packing_test.py": (
+        "its base classes (testing_util.py) import Grain's privates "
+        "packing_packed_batch.get_non_sequence_meta_features and packing.PackIterDataset"
+    ),
+    "ipc/shared_memory_array_test.py": (
+        "Grain's private shared_memory_array helpers copy_to_shm, open_from_shm, unlink_shm, "
+        "_enable_shared_memory and SharedMemoryArray._disable_async_del / _unlink_on_del"
+    ),
     # single tests of privates
     "dataset/transformations/batch_test.py::MakeBatchParallelTest::*": (
         "Grain's private _MakeBatchParallel (threaded batching)"

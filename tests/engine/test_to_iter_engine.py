@@ -150,6 +150,56 @@ def test_break_then_garbage_collection_stops_threads():
     assert not gristmill_threads()
 
 
+_CHEAP_ITERATORS_START_NO_THREAD = textwrap.dedent(
+    """
+    import gc, threading
+    import gristmill as gm
+
+    started = []
+    real_start = threading.Thread.start
+    def start(self):
+        started.append(self.name)
+        real_start(self)
+    threading.Thread.start = start
+
+    ds = gm.MapDataset.range(10_000).map(lambda x: x + 1).to_iter_dataset().batch(32)
+    for _ in range(20):  # closed, dropped and collected, abandoned mid-way
+        with iter(ds) as it:
+            next(it)
+        it = iter(ds)
+        next(it)
+        del it
+        gc.collect()
+    print(started)
+    """
+)
+
+
+def test_iterators_of_a_cheap_pipeline_start_no_thread_not_even_the_reaper():
+    """Inline work holds no thread, so its iterators need no reaper either (a thread start
+    per iterator would double the time to a cheap pipeline's first batch)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CHEAP_ITERATORS_START_NO_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_dropped_threaded_iterator_is_still_reaped():
+    it = iter(M.range(10_000).map(slow).to_iter_dataset(gm.ReadOptions(8, 64)))
+    next(it), next(it)  # inline first, then the threads (and the reaper's watch) start
+    assert gristmill_threads()
+    del it
+    gc.collect()
+    deadline = time.monotonic() + 2.0
+    while gristmill_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not gristmill_threads()
+
+
 def test_context_manager_closes():
     with iter(M.range(1000).map(slow).to_iter_dataset(gm.ReadOptions(4, 16))) as it:
         next(it)

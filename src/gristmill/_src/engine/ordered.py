@@ -315,7 +315,9 @@ class ChunkRunner:
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
         self._core = _make_core(executor, feed, self._counters, self._policy, process_options)
         self._next_seq = 0  # sequence number of the next task to deliver (input order)
-        self._finalizer = reaper.watch(self, self._core)
+        # armed when the executor starts (`_enable_workers`): an inline-only stage holds no
+        # thread, and its iterator should not start the reaper's
+        self._finalizer = reaper.watch(self, self._core, armed=False)
 
     @property
     def name(self) -> str:
@@ -407,6 +409,7 @@ class ChunkRunner:
             # `next_claim` is left alone: tasks may still be in flight from before work
             # turned cheap, and new claims must follow them.
             core.threaded = True
+            self._finalizer.arm()
             core.start_workers(self._policy.workers, self._name)
             core.work_ready.notify_all()
 

@@ -4,12 +4,17 @@ A finaliser can run on any thread at any allocation — including one of the ver
 threads it must stop, while that thread holds the lock the shutdown needs. So finalisers
 only enqueue (``SimpleQueue.put`` is safe there) and one daemon thread does the shutdown.
 
-The thread runs only while something may need it: :func:`watch` (ordinary code, when an
-owner is made) counts a watched owner and starts the thread if it is not running; the count
-drops when the owner is closed explicitly (``detach()``, which shuts down synchronously and
-never comes here) or once the reaper has shut its resource down. At zero, with nothing
-queued, the thread ends; the next ``watch`` starts a new one. So no gristmill thread
-outlives the objects that use it.
+The thread runs only while something may need it: an *armed* watch (:func:`watch`, or
+``Watch.arm()`` later, from ordinary code) counts a watched owner and starts the thread if
+it is not running; the count drops when the owner is closed explicitly (``detach()``, which
+shuts down synchronously and never comes here) or once the reaper has shut its resource
+down. At zero, with nothing queued, the thread ends; the next arming starts a new one. So no
+gristmill thread outlives the objects that use it.
+
+A resource that holds nothing yet (an engine stage that has run inline, no thread started)
+is watched unarmed, ``watch(owner, resource, armed=False)``, and armed when it starts its
+first thread or process: a cheap pipeline's iterator never starts the reaper, which would
+cost it a thread start (~0.1 ms) per iterator. Collected unarmed, it needs no shutdown.
 """
 
 from __future__ import annotations
@@ -65,32 +70,53 @@ def _arm() -> None:
             _running.start()
 
 
-def _reap(resource: Closable) -> None:
-    """Finaliser entry: hands ``resource`` to the reaper thread (never blocks)."""
-    _queue.put(resource)
+class _Armed:
+    """Whether a watch has counted itself (a cell its finaliser reads)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = False
+
+
+def _reap(resource: Closable, armed: _Armed) -> None:
+    """Finaliser entry: hands ``resource`` to the reaper thread (never blocks); an unarmed
+    resource holds nothing to shut down."""
+    if armed.value:
+        _queue.put(resource)
 
 
 class Watch(weakref.finalize):
     """A ``weakref.finalize`` that has the reaper shut ``resource`` down once ``owner`` is
-    collected. ``detach()`` (returning non-None: it was still armed) is for an explicit
-    close, which then shuts the resource down itself."""
+    collected (if armed). ``detach()`` (returning non-None: the watch was still alive) is for
+    an explicit close, which then shuts the resource down itself."""
 
-    def __init__(self, owner: object, resource: Closable) -> None:
-        _arm()
-        super().__init__(owner, _reap, resource)
+    def __init__(self, owner: object, resource: Closable, *, armed: bool = True) -> None:
+        self._armed = _Armed()
+        super().__init__(owner, _reap, resource, self._armed)
+        if armed:
+            self.arm()
+
+    def arm(self) -> None:
+        """Counts this watch and makes sure the reaper thread runs; idempotent. Call from
+        ordinary code before the resource starts its first thread or process."""
+        if not self._armed.value and self.alive:
+            self._armed.value = True
+            _arm()
 
     def detach(self) -> Any:
         info = super().detach()
-        if info is not None:
+        if info is not None and self._armed.value:
             _release()
             _queue.put(_WAKE)
         return info
 
 
-def watch(owner: object, resource: Closable) -> Watch:
+def watch(owner: object, resource: Closable, *, armed: bool = True) -> Watch:
     """Call from ordinary code (not a finaliser) when ``owner`` is made: once ``owner`` is
-    garbage-collected, ``resource.shutdown()`` runs on the reaper thread."""
-    return Watch(owner, resource)
+    garbage-collected, ``resource.shutdown()`` runs on the reaper thread. ``armed=False``
+    defers that (and the reaper thread) to ``Watch.arm()``."""
+    return Watch(owner, resource, armed=armed)
 
 
 def is_running() -> bool:

@@ -46,12 +46,13 @@ WORKLOAD_MODULES = (
     "workloads_tfrecord",
     "workloads_parquet",
     "workloads_array_record",
+    "workloads_jax",
 )
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")
 BASELINE, SUBJECT, LIMIT = "grain", "gristmill", "limit"
 # Distributions whose versions a run records (peers only where installed).
-_VERSIONED = ("grain", "gristmill", "numpy", "spdl", "torch")
+_VERSIONED = ("grain", "gristmill", "numpy", "spdl", "torch", "jax")
 # Prefix of the one stdout line through which a child reports (contender code may print).
 _RESULT_MARK = "@@gristmill-bench-result "
 

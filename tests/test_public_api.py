@@ -65,15 +65,17 @@ EXPECTED = {
     ],
     "gristmill.checkpoint": [
         "CheckpointHandler",
+        "CheckpointNotFoundError",
         "StateMismatchError",
         "accept_changes",
         "to_grain_state",
     ],
     "gristmill.testing": ["assert_equal_output_after_checkpoint"],
-    "gristmill.training": ["Epoch", "Epochs", "ProgressMeter", "progress"],
+    "gristmill.training": ["Epoch", "Epochs", "ProgressMeter", "StepMeter", "progress"],
     "gristmill.samplers": ["IndexSampler", "SequentialSampler", "Sampler"],
     "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],
     "gristmill.torch": ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank"],
+    "gristmill.jax": ["to_global_arrays"],
     "gristmill.constants": [
         "INDEX",
         "RECORD_KEY",
@@ -293,7 +295,7 @@ EXPECTED["gristmill.python.experimental"] = EXPECTED["gristmill.experimental"]
 
 
 # namespaces that need an optional extra: checked where it is installed
-NEEDS = {"gristmill.torch": "torch"}
+NEEDS = {"gristmill.torch": "torch", "gristmill.jax": "jax"}
 
 
 def import_public(module_name):

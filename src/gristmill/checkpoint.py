@@ -7,13 +7,20 @@ installed (``pip install 'gristmill[orbax]'``); they are created on first access
 from typing import Any
 
 from gristmill._src.checkpoint import orbax as _orbax
+from gristmill._src.checkpoint.files import CheckpointNotFoundError
 from gristmill._src.checkpoint.handler import CheckpointHandler
 from gristmill._src.core.state import StateMismatchError, accept_changes, to_grain_state
 from gristmill._src.public import export as _export
 
-_export("gristmill.checkpoint", CheckpointHandler, StateMismatchError)
+_export("gristmill.checkpoint", CheckpointHandler, CheckpointNotFoundError, StateMismatchError)
 
-__all__ = ["CheckpointHandler", "StateMismatchError", "accept_changes", "to_grain_state"]
+__all__ = [
+    "CheckpointHandler",
+    "CheckpointNotFoundError",
+    "StateMismatchError",
+    "accept_changes",
+    "to_grain_state",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,8 +8,8 @@ batches/s and the share of the loop's time spent waiting for data (needs tqdm:
 
 from gristmill._src.public import export as _export
 from gristmill._src.training.epochs import Epoch, Epochs
-from gristmill._src.training.progress import ProgressMeter, progress
+from gristmill._src.training.progress import ProgressMeter, StepMeter, progress
 
-_export("gristmill.training", Epoch, Epochs, ProgressMeter, progress)
+_export("gristmill.training", Epoch, Epochs, ProgressMeter, StepMeter, progress)
 
-__all__ = ["Epoch", "Epochs", "ProgressMeter", "progress"]
+__all__ = ["Epoch", "Epochs", "ProgressMeter", "StepMeter", "progress"]

@@ -170,7 +170,11 @@ def test_checkpoint_handler_errors(tmp_path):
     handler = gm.checkpoint.CheckpointHandler()
     with pytest.raises(TypeError, match=r"needs the iterator: save\(directory, item=it\)"):
         handler.save(tmp_path)
-    with pytest.raises(FileNotFoundError, match="no checkpoint for this process at"):
+    with pytest.raises(gm.checkpoint.CheckpointNotFoundError, match="no checkpoint for this "):
+        handler.restore(tmp_path, iter(pipeline(gm)))
+    with pytest.raises(ValueError, match="process at"):  # what Grain's handler raises
+        handler.restore(tmp_path, iter(pipeline(gm)))
+    with pytest.raises(FileNotFoundError, match=r"process_0-of-1\.json"):
         handler.restore(tmp_path, iter(pipeline(gm)))
     (tmp_path / "process_0-of-1.json").write_text('{"next_ind')
     with pytest.raises(ValueError, match="is not valid JSON"):

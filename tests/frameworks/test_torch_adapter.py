@@ -1,6 +1,7 @@
 """gristmill.torch.TorchLoader: gristmill data as torch.Tensor batches for a PyTorch loop."""
 
 import collections
+import itertools
 import json
 import subprocess
 import sys
@@ -433,3 +434,31 @@ def test_gristmill_torch_without_torch_names_the_extra():
         [sys.executable, "-c", code], check=True, timeout=60, capture_output=True, text=True
     )
     assert "pip install 'gristmill[torch]'" in out.stdout
+
+
+def test_progress_shows_a_bar_per_pass_and_keeps_its_figures(capsys):
+    loader = TorchLoader(gm.MapDataset.range(12).batch(4), progress=True)
+    with iter(loader) as it:
+        batches = [b.tolist() for b in it]
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    err = capsys.readouterr().err
+    assert "TorchLoader" in err
+    assert "3batch" in err.replace(" ", "")
+    assert "data wait" in err
+    assert it.progress.summary()["items"] == 3
+
+
+def test_progress_off_by_default_and_with_a_background_thread():
+    assert iter(TorchLoader(gm.MapDataset.range(3))).progress is None
+    loader = TorchLoader(gm.MapDataset.range(8).batch(2), device="cpu", progress=True)
+    it = iter(loader)
+    assert [b.tolist() for b in itertools.islice(it, 2)] == [[0, 1], [2, 3]]
+    it.close()  # leaving early closes the bar
+    summary = it.progress.summary()
+    assert summary["items"] == 2
+    assert summary["seconds"] > 0
+
+
+def test_progress_must_be_a_bool():
+    with pytest.raises(TypeError, match="progress"):
+        TorchLoader(gm.MapDataset.range(3), progress="yes")

@@ -129,3 +129,14 @@ def test_restoring_under_another_process_count_names_the_missing_file(monkeypatc
     fresh = iter(pipeline(gm, gm.sharding.NoSharding()))
     with pytest.raises(FileNotFoundError, match=r"process_1-of-4\.json.*process index and count"):
         gm.checkpoint.CheckpointHandler().restore(tmp_path, fresh)
+
+
+def test_a_missing_state_file_is_a_value_error_as_in_grain(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        grain.checkpoint.CheckpointHandler().restore(
+            epath.Path(tmp_path), iter(pipeline(grain, grain.sharding.NoSharding()))
+        )
+    with pytest.raises(ValueError, match="no checkpoint for this process"):
+        gm.checkpoint.CheckpointHandler().restore(
+            tmp_path, iter(pipeline(gm, gm.sharding.NoSharding()))
+        )

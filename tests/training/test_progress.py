@@ -73,3 +73,31 @@ def test_bad_arguments_are_named():
         progress(3)
     with pytest.raises(ValueError, match="total"):
         progress([1], total=-1)
+
+
+def test_a_step_meter_driven_by_hand_measures_like_the_wrapper():
+    meter = gm.training.StepMeter(show=False)
+    for _ in range(5):
+        meter.waiting()
+        time.sleep(0.01)  # the data
+        meter.received()
+        # the step: nothing
+    meter.finish()
+    meter.finish()  # idempotent
+    summary = meter.summary()
+    assert summary["items"] == 5
+    assert meter.wait_share() > 0.8
+    meter.waiting()  # after finish: nothing more is counted
+    meter.received()
+    assert meter.summary()["items"] == 5
+
+
+def test_a_step_meter_draws_its_bar_from_the_first_request_to_finish():
+    out = io.StringIO()
+    meter = gm.training.StepMeter(desc="pass", file=out)
+    assert out.getvalue() == ""
+    meter.waiting()
+    meter.received()
+    meter.finish()
+    assert "pass" in out.getvalue()
+    assert "1batch" in out.getvalue().replace(" ", "")

@@ -11,6 +11,11 @@ from typing import Any
 from gristmill._src.core.processes import jax_process_index_and_count
 
 
+class CheckpointNotFoundError(FileNotFoundError, ValueError):
+    """No state file for this process in the directory: a FileNotFoundError, and the
+    ValueError that Grain's CheckpointHandler raises there, so either ``except`` works."""
+
+
 def state_path(directory: str | os.PathLike[str]) -> pathlib.Path:
     index, count = jax_process_index_and_count()
     return pathlib.Path(directory) / f"process_{index}-of-{count}.json"
@@ -49,7 +54,8 @@ def read_state_text(directory: str | os.PathLike[str]) -> str:
     """The JSON text saved in ``directory`` for this process, checked to parse.
 
     Raises:
-      FileNotFoundError: no state file for this process (the message names the path).
+      CheckpointNotFoundError: no state file for this process (the message names the path;
+        a FileNotFoundError and a ValueError).
       ValueError: the file is not UTF-8 JSON (damaged, truncated, or not a state file).
     """
     return _load(directory)[0]
@@ -65,7 +71,7 @@ def _load(directory: str | os.PathLike[str]) -> tuple[str, Any]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise CheckpointNotFoundError(
             f"no checkpoint for this process at {str(path)!r}; save one there first (the file "
             "name carries the process index and count, which must match the saving run's)"
         ) from None

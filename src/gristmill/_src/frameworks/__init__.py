@@ -1,1 +1,1 @@
-"""Adapters from gristmill's datasets and pipelines to training frameworks (torch)."""
+"""Adapters from gristmill's datasets and pipelines to training frameworks (torch, jax)."""

@@ -23,6 +23,7 @@ from gristmill._src.engine.stats import StageCounters
 from gristmill._src.frameworks import torch_convert
 from gristmill._src.frameworks.torch_ranks import Slot, current_slot
 from gristmill._src.frameworks.torch_sources import Reader, SourceKind, classify, open_source
+from gristmill._src.training.progress import StepMeter
 
 STATE_VERSION = 1
 _STATE_KEYS = ("version", "kind", "slot", "iterator", "position")
@@ -63,6 +64,9 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
       device_buffer_size: how many elements the background thread (pinning or a
         ``device``) prepares ahead; 0 does that work in the caller's thread.
       shard_by_rank: slice a MapDataset by ``torch.distributed`` rank (see above).
+      progress: show a progress bar for each pass (batches/s and the share of the loop's
+        time spent waiting for data; needs tqdm: ``pip install 'gristmill[progress]'``);
+        the figures are ``iterator.progress.summary()``.
 
     Raises:
       TypeError: ``data`` is none of the accepted kinds, or a flag is not a bool.
@@ -84,6 +88,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         non_blocking: bool = True,
         device_buffer_size: int = 2,
         shard_by_rank: bool = True,
+        progress: bool = False,
     ) -> None:
         self._kind = classify(data)
         self._data = data
@@ -94,6 +99,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
             device_buffer_size, "device_buffer_size", low=0
         )
         self._shard_by_rank = validation.check_bool(shard_by_rank, "shard_by_rank")
+        self._progress = validation.check_bool(progress, "progress")
         self._slot()  # a kind that cannot be sharded here fails now, not at iter()
         self._pending: dict[str, Any] | None = None  # from load_state_dict, for the next iter
         self._cursor: _Cursor | None = None  # the latest iter()'s position
@@ -114,7 +120,10 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
             raise
         self._pending = None  # used: a later iter() reads a whole pass
         self._cursor = cursor
-        return TorchLoaderIterator(reader, cursor, self._transfer(pin), self._background(pin))
+        meter = StepMeter(desc="TorchLoader") if self._progress else None
+        return TorchLoaderIterator(
+            reader, cursor, self._transfer(pin), self._background(pin), meter
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last element the caller received from the latest
@@ -170,17 +179,26 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
     def __repr__(self) -> str:
         return (
             f"TorchLoader({self._data!r:.100}, device={self._device}, "
-            f"pin_memory={self._pin_memory}, shard_by_rank={self._shard_by_rank})"
+            f"pin_memory={self._pin_memory}, shard_by_rank={self._shard_by_rank}, "
+            f"progress={self._progress})"
         )
 
 
 class TorchLoaderIterator(Iterator[Any]):
     """One pass of a :class:`TorchLoader` (``iter(loader)``); ``close()`` stops its
-    threads and workers (also at its end, and when it is garbage-collected)."""
+    threads and workers (also at its end, and when it is garbage-collected).
+    ``progress`` is its :class:`gristmill.training.StepMeter` under
+    ``TorchLoader(progress=True)``, else ``None``."""
 
     def __init__(
-        self, reader: Reader, cursor: _Cursor, transfer: Callable[[Any], Any], ahead: int
+        self,
+        reader: Reader,
+        cursor: _Cursor,
+        transfer: Callable[[Any], Any],
+        ahead: int,
+        meter: StepMeter | None = None,
     ) -> None:
+        self.progress = meter
         self._cursor = cursor
         self._transfer = transfer
         self._producer: BackgroundProducer | None = None
@@ -193,7 +211,7 @@ class TorchLoaderIterator(Iterator[Any]):
         else:
             cursor.live = reader
         self._reader = reader
-        self._finalizer = weakref.finalize(self, _release, reader, cursor, self._producer)
+        self._finalizer = weakref.finalize(self, _release, reader, cursor, self._producer, meter)
         self._finalizer.atexit = False
 
     def __iter__(self) -> TorchLoaderIterator:
@@ -202,6 +220,14 @@ class TorchLoaderIterator(Iterator[Any]):
     def __next__(self) -> Any:
         if not self._finalizer.alive:
             raise StopIteration
+        if self.progress is None:
+            return self._next()
+        self.progress.waiting()
+        element = self._next()  # at the end, close() finishes the meter
+        self.progress.received()
+        return element
+
+    def _next(self) -> Any:
         try:
             if self._producer is None:
                 return self._transfer(self._reader.next())
@@ -276,11 +302,18 @@ def _prepare(reader: Reader, transfer: Callable[[Any], Any]) -> tuple[Any, dict[
     return transfer(element), reader.state()
 
 
-def _release(reader: Reader, cursor: _Cursor, producer: BackgroundProducer | None) -> None:
+def _release(
+    reader: Reader,
+    cursor: _Cursor,
+    producer: BackgroundProducer | None,
+    meter: StepMeter | None,
+) -> None:
     if producer is not None:
         producer.close()  # first: its thread reads from the reader
     cursor.stop()
     reader.close()
+    if meter is not None:
+        meter.finish()
 
 
 def _can_pin() -> bool:

@@ -2,8 +2,10 @@
 worker count, every step's loss is bit for bit the uninterrupted run's.
 
 Each example (examples/train_torch.py, examples/train_jax.py) runs straight through with 2
-workers; then again, killed 1.5 checkpoint intervals into its second epoch (a step that is
-not a checkpoint step), and restarted with 1 worker from its last checkpoint.
+workers; then again, SIGKILLed in its second epoch once the checkpoint there is finished
+(half an interval on, at a step that is not a checkpoint step; the JAX example is then
+usually writing the next checkpoint in the background, which the restart must not take),
+and restarted with 1 worker from its last finished checkpoint.
 """
 
 import contextlib
@@ -82,10 +84,18 @@ def logged_steps(path):
     return int(complete[-1].split()[0]) if complete else 0
 
 
+def ready_to_kill(script, directory, log, after, checkpoint):
+    """The log shows step ``after`` or later, not a checkpoint step (the kill lands between
+    two), and the checkpoint of step ``checkpoint`` is finished."""
+    step = logged_steps(log)
+    if step < after or step % EVERY == 0:
+        return False
+    return checkpoint_finished(script, directory, checkpoint)
+
+
 def run_and_kill(script, directory, log, workers, after, checkpoint):
-    """Starts the example, SIGKILLs it once its log shows step ``after`` and its checkpoint
-    of step ``checkpoint`` is finished; its stderr text. Its worker processes must then go
-    (nothing left in its process group)."""
+    """Starts the example, SIGKILLs it once ``ready_to_kill``; its stderr text. Its worker
+    processes must then go (nothing left in its process group)."""
     process = subprocess.Popen(
         command(script, directory, log, workers),
         stdout=subprocess.DEVNULL,
@@ -95,7 +105,7 @@ def run_and_kill(script, directory, log, workers, after, checkpoint):
     )
     deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
-        while logged_steps(log) < after or not checkpoint_finished(script, directory, checkpoint):
+        while not ready_to_kill(script, directory, log, after, checkpoint):
             assert process.poll() is None, "the example ended before it was killed"
             assert time.monotonic() < deadline, f"no step {after} in {RUN_TIMEOUT_S} s"
             time.sleep(0.001)

@@ -25,6 +25,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import gristmill as gm
+from gristmill.torch import to_tensors
 
 BATCH_SIZE = 32
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -122,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         with epochs:
             for epoch in epochs:
                 for batch in epoch:
-                    images = torch.from_numpy(batch["image"])
-                    labels = torch.from_numpy(batch["label"])
+                    batch = to_tensors(batch)  # numpy -> torch.Tensor, sharing the memory
+                    images, labels = batch["image"], batch["label"]
                     optimizer.zero_grad()
                     loss = torch.nn.functional.cross_entropy(model(images), labels)
                     loss.backward()

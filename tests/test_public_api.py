@@ -74,7 +74,7 @@ EXPECTED = {
     "gristmill.training": ["Epoch", "Epochs", "ProgressMeter", "StepMeter", "progress"],
     "gristmill.samplers": ["IndexSampler", "SequentialSampler", "Sampler"],
     "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],
-    "gristmill.torch": ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank"],
+    "gristmill.torch": ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank", "to_tensors"],
     "gristmill.jax": ["to_global_arrays"],
     "gristmill.constants": [
         "INDEX",

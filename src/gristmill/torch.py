@@ -11,9 +11,10 @@ from gristmill._src.frameworks.torch_adapter import (  # noqa: E402 (after the c
     TorchLoader,
     TorchLoaderIterator,
 )
+from gristmill._src.frameworks.torch_convert import to_tensors  # noqa: E402
 from gristmill._src.frameworks.torch_ranks import ShardByTorchRank  # noqa: E402
 from gristmill._src.public import export as _export  # noqa: E402
 
 _export("gristmill.torch", TorchLoader, TorchLoaderIterator, ShardByTorchRank)
 
-__all__ = ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank"]
+__all__ = ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank", "to_tensors"]

@@ -462,3 +462,15 @@ def test_progress_off_by_default_and_with_a_background_thread():
 def test_progress_must_be_a_bool():
     with pytest.raises(TypeError, match="progress"):
         TorchLoader(gm.MapDataset.range(3), progress="yes")
+
+
+def test_to_tensors_converts_a_batch_as_the_loader_does_sharing_memory():
+    from gristmill.torch import to_tensors
+
+    batch = {"image": np.arange(6, dtype=np.float32).reshape(2, 3), "label": np.int64(3)}
+    tensors = to_tensors(batch)
+    assert list(tensors) == ["image", "label"]
+    assert isinstance(tensors["image"], torch.Tensor)
+    assert tensors["label"].item() == 3
+    tensors["image"][0, 0] = 42.0  # the tensor views the array
+    assert batch["image"][0, 0] == 42.0

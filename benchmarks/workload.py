@@ -100,8 +100,19 @@ def grain_api(build: Callable[..., Case]) -> dict[str, Builder]:
 
 
 def load_module(name: str) -> ModuleType:
-    """Imports a contender's top-level module (``grain`` or ``gristmill``)."""
-    return importlib.import_module(name)
+    """Imports a contender's top-level module (``grain`` or ``gristmill``).
+
+    Where jax is installed, Grain reads an absl flag (its worker profiler) that must be
+    parsed first, as a Grain user's ``absl.app.run`` does; a benchmark has no ``main``
+    flags, so they are marked parsed.
+    """
+    module = importlib.import_module(name)
+    if name.split(".")[0] == "grain":
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+    return module
 
 
 def digest(value: Any) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from workload import Case, Workload, grain_api
+from workload import Case, Workload, grain_api, load_module
 from workloads_engine import (
     _case,
     _image_records,
@@ -146,9 +146,7 @@ def _images_gristmill_numpy(*, n: int, batch_size: int) -> Case:
 
 
 def _images_grain_numpy(*, n: int, batch_size: int) -> Case:
-    import grain
-
-    ds = _images_pipeline(grain, n, batch_size)
+    ds = _images_pipeline(load_module("grain"), n, batch_size)
     return _case(lambda: iter(ds), n)
 
 

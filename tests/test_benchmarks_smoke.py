@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,4 +28,28 @@ def test_quick_benchmark_runs_and_outputs_match_grain():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "| getitem_shuffle_map | gristmill |" in result.stdout
+    assert "DIFFERS" not in result.stdout
+
+
+def test_quick_jax_benchmarks_run_and_device_put_matches_grain():
+    pytest.importorskip("jax")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/run.py",
+            "--quick",
+            "--rounds",
+            "1",
+            "--strict",
+            "--family",
+            "jax",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| jax_global_arrays_images | gristmill |" in result.stdout
+    assert "| jax_device_put_images | gristmill |" in result.stdout
     assert "DIFFERS" not in result.stdout

@@ -14,7 +14,6 @@ One Orbax ``CheckpointManager`` step directory holds the model and optimizer sta
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import pathlib
 import sys
@@ -37,10 +36,6 @@ import gristmill as gm
 BATCH_SIZE = 32
 LEARNING_RATE = 0.05
 MOMENTUM = 0.9
-# Each worker process runs this script's imports again (as ``__mp_main__``). Imported once
-# in the fork server that starts the workers, they cost nothing per worker; without this,
-# every worker of every epoch imports jax, orbax and scikit-learn anew (seconds each).
-PRELOAD = ["jax", "orbax.checkpoint", "sklearn.datasets", "sklearn.model_selection"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -121,7 +116,6 @@ def accuracy(params: dict, images: np.ndarray, labels: np.ndarray) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    multiprocessing.set_forkserver_preload(PRELOAD)  # before the first worker starts
     records, test_x, test_y = digits(args.seed)
     epochs = make_epochs(records, args.seed, args.workers, args.epochs)
     state = init_state(args.seed)

@@ -14,7 +14,6 @@ the position in it as one state, checkpointed next to the model and the optimize
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import pathlib
 import sys
@@ -29,10 +28,6 @@ from gristmill.torch import to_tensors
 
 BATCH_SIZE = 32
 CHECKPOINT_NAME = "checkpoint.pt"
-# Each worker process runs this script's imports again (as ``__mp_main__``). Imported once
-# in the fork server that starts the workers, they cost nothing per worker; without this,
-# every worker of every epoch imports torch and scikit-learn anew (seconds each).
-PRELOAD = ["torch", "sklearn.datasets", "sklearn.model_selection"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +95,6 @@ def accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    multiprocessing.set_forkserver_preload(PRELOAD)  # before the first worker starts
     torch.set_num_threads(1)  # one thread: the same sums in the same order, every run
     records, test_x, test_y = digits(args.seed)
     epochs = make_epochs(records, args.seed, args.workers, args.epochs)

@@ -162,7 +162,9 @@ _CHEAP_ITERATORS_START_NO_THREAD = textwrap.dedent(
         real_start(self)
     threading.Thread.start = start
 
-    ds = gm.MapDataset.range(10_000).map(lambda x: x + 1).to_iter_dataset().batch(32)
+    # num_threads=0: inline by construction, however slow this machine is now
+    options = gm.ReadOptions(num_threads=0)
+    ds = gm.MapDataset.range(10_000).map(lambda x: x + 1).to_iter_dataset(options).batch(32)
     for _ in range(20):  # closed, dropped and collected, abandoned mid-way
         with iter(ds) as it:
             next(it)

@@ -30,7 +30,7 @@ import threading
 import traceback
 from typing import Any
 
-from gristmill._src.engine import sending, shm
+from gristmill._src.engine import main_guard, sending, shm
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
@@ -251,7 +251,7 @@ class RegionStream:
                     continue
                 self._finished.add(index)
                 if self._error is None:
-                    self._error = RuntimeError(
+                    self._error = main_guard.error_for_exit(process.exitcode) or RuntimeError(
                         f"worker {index} of {self._name} (pid {process.pid}) exited "
                         f"unexpectedly with exit code {process.exitcode}"
                     )

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from gristmill._src.core import validation
-from gristmill._src.engine import reaper, sending
+from gristmill._src.engine import main_guard, reaper, sending
 from gristmill._src.spdl import subprocess_worker as proto
 from gristmill._src.spdl.arena import (
     ARENAS,
@@ -262,6 +262,12 @@ def _check_initializers(initializer: Any) -> list[Callable[[], Any]]:
 
 
 def _context(mp_context: Any) -> multiprocessing.context.BaseContext:
+    context = _chosen_context(mp_context)
+    main_guard.refuse_while_importing_main(context.get_start_method())
+    return context
+
+
+def _chosen_context(mp_context: Any) -> multiprocessing.context.BaseContext:
     if mp_context is None:
         return multiprocessing.get_context("spawn")
     if isinstance(mp_context, multiprocessing.context.BaseContext):

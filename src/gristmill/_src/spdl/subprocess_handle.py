@@ -19,7 +19,7 @@ import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import shm
+from gristmill._src.engine import main_guard, shm
 from gristmill._src.spdl import subprocess_worker as proto
 
 _GRACE_S = 1.0  # how long a stopping worker may take before SIGTERM, then SIGKILL
@@ -154,6 +154,10 @@ class WorkerHandle:
     def _died(self, activity: str) -> RuntimeError:
         self._process.join(_GRACE_S)
         code = self._process.exitcode
+        unguarded = main_guard.error_for_exit(code)
+        if unguarded is not None:
+            self.shutdown("its script has no __main__ guard")
+            return unguarded
         how = f"exit code {code}"
         if code is not None and code < 0:
             with contextlib.suppress(ValueError):

@@ -167,3 +167,9 @@ def test_asking_for_the_next_epoch_ends_the_current_one():
     for epoch in Epochs(shuffled(), batched(), num_epochs=EPOCHS):
         firsts.append(plain(next(iter(epoch))))  # one batch, then on to the next epoch
     assert firsts == [epoch[0] for epoch in expected]
+
+
+def test_epochs_say_what_they_are():
+    epochs = gm.training.Epochs(gm.MapDataset.range(6), num_epochs=2)
+    assert repr(epochs) == "Epochs(6 elements, epoch 0 of 2)"
+    assert repr(gm.training.Epochs(gm.MapDataset.range(3))) == "Epochs(3 elements, epoch 0)"

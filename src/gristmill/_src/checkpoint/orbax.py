@@ -29,14 +29,16 @@ def orbax_args() -> dict[str, type]:
     @ocp.args.register_with_handler(CheckpointHandler, for_save=True)  # type: ignore[misc,unused-ignore]
     @dataclasses.dataclass
     class CheckpointSave(ocp.args.CheckpointArgs):  # type: ignore[misc,unused-ignore]
-        """Orbax args: save ``item`` (an iterator) with gristmill's CheckpointHandler."""
+        """Orbax args: save ``item`` (an iterator, or anything with ``get_state()`` and
+        ``set_state()``: ``gristmill.training.Epochs``) with gristmill's CheckpointHandler."""
 
         item: Any
 
     @ocp.args.register_with_handler(CheckpointHandler, for_restore=True)  # type: ignore[misc,unused-ignore]
     @dataclasses.dataclass
     class CheckpointRestore(ocp.args.CheckpointArgs):  # type: ignore[misc,unused-ignore]
-        """Orbax args: restore ``item`` (an iterator) with gristmill's CheckpointHandler."""
+        """Orbax args: restore ``item`` (an iterator, or an ``Epochs``) with gristmill's
+        CheckpointHandler."""
 
         item: Any
 

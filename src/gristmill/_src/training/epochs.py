@@ -98,6 +98,10 @@ class Epochs:
         self._restore: Any = None  # the iterator state the next epoch starts from
         self._current: Epoch | None = None
 
+    def __repr__(self) -> str:
+        of = "" if self._num_epochs is None else f" of {self._num_epochs}"
+        return f"Epochs({self._length} elements, epoch {self._epoch}{of})"
+
     def epoch_dataset(self, epoch: int) -> IterDataset[Any]:
         """The IterDataset of epoch ``epoch``."""
         epoch = validation.check_int_in_range(epoch, "epoch", low=0)

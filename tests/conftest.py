@@ -157,11 +157,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.fixture
 def no_children_left():
-    """Fails a worker-process test that leaves a multiprocessing child running (5 s grace)."""
+    """Fails a worker-process test that leaves a multiprocessing child running (5 s grace).
+    Idle workers kept for the next stage (engine/worker_pool.py) are stopped first: what
+    must not remain is a worker that no pool holds."""
     yield
+    from gristmill._src.engine import worker_pool
+
     gc.collect()
     deadline = time.monotonic() + 5
     while multiprocessing.active_children() and time.monotonic() < deadline:
+        worker_pool.shutdown_idle_workers()  # a stage the reaper stops may pool its workers
         time.sleep(0.05)
     assert multiprocessing.active_children() == []
 

@@ -1,7 +1,8 @@
 """The process executor: a stage's reads run in worker processes.
 
-A :class:`ProcessCore` starts ``workers`` processes (forkserver by default: safe in a
-process that runs threads) and sends each, once, the stage's *work*: for a ``RangeFeed``, its
+A :class:`ProcessCore` leases ``workers`` processes from :mod:`worker_pool` (idle ones left
+by an earlier stage, else new ones: forkserver by default, safe in a process that runs
+threads) and sends each, once, the stage's *work* as a job: for a ``RangeFeed``, its
 fused read (a MapDataset chain and the element functions after it); for a ``StreamFeed``, its
 element function. One proxy thread per worker claims tasks exactly as a worker thread does,
 sends the worker the task (an index range, or the task's input values) through a pipe and
@@ -18,8 +19,9 @@ with its text), with the worker's frames as its traceback and its formatted trac
 note, located at its element like any read failure. A worker that dies (``sys.exit`` in a
 transformation included: it ends the worker with that code) is reported within ``_POLL_S``
 as a RuntimeError naming the worker and its exit code; a pipeline that cannot be pickled for
-the workers raises the pickler's own error, with a note naming the stage. Closing stops the
-workers: asked, then terminated, then killed.
+the workers raises the pickler's own error, with a note naming the stage. Closing ends the
+job of every idle worker and gives it back to the pool; a worker with a task in flight, or
+one that failed, is stopped: asked, then terminated, then killed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, cast
 
-from gristmill._src.engine import main_guard, remote_traceback, sending, shm
+from gristmill._src.engine import main_guard, remote_traceback, sending, shm, worker_pool
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
@@ -96,23 +98,38 @@ class WorkerDiedError(RuntimeError):
     """A worker process exited while it had work."""
 
 
-def _worker_main(
+def _worker_main(conn: Any) -> None:
+    """A pooled worker: runs one stage's job after another (:mod:`worker_pool`) until told
+    to stop (``None``) or its parent is gone."""
+    # Ctrl-C reaches the whole process group: the parent decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if message is None:
+            return
+        _, index, count, work, worker_init_fn, shm_prefix = message
+        _run_job(conn, index, count, work, worker_init_fn, shm_prefix)
+
+
+def _run_job(
+    conn: Any,
     index: int,
     count: int,
     work: bytes,
     worker_init_fn: bytes,
-    conn: Any,
-    shm_prefix: str | None = None,
+    shm_prefix: str | None,
 ) -> None:
-    """One worker: runs the tasks it receives until told to stop.
+    """One stage's job: runs the tasks it receives until the stage ends it (``"end"``).
 
     ``work`` unpickles to a ``RangeFeed`` (tasks are index ranges ``(start, size)``) or to an
     element function (tasks are ``(start, size, payload, segments)``: the input values);
     ``worker_init_fn`` to the user's function or None (both cloudpickled: :mod:`sending`).
+    After a failure the worker waits for the stage to stop it: it is never pooled again.
     """
     segments = shm.counter()
-    # Ctrl-C reaches the whole process group: the parent decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         init = sending.loads(worker_init_fn)
         if init is not None:
@@ -127,8 +144,10 @@ def _worker_main(
         try:
             message = conn.recv()
         except (EOFError, OSError):  # the parent is gone
-            return
+            raise SystemExit(0) from None
         if message is None:
+            raise SystemExit(0)
+        if message == "end":
             return
         start, size = message[0], message[1]
         try:
@@ -192,6 +211,9 @@ class ProcessCore(Core):
         self._context: Any = worker_context(mp_context, [__name__])
         self._processes: list[Any] = []
         self._conns: list[Any] = []
+        self._workers: list[worker_pool.PooledWorker] = []
+        # per worker: nothing sent that is not answered, and no failure (it may be pooled)
+        self._reusable: list[bool] = []
         self._started = False
         # Shared-memory segments of this stage are named `<prefix>-w<worker>-<n>`; whatever
         # is left when the stage stops (a worker killed mid-write, results never read) is
@@ -221,19 +243,16 @@ class ProcessCore(Core):
                 "are not): open files and connections lazily in the worker"
             )
             raise
-        for index in range(count):
-            parent, child = self._context.Pipe()
+        self._workers = worker_pool.lease(self._context, count, _worker_main)
+        for index, worker in enumerate(self._workers):
             prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
-            process = self._context.Process(
-                target=_worker_main,
-                args=(index, count, payload, init, child, prefix),
-                name=f"gristmill[{name}]-worker{index}",
-                daemon=True,
-            )
-            process.start()
-            child.close()
-            self._processes.append(process)
-            self._conns.append(parent)
+            self._processes.append(worker.process)
+            self._conns.append(worker.conn)
+            try:
+                worker.conn.send(("job", index, count, payload, init, prefix))
+                self._reusable.append(True)
+            except OSError:  # it died while idle: its proxy reports it
+                self._reusable.append(False)
         for index in range(count):
             thread = threading.Thread(
                 target=self._proxy, args=(index,), name=f"gristmill[{name}]-{index}", daemon=True
@@ -274,6 +293,7 @@ class ProcessCore(Core):
                     f"{index}; the values reaching a process stage must be picklable"
                 )
                 return Chunk(task.start, [], encode_error)
+        self._reusable[index] = False  # until its reply is in
         try:
             conn.send(message)
             while not conn.poll(_POLL_S):
@@ -288,6 +308,7 @@ class ProcessCore(Core):
             process.join(_POLL_S)
             return Chunk(task.start, [], self._died(index, process))
         if reply[0] == "ok":
+            self._reusable[index] = True
             try:
                 values = shm.decode(reply[1], reply[2])
             except Exception as decode_error:
@@ -318,17 +339,26 @@ class ProcessCore(Core):
         """Never needed: a process stage always runs on its workers."""
 
     def stop_executor(self) -> None:
-        for conn in self._conns:
-            with contextlib.suppress(Exception):
-                conn.send(None)
-        for process in self._processes:
-            stop_process(process)
-        for conn in self._conns:
-            with contextlib.suppress(Exception):
-                conn.close()
-        shm.unlink_leftovers(self._shm_prefix)
+        """Stops the workers that may be busy now (their proxies then return at once)."""
+        for index, worker in enumerate(self._workers):
+            if not self._reusable[index]:
+                worker_pool.stop(worker)
 
     def after_threads_joined(self) -> None:
+        """Idle workers go back to the pool (their job ended: "end"); the others stop."""
+        proxies = [t for t in self.threads if t.name.startswith("gristmill[")]
+        for index, worker in enumerate(self._workers):
+            proxy_done = index >= len(proxies) or not proxies[index].is_alive()
+            if self._reusable[index] and proxy_done and worker.usable():
+                try:
+                    worker.conn.send("end")
+                except OSError:
+                    worker_pool.stop(worker)
+                    continue
+                worker_pool.give_back(worker)
+            else:
+                worker_pool.stop(worker)
+        self._workers = []
         # a proxy thread that claimed a task as the stage stopped may have written its
         # inputs' segments after the first sweep
         shm.unlink_leftovers(self._shm_prefix)

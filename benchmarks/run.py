@@ -176,6 +176,8 @@ def _repeat(timed: Any, profile: Profile, most: int) -> list[int]:
 
 def _first_output_ns(case: Any) -> int:
     """Times ``case.first()``; then releases its iterator and lets its threads exit, untimed."""
+    if case.setup is not None:
+        case.setup()
     threads = threading.active_count()
     start = time.perf_counter_ns()
     _, release = case.first()
@@ -207,10 +209,14 @@ def child(workload_name: str, contender: str, profile: Profile, quick: bool) -> 
             times_ns = [round(case.seconds * 1e9)]
         else:
             if spec.warmup:
+                if case.setup is not None:
+                    case.setup()
                 last = case.run()  # warm-up: first-touch costs, lazy caches, imports
 
             def timed_run() -> int:
                 nonlocal last
+                if case.setup is not None:
+                    case.setup()
                 start = time.perf_counter_ns()
                 last = case.run()
                 return time.perf_counter_ns() - start

@@ -41,6 +41,9 @@ class Case:
         output (a synthetic limit such as ``n * wait / threads``); ``run`` / ``first`` are
         then never called.
       size_bytes: a size to report next to the timings (a checkpoint state's JSON bytes).
+      setup: untimed, before every timed ``run`` and ``first`` (and their warm-ups): e.g.
+        stopping the idle worker processes an earlier run left, so that every timed run
+        starts its workers, as the peers' do.
     """
 
     run: Callable[[], object]
@@ -51,6 +54,7 @@ class Case:
     seconds: float | None = None
     first_seconds: float | None = None
     size_bytes: int | None = None
+    setup: Callable[[], object] | None = None
 
 
 Builder = Callable[..., Case]

@@ -48,6 +48,12 @@ def _mp_options(gm: Any) -> Any:
     return gm.MultiprocessingOptions(num_workers=_WORKERS)
 
 
+def _fresh_workers(gm: Any) -> Any:
+    """gristmill keeps idle worker processes between iterators; ``Case.setup`` stops them
+    (untimed), so that every timed run starts its workers, as grain's and torch's do."""
+    return getattr(gm.multiprocessing, "shutdown_idle_workers", None)
+
+
 # --- mp_python_transform ------------------------------------------------------------------
 
 
@@ -59,7 +65,7 @@ def _python_dataset(gm: Any, *, n: int, batch_size: int) -> Case:
         .batch(batch_size)
         .mp_prefetch(_mp_options(gm))
     )
-    return _case(lambda: iter(ds), n)
+    return _case(lambda: iter(ds), n, setup=_fresh_workers(gm))
 
 
 def _python_torch(*, n: int, batch_size: int) -> Case:
@@ -97,7 +103,7 @@ def _images_dataset(gm: Any, *, n: int, batch_size: int) -> Case:
         .batch(batch_size)
         .mp_prefetch(_mp_options(gm))
     )
-    return _case(lambda: iter(ds), n)
+    return _case(lambda: iter(ds), n, setup=_fresh_workers(gm))
 
 
 def _images_torch(*, n: int, batch_size: int) -> Case:
@@ -135,14 +141,14 @@ def _images_torch_loader(*, n: int, batch_size: int) -> Case:
     from gristmill.torch import TorchLoader
 
     loader = TorchLoader(_images_pipeline(gm, n, batch_size))
-    return _case(lambda: iter(loader), n)
+    return _case(lambda: iter(loader), n, setup=_fresh_workers(gm))
 
 
 def _images_gristmill_numpy(*, n: int, batch_size: int) -> Case:
     import gristmill as gm
 
     ds = _images_pipeline(gm, n, batch_size)
-    return _case(lambda: iter(ds), n)
+    return _case(lambda: iter(ds), n, setup=_fresh_workers(gm))
 
 
 def _images_grain_numpy(*, n: int, batch_size: int) -> Case:

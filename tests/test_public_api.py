@@ -62,6 +62,7 @@ EXPECTED = {
         "MultiprocessingOrder",
         "SharedMemoryArray",
         "SharedMemoryArrayMetadata",
+        "shutdown_idle_workers",
     ],
     "gristmill.checkpoint": [
         "CheckpointHandler",

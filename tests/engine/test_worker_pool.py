@@ -151,6 +151,18 @@ def test_idle_workers_stop_after_the_idle_time(monkeypatch):
     assert multiprocessing.active_children() == []
 
 
+def test_shutdown_idle_workers_stops_them_now():
+    ds = gm.MapDataset.range(16).map(pid_of).to_iter_dataset().mp_prefetch(options())
+    pids(ds)
+    assert len(children()) == 2
+    gm.multiprocessing.shutdown_idle_workers()
+    assert worker_pool.idle_count() == 0
+    deadline = time.monotonic() + 5
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children() == set()
+
+
 def test_worker_init_fn_runs_for_every_stage_a_worker_serves(tmp_path):
     log = tmp_path / "inits"
 

@@ -36,7 +36,7 @@ def test_stop_keeps_the_buffered_items_readable_then_eof(buffer_size):
     after = [pipeline.get_item(timeout=30) for _ in range(buffer_size)]
     assert after == [10 * i for i in range(5, 5 + buffer_size)]
     for _ in range(3):  # the stages are stopped: nothing more is coming
-        with pytest.raises(EOFError, match="Reached the end of the pipeline."):
+        with pytest.raises(EOFError, match=r"Reached the end of the pipeline\."):
             pipeline.get_item(timeout=30)
 
 

@@ -91,7 +91,8 @@ def test_default_task_hooks_and_queues_set_by_the_initializer_run_in_the_workers
     with pipeline.auto_stop():
         assert sorted(pipeline.get_iterator(timeout=60)) == [(x + 1) * 2 for x in range(n)]
     records = _records(tmp_path)  # each worker exits its hooks before it reports its end
-    assert records and all(r["pid"] != os.getpid() for r in records)
+    assert records
+    assert all(r["pid"] != os.getpid() for r in records)
     tasks = [r for r in records if r["kind"] == "task"]
     assert {r["name"].split(":", 1)[1] for r in tasks} == {"1:add_one[2]", "2:times_two[2]"}
     assert sum(r["tasks"] for r in tasks) == 2 * n  # every item once in each stage

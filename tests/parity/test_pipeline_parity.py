@@ -389,3 +389,21 @@ def test_a_thread_pool_executor_runs_the_op():
                 .pipe(thread_name, executor=pool, output_order="input")
             )
             assert run(pipeline, threads=1) == [("userpool", x) for x in range(6)]
+
+
+def test_after_stop_the_sink_buffer_is_read_then_eof():
+    import time
+
+    results = {}
+    for name, m in MODULES.items():
+        pipeline = m.PipelineBuilder().add_source(range(100)).pipe(times10).add_sink(2)
+        pipeline = pipeline.build(num_threads=1)
+        read = []
+        with pipeline.auto_stop():
+            read += [pipeline.get_item(timeout=30) for _ in range(3)]
+            time.sleep(0.3)  # the stages fill the sink and block
+        read += [pipeline.get_item(timeout=30) for _ in range(2)]
+        with pytest.raises(EOFError):
+            pipeline.get_item(timeout=30)
+        results[name] = read
+    assert results["gristmill"] == results["spdl"] == [0, 10, 20, 30, 40]

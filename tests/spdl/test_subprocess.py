@@ -24,6 +24,7 @@ import pytest
 from gristmill.pipeline import (
     PipelineBuilder,
     PipelineFailure,
+    defs,
     iterate_in_subprocess,
     run_pipeline_in_subprocess,
 )
@@ -476,6 +477,33 @@ def test_run_pipeline_bad_arguments_name_the_parameter_and_value(config, kwargs,
         config = PipelineBuilder().add_source(range(3)).add_sink(3).get_config()
     with pytest.raises(error, match=message):
         run_pipeline_in_subprocess(config, **kwargs)
+
+
+def _region_config():
+    builder = PipelineBuilder().add_source(range(3))
+    builder.to(defs.ProcessPoolExecutorConfig(max_workers=1)).pipe(abs)
+    return builder.to(defs.MAIN_PROCESS).add_sink(3).get_config()
+
+
+def _process_pool_config():
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(1)
+    pool.shutdown()  # never started: only its kind is looked at
+    return PipelineBuilder().add_source(range(3)).pipe(abs, executor=pool).add_sink(3).get_config()
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (_region_config, r"a to\(ProcessPoolExecutorConfig"),
+        (_process_pool_config, "the process pool of pipe 'abs'"),
+    ],
+)
+def test_a_daemon_worker_refuses_a_pipeline_that_starts_processes_naming_the_fix(make, what):
+    # a daemonic process cannot have children (SPDL starts them from the main process)
+    with pytest.raises(ValueError, match=f"daemon=True\\) cannot run {what}.*daemon=False"):
+        run_pipeline_in_subprocess(make(), num_threads=1, daemon=True)
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")

@@ -249,6 +249,7 @@ class _Lowering:
             buffer_size=placement.buffer_size,
             max_failures=self.build_limit,
             name=str(info),
+            report_stats_interval=-1 if self.queues is None else self.queues.interval,
         )
         return self._observed(info, region)
 

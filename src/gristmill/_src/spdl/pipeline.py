@@ -190,14 +190,47 @@ class Pipeline(Generic[T]):
     def stop(self, *, timeout: float | None = None) -> None:
         """Stops every thread (joined within ~1 s each); idempotent.
 
-        Re-raises a stage failure that nobody observed, once.
+        As in SPDL, the items the sink already buffered (up to ``add_sink(buffer_size)``)
+        stay readable: ``get_item`` returns them, then raises EOFError. Re-raises a stage
+        failure that nobody observed, once.
         """
+        if self._started and not self._stopped and not self._ended and self._failure is None:
+            self._keep_buffered()
         self._stopped = True
         if self._finalizer.detach() is not None:
             self._closer.shutdown()
         if self._failure is not None and not self._failure_seen:
             self._failure_seen = True
             raise self._failure
+
+    def _keep_buffered(self) -> None:
+        """Keeps the next ``buffer_size`` items readable after ``stop()``, as SPDL's sink
+        queue outlives its stopped tasks: ``get_item`` returns them, then raises EOFError.
+        Only what is already buffered is kept (no waiting); the rest is discarded."""
+        kept: list[Any] = []
+        wanted = self._sink_buffer
+
+        def keep(entries: Any) -> None:
+            nonlocal wanted
+            for entry in entries:
+                if wanted == 0:
+                    return
+                kept.append(entry)
+                if not _is_marker(entry):
+                    wanted -= 1
+
+        keep(self._pending)
+        sink = self._closer.sink
+        while wanted > 0 and sink is not None:
+            try:
+                chunk = sink.take(0)
+            except Exception:  # nothing buffered now, the end, or a failure: left unread
+                break
+            self._taken.value += len(chunk)
+            keep(chunk)
+        self._taken.value -= len(self._pending) - len(kept)  # discarded: never delivered
+        self._pending.clear()  # in place: the sink queue's probe holds this deque
+        self._pending.extend(kept)
 
     @contextlib.contextmanager
     def auto_stop(self, *, timeout: float | None = None) -> Iterator[None]:
@@ -216,7 +249,7 @@ class Pipeline(Generic[T]):
         try:
             return self.get_item()
         except EOFError:
-            return EOF if self._ended else EPOCH_END
+            return EOF if self._ended or self._stopped else EPOCH_END
 
     def get_item(self, *, timeout: float | None = None) -> Any:
         """The next item; EOFError at the end; TimeoutError; the sticky PipelineFailure."""
@@ -225,7 +258,7 @@ class Pipeline(Generic[T]):
             raise self._failure
         if self._ended:
             raise EOFError("Reached the end of the pipeline.")
-        if self._stopped:
+        if self._stopped and not self._started:
             raise RuntimeError("The pipeline was stopped; build a new one to read again.")
         if not self._started:
             self.start()
@@ -233,6 +266,8 @@ class Pipeline(Generic[T]):
         assert sink is not None
         while True:
             if not self._pending:
+                if self._stopped:  # what the sink held at stop() is read (_keep_buffered)
+                    raise EOFError("Reached the end of the pipeline.")
                 taken = self._take(sink, timeout)
                 self._pending.extend(taken)  # first: a concurrent reading never overcounts
                 self._taken.value += len(taken)
@@ -360,6 +395,11 @@ class _PipelineIterator(Iterator[Any]):
         except EOFError:
             self._done = True  # an epoch's end: this iterator covered it
             raise StopIteration from None
+
+
+def _is_marker(entry: Any) -> bool:
+    """Whether a sink entry is no item for the caller (an epoch's end, a dropped item)."""
+    return entry is EPOCH_END or (isinstance(entry, Keyed) and entry.value is SKIP)
 
 
 def _failure(error: Exception) -> PipelineFailure:

@@ -23,6 +23,7 @@ its exit code. Closing terminates the workers.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import queue
@@ -37,7 +38,10 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.process_lane import stop_process, worker_context
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.merged import MergedOutput
+from gristmill._src.spdl.pipeline import PIPELINE_IDS, StageInfo
+from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 
+logger = logging.getLogger("gristmill.pipeline")
 _POLL_S = 0.1
 _JOIN_TIMEOUT_S = 2.0
 _QUEUE_DEPTH = 2  # transfers waiting per worker
@@ -55,8 +59,10 @@ class RegionStream:
         buffer_size: int,
         max_failures: Any,
         name: str,
+        report_stats_interval: float = -1,
     ) -> None:
         self._upstream = upstream
+        self._interval = report_stats_interval
         self._span = span
         self._target = target
         self._buffer_size = buffer_size
@@ -122,6 +128,7 @@ class RegionStream:
                         inbox,
                         self._results,
                         None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}",
+                        self._interval,
                     ),
                     name=f"gristmill[{self._name}]-worker{index}",
                     daemon=True,
@@ -346,6 +353,44 @@ def _transfers(inbox: Any) -> Any:
             return
 
 
+def _worker_pipeline(
+    span: tuple[Any, ...], inbox: Any, max_failures: Any, interval: float
+) -> tuple[Any, QueueMonitor, Any]:
+    """The worker's lowering (with its default hooks and queue objects), its queue monitor
+    and its source stream (the transfers); the stages are lowered by the caller."""
+    from gristmill._src.engine.streams import IteratorStream
+    from gristmill._src.spdl.builder import _Lowering
+
+    pipeline_id = next(PIPELINE_IDS)
+    queues = QueueMonitor(None, interval, pipeline_id)
+    hooks = default_task_hooks(None, queues.interval)
+    concurrency = sum(getattr(stage, "concurrency", 1) for stage in span)
+    lowering = _Lowering(
+        pipeline_id, concurrency + 1, max_failures, hooks, continuous=True, queues=queues
+    )
+    info = StageInfo(pipeline_id, "0", "src")
+    source = IteratorStream(_transfers(inbox), buffer_size=64, name=str(info), inline=False)
+    queues.observe(info, stream_probe(source))
+    lowering.streams.append(source)
+    return lowering, queues, source
+
+
+def _close_worker_pipeline(lowering: Any, queues: QueueMonitor) -> None:
+    """Stops the worker's streams, then exits its stages' hooks and queues; idempotent."""
+    for stream in reversed(lowering.streams):
+        with contextlib.suppress(Exception):
+            stream.close()
+    for hooks in lowering.stage_hooks:
+        try:
+            hooks.close()
+        except Exception:  # a failing stage hook must not stop the others
+            logger.exception("gristmill: a stage hook failed while exiting")
+    try:
+        queues.close()
+    except Exception:
+        logger.exception("gristmill: a queue's stage hook failed while exiting")
+
+
 def worker_main(
     index: int,
     work: bytes | tuple[Any, ...],
@@ -354,27 +399,28 @@ def worker_main(
     inbox: Any,
     results: Any,
     shm_prefix: str | None = None,
+    report_stats_interval: float = -1,
 ) -> None:
     """One worker: runs the region's span over the transfers in ``inbox``, outputs to
     ``results`` (large arrays in shared-memory segments named ``shm_prefix-<n>``).
 
     ``work`` is ``(span, initializer, initargs)``, cloudpickled unless the worker was forked.
+    As in SPDL, the span is a pipeline of the worker's own: its stages get the worker's
+    default task hooks and queue objects (``config.set_default_hook_class`` /
+    ``set_default_queue_class``, e.g. called by the initializer), not the main build's.
     """
-    from gristmill._src.engine.streams import IteratorStream, iterate_chunks
-    from gristmill._src.spdl.builder import _Lowering
+    from gristmill._src.engine.streams import iterate_chunks
 
     try:
         span, initializer, initargs = sending.loads(work) if isinstance(work, bytes) else work
         if initializer is not None:
             initializer(*initargs)
-        concurrency = sum(getattr(stage, "concurrency", 1) for stage in span)
-        lowering = _Lowering(-1, concurrency + 1, max_failures, None, continuous=True)
-        source = IteratorStream(
-            _transfers(inbox), buffer_size=64, name=f"{name}[{index}]:src", inline=False
+        lowering, queues, source = _worker_pipeline(
+            span, inbox, max_failures, report_stats_interval
         )
-        lowering.streams.append(source)
-        last, _ = lowering.stages(source, span, False, f"w{index}")
+        last, _ = lowering.stages(source, span, False, 0)
         produce = iterate_chunks(last)
+        queues.start()  # the queues' stage hooks, before any item moves
         output = f"an output of {name}"
         numbers = shm.counter()
         try:
@@ -392,11 +438,11 @@ def worker_main(
                     payload = _pickled(values[start:], output, shm_prefix, numbers)
                     results.put(("items", index, payload))
         except StopIteration:
+            # hooks first: the main process stops the workers soon after the last "end"
+            _close_worker_pipeline(lowering, queues)
             results.put(("end", index))
         finally:
-            for stream in reversed(lowering.streams):
-                with contextlib.suppress(Exception):
-                    stream.close()
+            _close_worker_pipeline(lowering, queues)
     except BaseException as error:
         text = traceback.format_exc()
         try:

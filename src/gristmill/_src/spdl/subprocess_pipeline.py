@@ -135,6 +135,8 @@ def run_pipeline_in_subprocess(
             "config must be a PipelineConfig (from PipelineBuilder().….get_config()), got "
             f"{config!r} of type {type(config).__name__}"
         )
+    if daemon is True:  # (a non-bool daemon is launch()'s TypeError)
+        _check_no_worker_processes(config)
     build_kwargs = {
         "num_threads": _check_positive(num_threads, "num_threads"),
         "max_failures": defs.check_max_failures(max_failures, "max_failures"),
@@ -155,6 +157,42 @@ def run_pipeline_in_subprocess(
         daemon=daemon,
         arena=arena,
     )
+
+
+def _check_no_worker_processes(config: defs.PipelineConfig) -> None:
+    """Raises ValueError if the pipeline starts worker processes of its own (a ``to()``
+    region, a pipe's process pool): a daemonic worker cannot have children. SPDL starts
+    those from the main process instead; gristmill does not yet."""
+    for stage in _stages(config):
+        if isinstance(stage, defs.PlacementConfig) and isinstance(
+            stage.target, defs.ProcessPoolExecutorConfig
+        ):
+            what = "a to(ProcessPoolExecutorConfig(...)) region"
+        elif isinstance(stage, defs.PipeConfig) and isinstance(
+            stage.executor, concurrent.futures.ProcessPoolExecutor
+        ):
+            what = f"the process pool of pipe {stage.name!r}"
+        else:
+            continue
+        raise ValueError(
+            f"run_pipeline_in_subprocess(daemon=True) cannot run {what}: a daemonic worker "
+            "process cannot start the pool's processes. Pass daemon=False (the default; the "
+            "worker is still stopped when the iterable is closed or collected, and at exit)"
+        )
+
+
+def _stages(config: defs.PipelineConfig) -> Iterator[Any]:
+    """Every stage of ``config``, with those of its path variants and merged inputs."""
+    if isinstance(config.src, defs.MergeConfig):
+        for sub in config.src.pipeline_configs:
+            yield from _stages(sub)
+    pending = list(config.pipes)
+    while pending:
+        stage = pending.pop()
+        yield stage
+        if isinstance(stage, defs.PathVariantsConfig):
+            for path in stage.paths:
+                pending.extend(path)
 
 
 def _portable_executors(config: defs.PipelineConfig) -> defs.PipelineConfig:

@@ -214,6 +214,7 @@ class ProcessCore(Core):
         self._workers: list[worker_pool.PooledWorker] = []
         # per worker: nothing sent that is not answered, and no failure (it may be pooled)
         self._reusable: list[bool] = []
+        self._failed: set[int] = set()  # workers that reported a failure: never pooled
         self._started = False
         # Shared-memory segments of this stage are named `<prefix>-w<worker>-<n>`; whatever
         # is left when the stage stops (a worker killed mid-write, results never read) is
@@ -314,6 +315,7 @@ class ProcessCore(Core):
             except Exception as decode_error:
                 return Chunk(task.start, [], decode_error)
             return task.chunk(values, task.upstream_error)
+        self._failed.add(index)
         _, values, payload, text, frames = reply
         error: BaseException
         try:
@@ -349,7 +351,8 @@ class ProcessCore(Core):
         proxies = [t for t in self.threads if t.name.startswith("gristmill[")]
         for index, worker in enumerate(self._workers):
             proxy_done = index >= len(proxies) or not proxies[index].is_alive()
-            if self._reusable[index] and proxy_done and worker.usable():
+            idle = self._reusable[index] and index not in self._failed
+            if idle and proxy_done and worker.usable():
                 try:
                     worker.conn.send("end")
                 except OSError:

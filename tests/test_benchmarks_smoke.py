@@ -9,7 +9,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_benchmark_runs_and_outputs_match_grain():
+def run_quick(family):
+    """``benchmarks/run.py --quick --rounds 1 --strict --family FAMILY``, which must succeed."""
     result = subprocess.run(
         [
             sys.executable,
@@ -19,7 +20,7 @@ def test_quick_benchmark_runs_and_outputs_match_grain():
             "1",
             "--strict",
             "--family",
-            "mapdataset",
+            family,
         ],
         cwd=ROOT,
         capture_output=True,
@@ -27,29 +28,18 @@ def test_quick_benchmark_runs_and_outputs_match_grain():
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "| getitem_shuffle_map | gristmill |" in result.stdout
-    assert "DIFFERS" not in result.stdout
+    return result.stdout
+
+
+def test_quick_benchmark_runs_and_outputs_match_grain():
+    out = run_quick("mapdataset")
+    assert "| getitem_shuffle_map | gristmill |" in out
+    assert "DIFFERS" not in out
 
 
 def test_quick_jax_benchmarks_run_and_device_put_matches_grain():
     pytest.importorskip("jax")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/run.py",
-            "--quick",
-            "--rounds",
-            "1",
-            "--strict",
-            "--family",
-            "jax",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "| jax_global_arrays_images | gristmill |" in result.stdout
-    assert "| jax_device_put_images | gristmill |" in result.stdout
-    assert "DIFFERS" not in result.stdout
+    out = run_quick("jax")
+    assert "| jax_global_arrays_images | gristmill |" in out
+    assert "| jax_device_put_images | gristmill |" in out
+    assert "DIFFERS" not in out

@@ -209,8 +209,6 @@ class ProcessCore(Core):
             raise TypeError("the process executor runs a RangeFeed's reads or a StreamFeed's fn")
         self._worker_init_fn = worker_init_fn
         self._context: Any = worker_context(mp_context, [__name__])
-        self._processes: list[Any] = []
-        self._conns: list[Any] = []
         self._workers: list[worker_pool.PooledWorker] = []
         # per worker: nothing sent that is not answered, and no failure (it may be pooled)
         self._reusable: list[bool] = []
@@ -247,8 +245,6 @@ class ProcessCore(Core):
         self._workers = worker_pool.lease(self._context, count, _worker_main)
         for index, worker in enumerate(self._workers):
             prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
-            self._processes.append(worker.process)
-            self._conns.append(worker.conn)
             try:
                 worker.conn.send(("job", index, count, payload, init, prefix))
                 self._reusable.append(True)
@@ -264,7 +260,7 @@ class ProcessCore(Core):
 
     def _proxy(self, index: int) -> None:
         """Claims tasks for worker ``index``, has it run them, files the chunks."""
-        conn, process = self._conns[index], self._processes[index]
+        conn, process = self._workers[index].conn, self._workers[index].process
         # Input values sent to the worker: their large buffers go in segments of our own.
         prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-in{index}"
         segments = shm.counter()
@@ -348,7 +344,7 @@ class ProcessCore(Core):
 
     def after_threads_joined(self) -> None:
         """Idle workers go back to the pool (their job ended: "end"); the others stop."""
-        proxies = [t for t in self.threads if t.name.startswith("gristmill[")]
+        proxies = self.threads  # one per worker, in the workers' order
         for index, worker in enumerate(self._workers):
             proxy_done = index >= len(proxies) or not proxies[index].is_alive()
             idle = self._reusable[index] and index not in self._failed

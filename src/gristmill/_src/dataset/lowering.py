@@ -24,7 +24,7 @@ from gristmill._src.dataset.to_iter import (
     FusedOps,
     PrefetchDatasetIterator,
     PrefetchIterDataset,
-    ProcessBackend,
+    WorkerStage,
 )
 
 _FUSABLE: dict[type[Any], str] = {MapIterDataset: "map", FilterIterDataset: "filter"}
@@ -43,7 +43,7 @@ class FusedPrefetchIterDataset(IterDataset[Any]):
         ops: FusedOps,
         options: ReadOptions,
         replaces: IterDataset[Any],
-        processes: ProcessBackend | None = None,
+        processes: WorkerStage | None = None,
     ) -> None:
         super().__init__(source._parent)
         self._source = source
@@ -69,7 +69,7 @@ def lower(
     ds: IterDataset[Any],
     num_threads: int,
     buffer_size: int,
-    processes: ProcessBackend | None = None,
+    processes: WorkerStage | None = None,
 ) -> IterDataset[Any]:
     """``ds`` with its read stage on >= ``num_threads`` threads (or on the worker processes
     of ``processes``); ``ds`` if nothing applies.
@@ -145,7 +145,7 @@ def _lower_stream(
     head: Any,
     above: list[IterDataset[Any]],
     buffer_size: int,
-    processes: ProcessBackend,
+    processes: WorkerStage,
 ) -> IterDataset[Any]:
     """A chain with no index-based read: its lowest run of ``map`` / ``filter`` nodes runs
     on the worker processes over the elements of everything below it (the *head*, iterated

@@ -270,7 +270,8 @@ def mp_prefetch(
     """
     from gristmill._src.core.options import MultiprocessingOptions, MultiprocessingOrder
     from gristmill._src.dataset.lowering import lower
-    from gristmill._src.dataset.to_iter import ProcessBackend
+    from gristmill._src.dataset.to_iter import WorkerStage
+    from gristmill._src.engine.backends import ProcessBackend
 
     if options is None:
         options = MultiprocessingOptions(num_workers=MP_DEFAULT_WORKERS)
@@ -294,8 +295,8 @@ def mp_prefetch(
             ds, workers, options.per_worker_buffer_size, worker_init_fn, sequential_slice
         )
     buffer_size = workers * max(options.per_worker_buffer_size, MP_MIN_WORKER_BUFFER)
-    backend = ProcessBackend(workers, worker_init_fn, mp_context)
-    lowered = lower(ds, workers, buffer_size, backend)
+    stage = WorkerStage(workers, ProcessBackend(worker_init_fn, mp_context))
+    lowered = lower(ds, workers, buffer_size, stage)
     if lowered is ds:
         warnings.warn(
             "mp_prefetch: the pipeline has no to_iter_dataset() and no map() / filter() in "

@@ -28,7 +28,7 @@ from typing import Any
 
 from gristmill._src.core import specs
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
-from gristmill._src.dataset.to_iter import Dropped, FusedOps, ProcessBackend
+from gristmill._src.dataset.to_iter import Dropped, FusedOps, WorkerStage
 from gristmill._src.engine.feeds import Chunk, StreamFeed
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.stats import PipelineStatistics
@@ -107,7 +107,7 @@ class StreamStageIterDataset(IterDataset[Any]):
         self,
         head: IterDataset[Any],
         ops: FusedOps,
-        backend: ProcessBackend,
+        backend: WorkerStage,
         buffer_size: int,
         replaces: IterDataset[Any],
     ) -> None:
@@ -137,7 +137,7 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
         self,
         head: DatasetIterator[Any],
         ops: FusedOps,
-        backend: ProcessBackend,
+        backend: WorkerStage,
         buffer_size: int,
     ) -> None:
         super().__init__(head)

@@ -23,6 +23,7 @@ from gristmill._src.core.transforms import qualified_name
 from gristmill._src.dataset.base import MapDataset, register
 from gristmill._src.dataset.in_place_slicing import check_set_slice, sliced_copy
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
+from gristmill._src.engine.backends import Backend
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
 from gristmill._src.engine.reporting import PeriodicReporter
 from gristmill._src.engine.stats import PipelineStatistics
@@ -144,21 +145,14 @@ class Dropped:
 
 
 @dataclasses.dataclass(frozen=True)
-class ProcessBackend:
-    """A read stage run in worker processes (``mp_prefetch``): how to start them."""
+class WorkerStage:
+    """A read stage run on a remote backend's workers (``mp_prefetch``): how many, where."""
 
     num_workers: int
-    worker_init_fn: Callable[[int, int], Any] | None = None
-    mp_context: str | None = None
+    backend: Backend
 
     def runner_options(self) -> dict[str, Any]:
-        return {
-            "executor": "processes",
-            "process_options": {
-                "worker_init_fn": self.worker_init_fn,
-                "mp_context": self.mp_context,
-            },
-        }
+        return {"executor": self.backend}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +202,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         read_options: ReadOptions,
         allow_nones: bool,
         fused: FusedOps | None = None,
-        processes: ProcessBackend | None = None,
+        processes: WorkerStage | None = None,
     ) -> None:
         super().__init__()
         self._fused = fused

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Feed
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
@@ -73,7 +74,7 @@ class _Pending:
 class AsyncCore(Core):
     """A runner core whose executor is one event loop (plus the feeder thread)."""
 
-    executor = "asyncio"
+    executor = Executor.ASYNCIO.value
 
     def __init__(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> None:
         super().__init__(feed, counters, policy)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gristmill._src.engine import reaper
+from gristmill._src.engine.backends import THREADS, Backend, Executor, OutputOrder
 from gristmill._src.engine.feeds import (
     Chunk,
     FailedInput,
@@ -40,14 +41,13 @@ from gristmill._src.engine.feeds import (
     Task,
     take_failed_input,
 )
-from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
+from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
 
 _JOIN_TIMEOUT_S = 1.0
 _ANY = -2  # `waiting_for` in completion order: any finished task wakes the consumer
-OUTPUT_ORDERS = ("input", "completion")
 
 Claimed = tuple[int, int, Task]  # (generation, sequence number, task)
 
@@ -62,7 +62,7 @@ class Core:
     This class is the thread executor: workers claim a task, run it, file the result.
     """
 
-    executor = "threads"
+    executor = Executor.THREADS.value
 
     def __init__(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> None:
         self.feed = feed
@@ -251,30 +251,6 @@ def _stop_all_at_exit() -> None:
         core.shutdown()
 
 
-PROCESS_HANDOFF_S = 300e-6
-"""One task sent to a worker process and its results back (pipe, pickling), with margin."""
-
-
-def _make_core(
-    executor: str,
-    feed: Feed,
-    counters: StageCounters,
-    policy: ChunkPolicy,
-    process_options: dict[str, Any] | None = None,
-) -> Core:
-    if executor == "threads":
-        return Core(feed, counters, policy)
-    if executor == "asyncio":
-        from gristmill._src.engine.asyncio_lane import AsyncCore
-
-        return AsyncCore(feed, counters, policy)
-    if executor == "processes":
-        from gristmill._src.engine.process_lane import ProcessCore
-
-        return ProcessCore(feed, counters, policy, **(process_options or {}))
-    raise ValueError(f"executor must be 'threads', 'asyncio' or 'processes', got {executor!r}")
-
-
 class ChunkRunner:
     """Ordered (or completion-ordered), bounded, chunked evaluation of one stage."""
 
@@ -285,35 +261,32 @@ class ChunkRunner:
         workers: int,
         buffer_size: int,
         name: str,
-        executor: str = "threads",
-        output_order: str = "input",
+        executor: Backend = THREADS,
+        output_order: OutputOrder | str = OutputOrder.INPUT,
         annotate_errors: bool = True,
         describe_input: Callable[[FailedInput], str | None] | None = None,
         inline_beyond_buffer: bool = False,
         threads_first: bool = False,
-        process_options: dict[str, Any] | None = None,
     ) -> None:
-        if output_order not in OUTPUT_ORDERS:
-            raise ValueError(f"output_order must be one of {OUTPUT_ORDERS}, got {output_order!r}")
+        output_order = OutputOrder.of(output_order)
         self._name = name
         self._annotate_errors = annotate_errors
         self._describe_input = describe_input
-        self._in_order = output_order == "input"
-        processes = executor == "processes"
+        self._in_order = output_order is OutputOrder.INPUT
         self._policy = ChunkPolicy(
             workers,
             buffer_size,
-            always_offload=executor in ("asyncio", "processes"),
+            always_offload=executor.executor is not Executor.THREADS,
             inline_beyond_buffer=inline_beyond_buffer,
             threads_first=threads_first,
-            handoff_s=PROCESS_HANDOFF_S if processes else HANDOFF_S,
-            cost_sized_offload=processes,
+            handoff_s=executor.handoff_s,
+            cost_sized_offload=executor.remote,
             # an event loop runs a task's elements concurrently: in completion order, each
             # is delivered as it finishes (as SPDL), not when its task's slowest one does
-            element_tasks=executor == "asyncio" and not self._in_order,
+            element_tasks=executor.executor is Executor.ASYNCIO and not self._in_order,
         )
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
-        self._core = _make_core(executor, feed, self._counters, self._policy, process_options)
+        self._core = executor.make_core(feed, self._counters, self._policy)
         self._next_seq = 0  # sequence number of the next task to deliver (input order)
         # armed when the executor starts (`_enable_workers`): an inline-only stage holds no
         # thread, and its iterator should not start the reaper's
@@ -526,8 +499,7 @@ class OrderedChunkRunner(ChunkRunner):
         buffer_size: int,
         name: str,
         fn: Callable[[Any], Any] | None = None,
-        executor: str = "threads",
-        process_options: dict[str, Any] | None = None,
+        executor: Backend = THREADS,
     ) -> None:
         super().__init__(
             RangeFeed(read, start, stop, fn),
@@ -535,5 +507,4 @@ class OrderedChunkRunner(ChunkRunner):
             buffer_size=buffer_size,
             name=name,
             executor=executor,
-            process_options=process_options,
         )

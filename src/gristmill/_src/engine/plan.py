@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gristmill._src.engine.feeds import Chunk, RangeFeed, ReadFn, StreamFeed
-from gristmill._src.engine.ordered import OUTPUT_ORDERS, ChunkRunner
+from gristmill._src.engine.backends import ASYNCIO, THREADS, OutputOrder
+from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.stats import PipelineStatistics
 
 EXECUTORS = ("inline", "threads", "asyncio")
@@ -73,10 +74,7 @@ class Stage:
             or (self.concurrency < 1)
         ):
             raise ValueError(f"Stage concurrency must be an int >= 1, got {self.concurrency!r}")
-        if self.output_order not in OUTPUT_ORDERS:
-            raise ValueError(
-                f"Stage output_order must be one of {OUTPUT_ORDERS}, got {self.output_order!r}"
-            )
+        OutputOrder.of(self.output_order)  # a ValueError naming the valid orders
         if self.output_order == "completion" and self.executor == "inline":
             raise ValueError(
                 f"Stage {self.label!r}: output_order='completion' needs a concurrent executor "
@@ -208,7 +206,7 @@ class PlanIterator:
                 workers=head.concurrency,
                 buffer_size=head.buffer,
                 name=group.name,
-                executor="threads" if head.executor == "threads" else "asyncio",
+                executor=THREADS if head.executor == "threads" else ASYNCIO,
                 output_order=head.output_order,
             )
             runners.append(runner)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, cast
 
 from gristmill._src.engine import main_guard, remote_traceback, sending, shm, worker_pool
+from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
@@ -193,7 +194,7 @@ def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ())
 class ProcessCore(Core):
     """A runner core whose executor is a set of worker processes (one proxy thread each)."""
 
-    executor = "processes"
+    executor = Executor.PROCESSES.value
 
     def __init__(
         self,

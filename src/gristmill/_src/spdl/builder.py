@@ -17,6 +17,7 @@ from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequenc
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.engine.asyncio_lane import new_event_loop
+from gristmill._src.engine.backends import ASYNCIO, THREADS
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import ChunkRunner
@@ -295,7 +296,7 @@ class _Lowering:
                 workers=concurrency,
                 buffer_size=max(2 * stage.concurrency + 2, 16),
                 name=str(info),
-                executor="asyncio" if is_async else "threads",
+                executor=ASYNCIO if is_async else THREADS,
                 output_order=stage.output_order,
                 annotate_errors=False,
                 describe_input=describe_failed_input,

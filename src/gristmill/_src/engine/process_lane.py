@@ -1,8 +1,8 @@
 """The process executor: a stage's reads run in worker processes.
 
 A :class:`ProcessCore` leases ``workers`` processes from :mod:`worker_pool` (idle ones left
-by an earlier stage, else new ones: forkserver by default, safe in a process that runs
-threads) and sends each, once, the stage's *work* as a job: for a ``RangeFeed``, its
+by an earlier stage, else new ones: forked where that is safe, else from the fork server:
+``main_guard``) and sends each, once, the stage's *work* as a job: for a ``RangeFeed``, its
 fused read (a MapDataset chain and the element functions after it); for a ``StreamFeed``, its
 element function. One proxy thread per worker claims tasks exactly as a worker thread does,
 sends the worker the task (an index range, or the task's input values) through a pipe and
@@ -48,7 +48,8 @@ _JOIN_TIMEOUT_S = 2.0
 
 
 def start_method(requested: str | None) -> str:
-    """``requested``, else forkserver where the platform has it, else spawn."""
+    """``requested``, else forkserver where the platform has it, else spawn. (A process
+    stage given no method forks instead where that is safe: ``main_guard.fork_is_safe``.)"""
     methods = multiprocessing.get_all_start_methods()
     if requested is not None:
         if requested not in methods:
@@ -210,6 +211,9 @@ class ProcessCore(Core):
             raise TypeError("the process executor runs a RangeFeed's reads or a StreamFeed's fn")
         self._worker_init_fn = worker_init_fn
         self._context: Any = worker_context(mp_context, [__name__])
+        # no start method named: fork where it is safe when the workers start, and pooled
+        # workers of either method serve (main_guard.fork_is_safe)
+        self._pool_kind = "auto" if mp_context is None else self._context.get_start_method()
         self._workers: list[worker_pool.PooledWorker] = []
         # per worker: nothing sent that is not answered, and no failure (it may be pooled)
         self._reusable: list[bool] = []
@@ -243,7 +247,10 @@ class ProcessCore(Core):
                 "are not): open files and connections lazily in the worker"
             )
             raise
-        self._workers = worker_pool.lease(self._context, count, _worker_main)
+        context = self._context
+        if self._pool_kind == "auto" and main_guard.fork_is_safe():
+            context = multiprocessing.get_context("fork")
+        self._workers = worker_pool.lease(context, count, _worker_main, self._pool_kind)
         for index, worker in enumerate(self._workers):
             prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
             try:

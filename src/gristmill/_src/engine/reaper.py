@@ -20,6 +20,7 @@ cost it a thread start (~0.1 ms) per iterator. Collected unarmed, it needs no sh
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -123,3 +124,13 @@ def is_running() -> bool:
     """Whether the reaper thread runs now (it ends when nothing is watched)."""
     with _lock:
         return _running is not None
+
+
+def _forget_in_child() -> None:
+    """In a forked child (a forked worker process): the parent's reaper thread does not run
+    there, and its count is the parent's. The child starts with none."""
+    global _lock, _queue, _watched, _running
+    _lock, _queue, _watched, _running = threading.RLock(), queue.SimpleQueue(), 0, None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)

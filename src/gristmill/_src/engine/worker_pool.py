@@ -20,8 +20,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import os
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,13 +52,19 @@ class PooledWorker:
 _lock = threading.Lock()
 _closed = False  # interpreter exit: nothing is pooled any more
 _idle: list[PooledWorker] = []
+_leased: weakref.WeakSet[PooledWorker] = weakref.WeakSet()  # in use by a stage
 _timer: threading.Thread | None = None
 _wake = threading.Condition(_lock)
 
 
-def lease(context: Any, count: int, target: Callable[[Any], None]) -> list[PooledWorker]:
-    """``count`` workers running ``target``: idle ones of this kind first, then new ones."""
-    kind = (context.get_start_method(), f"{target.__module__}.{target.__qualname__}")
+def lease(
+    context: Any, count: int, target: Callable[[Any], None], method: str | None = None
+) -> list[PooledWorker]:
+    """``count`` workers running ``target``: idle ones of this kind first, then new ones
+    started by ``context``. ``method`` is the start method the stage asked for (``"auto"``:
+    any; default: ``context``'s), which idle workers must match."""
+    method = context.get_start_method() if method is None else method
+    kind = (method, f"{target.__module__}.{target.__qualname__}")
     taken: list[PooledWorker] = []
     dead: list[PooledWorker] = []
     with _lock:
@@ -73,10 +82,24 @@ def lease(context: Any, count: int, target: Callable[[Any], None]) -> list[Poole
         process = context.Process(
             target=target, args=(child,), name=f"gristmill-worker{next(_numbers)}", daemon=True
         )
-        process.start()
+        worker = PooledWorker(process, parent, kind)
+        _leased.add(worker)  # before the fork: the child closes the parent's end of its pipe
+        _start(process, forked=context.get_start_method() == "fork")
         child.close()
-        taken.append(PooledWorker(process, parent, kind))
+        taken.append(worker)
+    _leased.update(taken)  # the idle ones taken
     return taken
+
+
+def _start(process: Any, *, forked: bool) -> None:
+    if not forked:
+        process.start()
+        return
+    # Python 3.12+ warns on every fork of a process with threads; this one was judged safe
+    # (main_guard.fork_is_safe: numpy's BLAS threads are fork-safe, no user thread runs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r".*fork\(\) may lead to deadlocks", DeprecationWarning)
+        process.start()
 
 
 def give_back(worker: PooledWorker) -> None:
@@ -143,6 +166,22 @@ def _stop(worker: PooledWorker) -> None:
     stop_process(worker.process, _STOP_GRACE_S)
     with contextlib.suppress(Exception):
         worker.conn.close()
+
+
+def _forget_in_child() -> None:
+    """In a forked child: the parent's pool is not the child's. Its pipe ends are closed
+    (so a pooled worker sees end-of-file when the parent exits, not only when every sibling
+    forked after it does) and the pool starts empty, with fresh locks."""
+    global _lock, _wake, _idle, _timer, _leased
+    for worker in [*_idle, *_leased]:
+        with contextlib.suppress(Exception):
+            worker.conn.close()
+    _lock = threading.Lock()
+    _wake = threading.Condition(_lock)
+    _idle, _timer, _leased = [], None, weakref.WeakSet()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @atexit.register

@@ -47,6 +47,7 @@ WORKLOAD_MODULES = (
     "workloads_parquet",
     "workloads_array_record",
     "workloads_jax",
+    "workloads_startup",
 )
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")

@@ -43,3 +43,10 @@ def test_quick_jax_benchmarks_run_and_device_put_matches_grain():
     assert "| jax_global_arrays_images | gristmill |" in out
     assert "| jax_device_put_images | gristmill |" in out
     assert "DIFFERS" not in out
+
+
+def test_quick_startup_benchmark_runs_with_torch_in_the_script():
+    pytest.importorskip("torch")
+    out = run_quick("startup")
+    assert "| mp_first_batch_torch_script | gristmill |" in out
+    assert "| mp_first_batch_torch_script | torch |" in out

@@ -3,7 +3,6 @@
 import time
 
 
-
 def start_local_ray():
     import ray
 
@@ -13,7 +12,6 @@ def start_local_ray():
 def pool_actor_names():
     """The names of the live gristmill pool actors (``gristmill-ray-<pool>-<slot>-<gen>``)."""
     import ray
-
     from gristmill._src.ray.pool import NAME_PREFIX
 
     return sorted(n for n in ray.util.list_named_actors() if n.startswith(NAME_PREFIX))

@@ -27,7 +27,7 @@ def test_bad_backend_arguments_are_clear_errors(kwargs, error, match):
 
 def test_mp_prefetch_refuses_what_cannot_go_with_a_ray_backend():
     ds = gm.MapDataset.range(4).to_iter_dataset()
-    with pytest.raises(TypeError, match="backend must be a gristmill.ray.RayBackend"):
+    with pytest.raises(TypeError, match=r"backend must be a gristmill\.ray\.RayBackend"):
         ds.mp_prefetch(backend="ray")
     per_worker = gm.MultiprocessingOptions(
         num_workers=2, order=gm.multiprocessing.MultiprocessingOrder.GRAIN_PER_WORKER

@@ -22,8 +22,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gristmill._src.engine.feeds import Chunk, RangeFeed, ReadFn, StreamFeed
 from gristmill._src.engine.backends import ASYNCIO, THREADS, OutputOrder
+from gristmill._src.engine.feeds import Chunk, RangeFeed, ReadFn, StreamFeed
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.stats import PipelineStatistics
 

@@ -215,7 +215,7 @@ class RayCore(Core):
     def _proxy(self, slot: int, count: int) -> None:
         """Claims tasks for slot ``slot``'s actor, has it run them, files the chunks."""
         pool = self._pool
-        actor, generation = pool.acquire(slot)
+        pool.acquire(slot)
         loaded = -1  # the generation of the slot's actor that has this stage's work
         try:
             while True:
@@ -239,8 +239,11 @@ class RayCore(Core):
     def _run(self, slot: int, count: int, loaded: int, claimed: Claimed) -> tuple[Chunk, int]:
         """Runs ``claimed``'s task on the slot's actor, on a new one if it dies."""
         ray = import_ray()
-        lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
-        lost += (ray.exceptions.NodeDiedError,)
+        lost = (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ObjectLostError,
+            ray.exceptions.NodeDiedError,
+        )
         task = claimed[2]
         last: BaseException | None = None
         for _ in range(MAX_ATTEMPTS):

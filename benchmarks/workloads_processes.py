@@ -11,6 +11,11 @@
   ``gristmill.torch.TorchLoader`` (tensor batches), against the PyTorch ``DataLoader`` and
   grain; the limit is gristmill's own numpy batches (what the adapter adds to them).
 
+- ``ray_python_transform``: ``mp_python_transform``'s pipeline on
+  ``mp_prefetch(..., backend=RayBackend(2))`` (a local Ray of 2 CPUs, started untimed); its
+  limit is gristmill's own ``mp_prefetch`` figure (2 worker processes). ``python
+  benchmarks/workloads_processes.py`` prints the per-work-unit overhead on Ray.
+
 Every run starts its worker processes (``iter()`` is timed), and the first output includes
 that start. ``STRICT = False``: CI has no torch or spdl.
 """
@@ -91,6 +96,80 @@ def _python_limit(*, n: int, batch_size: int) -> Case:
             yield np.asarray([_python_work(i) for i in range(lo, min(lo + batch_size, n))])
 
     return _case(start, n, scale=1 / _WORKERS)
+
+
+# --- ray_python_transform -----------------------------------------------------------------
+
+
+def _ray_pipeline(gm: Any, backend: Any, n: int, batch_size: int) -> Any:
+    return (
+        gm.MapDataset.range(n)
+        .map(_python_work)
+        .to_iter_dataset()
+        .batch(batch_size)
+        .mp_prefetch(_mp_options(gm), backend=backend)
+    )
+
+
+def _start_ray() -> Any:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=_WORKERS, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def _python_ray(*, n: int, batch_size: int) -> Case:
+    """mp_python_transform's pipeline on ``RayBackend(2)``: ``ray.init`` is untimed (in
+    ``setup``), the actors' start is timed (``setup`` kills the previous run's)."""
+    import gristmill as gm
+    from gristmill.ray import RayBackend
+
+    backend = RayBackend(num_actors=_WORKERS)
+
+    def setup() -> None:
+        _start_ray()
+        backend.shutdown()
+
+    ds = _ray_pipeline(gm, backend, n, batch_size)
+    return _case(lambda: iter(ds), n, setup=setup)
+
+
+def _python_processes(*, n: int, batch_size: int) -> Case:
+    """The reference of ray_python_transform: mp_python_transform's gristmill case."""
+    return _python_dataset(load_module("gristmill"), n=n, batch_size=batch_size)
+
+
+def ray_overhead(n: int = 2_000, batch_size: int = 32) -> dict[str, float]:
+    """Per work unit (task) on ``RayBackend(2)``, actors started: its mean time on the
+    actor's proxy minus the transform's time for its elements (measured serially here)."""
+    import time
+
+    import gristmill as gm
+    from gristmill.ray import RayBackend
+
+    _start_ray()
+    began = time.perf_counter()
+    for i in range(200):
+        _python_work(i)
+    transform_s = (time.perf_counter() - began) / 200
+    backend = RayBackend(num_actors=_WORKERS)
+    for _ in _ray_pipeline(gm, backend, 4 * batch_size, batch_size):
+        pass  # the actors start: not a work unit's cost
+    it = iter(_ray_pipeline(gm, backend, n, batch_size))
+    for _ in it:
+        pass
+    stage = next(s for s in it.statistics().stages if s.executor == "ray")
+    backend.shutdown()
+    per_task = stage.busy_s / stage.tasks
+    elements = stage.elements_in / stage.tasks
+    return {
+        "tasks": stage.tasks,
+        "elements_per_task": elements,
+        "task_ms": per_task * 1e3,
+        "transform_ms_per_element": transform_s * 1e3,
+        "overhead_ms_per_task": (per_task - elements * transform_s) * 1e3,
+    }
 
 
 # --- mp_images_batch64 ----------------------------------------------------------------------
@@ -174,6 +253,15 @@ WORKLOADS = (
         ),
     ),
     Workload(
+        name="ray_python_transform",
+        summary="mp_python_transform on mp_prefetch(backend=RayBackend(2)); limit: "
+        "gristmill's mp_prefetch (2 worker processes)",
+        params={"n": 2_000, "batch_size": 32},
+        quick_params={"n": 256, "batch_size": 32},
+        warmup=False,
+        builders=_per_contender({"gristmill": _python_ray, "limit": _python_processes}),
+    ),
+    Workload(
         name="mp_images_batch64",
         summary="source(2,000 {'image': uint8[224,224,3], 'label'}).to_iter_dataset()"
         ".batch(64).mp_prefetch(2 workers)",
@@ -205,3 +293,8 @@ WORKLOADS = (
         ),
     ),
 )
+
+
+if __name__ == "__main__":
+    for key, value in ray_overhead().items():
+        print(f"{key}: {value:.4g}")

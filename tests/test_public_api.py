@@ -77,6 +77,7 @@ EXPECTED = {
     "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],
     "gristmill.torch": ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank", "to_tensors"],
     "gristmill.jax": ["to_global_arrays"],
+    "gristmill.ray": ["RayBackend", "ActorsLostError"],
     "gristmill.constants": [
         "INDEX",
         "RECORD_KEY",

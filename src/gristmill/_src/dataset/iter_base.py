@@ -87,13 +87,16 @@ class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
         options: Any = None,
         worker_init_fn: Callable[[int, int], Any] | None = None,
         sequential_slice: bool = False,
+        *,
+        backend: Any = None,
     ) -> IterDataset[T]:
         """Runs the pipeline's reads in worker processes (``options.num_workers``, default
-        10; 0 returns ``self``); the output and the state are this dataset's, for any worker
-        count (see ``gristmill._src.dataset.prefetch.mp_prefetch``)."""
+        10; 0 returns ``self``), or on ``backend``'s actors (a ``gristmill.ray.RayBackend``);
+        the output and the state are this dataset's, for any worker count (see
+        ``gristmill._src.dataset.prefetch.mp_prefetch``)."""
         from gristmill._src.dataset.prefetch import mp_prefetch
 
-        return mp_prefetch(self, options, worker_init_fn, sequential_slice)
+        return mp_prefetch(self, options, worker_init_fn, sequential_slice, backend=backend)
 
     def prefetch(self, multiprocessing_options: Any) -> IterDataset[T]:
         """Deprecated alias of :meth:`mp_prefetch` (as upstream)."""

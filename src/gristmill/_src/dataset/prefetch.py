@@ -251,6 +251,8 @@ def mp_prefetch(
     worker_init_fn: Any = None,
     sequential_slice: bool = False,
     mp_context: str | None = None,
+    *,
+    backend: Any = None,
 ) -> IterDataset[Any]:
     """Runs ``ds``'s reads in worker processes; the output and the state are ``ds``'s.
 
@@ -267,6 +269,10 @@ def mp_prefetch(
     Each worker receives the read stage pickled once: sources and functions must be
     picklable (module level); a source holding an open file or connection should pickle
     only its path (``__getstate__``) and reopen lazily in the worker.
+
+    ``backend``, a ``gristmill.ray.RayBackend``, runs the read stage on its actors instead
+    (``backend.num_actors`` of them; ``options`` still gives the buffer sizes, and its
+    ``num_workers`` is not used); ``worker_init_fn`` then runs on each actor.
     """
     from gristmill._src.core.options import MultiprocessingOptions, MultiprocessingOrder
     from gristmill._src.dataset.lowering import lower
@@ -285,9 +291,10 @@ def mp_prefetch(
             f"{worker_init_fn!r}"
         )
     validation.check_bool(sequential_slice, "sequential_slice")
-    if options.num_workers == 0:
+    ray_backend = _check_backend(backend, options, mp_context)
+    if options.num_workers == 0 and ray_backend is None:
         return ds
-    workers = options.num_workers
+    workers = options.num_workers if ray_backend is None else ray_backend.num_actors
     if options.order is MultiprocessingOrder.GRAIN_PER_WORKER:
         from gristmill._src.dataset.process_prefetch import multiprocess_prefetch
 
@@ -295,7 +302,12 @@ def mp_prefetch(
             ds, workers, options.per_worker_buffer_size, worker_init_fn, sequential_slice
         )
     buffer_size = workers * max(options.per_worker_buffer_size, MP_MIN_WORKER_BUFFER)
-    stage = WorkerStage(workers, ProcessBackend(worker_init_fn, mp_context))
+    stage = WorkerStage(
+        workers,
+        ProcessBackend(worker_init_fn, mp_context)
+        if ray_backend is None
+        else ray_backend.stage(worker_init_fn),
+    )
     lowered = lower(ds, workers, buffer_size, stage)
     if lowered is ds:
         warnings.warn(
@@ -312,3 +324,29 @@ def mp_prefetch(
         prefetched._profile_every_s = PROFILE_INTERVAL_S
     prefetched._reads_grain_mp_states = True
     return prefetched
+
+
+def _check_backend(backend: Any, options: Any, mp_context: str | None) -> Any:
+    """``backend`` (a RayBackend) or None; clear errors for what cannot go with it."""
+    if backend is None:
+        return None
+    from gristmill._src.core.options import MultiprocessingOrder
+    from gristmill._src.ray.backend import RayBackend
+
+    if not isinstance(backend, RayBackend):
+        raise TypeError(
+            f"backend must be a gristmill.ray.RayBackend or None, got {backend!r}; e.g. "
+            "mp_prefetch(options, backend=gristmill.ray.RayBackend(num_actors=2))"
+        )
+    if options.order is MultiprocessingOrder.GRAIN_PER_WORKER:
+        raise ValueError(
+            f"order={options.order} needs worker processes (Grain's per-worker slices), got "
+            f"backend={backend!r}; use the default order (MultiprocessingOrder.PIPELINE) with "
+            "a RayBackend, or no backend"
+        )
+    if mp_context is not None:
+        raise ValueError(
+            f"mp_context applies to worker processes, got mp_context={mp_context!r} with "
+            f"backend={backend!r}; drop one of them"
+        )
+    return backend

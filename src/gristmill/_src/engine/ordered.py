@@ -105,13 +105,22 @@ class Core:
 
     # -- executor side ------------------------------------------------------------------
 
-    def claim(self) -> Claimed | None:
-        """Waits for the next task to claim; None when the claimer should exit."""
+    def claim(self, stay: Callable[[], bool] | None = None) -> Claimed | None:
+        """Waits for the next task to claim; None when the claimer should exit.
+
+        ``stay``, called with the lock held, lets one claimer leave on its own (an executor
+        with fewer workers than it had): once it is false, the claimer gets None.
+        """
         while True:
             with self.lock:
-                while not self._can_claim() and not self.closed and not self.retiring:
+                while (
+                    not self._can_claim()
+                    and not self.closed
+                    and not self.retiring
+                    and (stay is None or stay())
+                ):
                     self.work_ready.wait()
-                if self.closed or not self._can_claim():
+                if self.closed or not self._can_claim() or (stay is not None and not stay()):
                     return None
             with self.feed_lock:
                 with self.lock:

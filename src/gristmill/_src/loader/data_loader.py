@@ -139,6 +139,9 @@ class DataLoader:
         alone, and the workers' outputs are taken one of each in turn; a state Grain wrote
         continues exactly as in Grain, under the same ``worker_count`` only. With
         ``worker_count=0`` both orders are the same.
+      backend: a ``gristmill.ray.RayBackend``: the workers are its actors
+        (``worker_count`` is then ``backend.num_actors``; pass 0 or that number), in the
+        ``PIPELINE`` order.
 
     Raises:
       TypeError: ``order`` is not a ``MultiprocessingOrder``.
@@ -171,10 +174,13 @@ class DataLoader:
         read_options: ReadOptions | None = None,
         enable_profiling: bool = False,
         order: MultiprocessingOrder = MultiprocessingOrder.PIPELINE,
+        backend: Any = None,
     ) -> None:
         if worker_count is None:
             worker_count = os.cpu_count() or 1
         worker_count = validation.check_int_in_range(worker_count, "worker_count", low=0)
+        if backend is not None:
+            worker_count = _backend_worker_count(backend, worker_count)
         worker_buffer_size = validation.check_int_in_range(
             worker_buffer_size, "worker_buffer_size", low=1
         )
@@ -196,6 +202,7 @@ class DataLoader:
         self._read_options = read_options or ReadOptions()
         self._enable_profiling = validation.check_bool(enable_profiling, "enable_profiling")
         self._order = check_order(order)
+        self._backend = backend
         self._dataset = self._build()
 
     @property
@@ -215,7 +222,8 @@ class DataLoader:
                     num_workers=self._worker_count,
                     per_worker_buffer_size=self._worker_buffer_size,
                     order=self._order,
-                )
+                ),
+                backend=self._backend,
             )
         return ds
 
@@ -389,6 +397,23 @@ class DataLoaderIterator:
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"
+
+
+def _backend_worker_count(backend: Any, worker_count: int) -> int:
+    """The worker count of a loader on ``backend``'s actors: ``backend.num_actors``."""
+    num_actors = getattr(backend, "num_actors", None)
+    if not isinstance(num_actors, int):
+        raise TypeError(
+            f"backend must be a gristmill.ray.RayBackend or None, got {backend!r}; e.g. "
+            "DataLoader(..., backend=gristmill.ray.RayBackend(num_actors=2))"
+        )
+    if worker_count not in (0, num_actors):
+        raise ValueError(
+            f"worker_count must be 0 or backend.num_actors ({num_actors}) with a backend, got "
+            f"worker_count={worker_count!r}; the backend's actors are the workers: "
+            f"RayBackend(num_actors={worker_count}) runs that many"
+        )
+    return num_actors
 
 
 def _check_same_worker_count(loader: DataLoader, data: dict[str, Any]) -> None:

@@ -1,0 +1,324 @@
+"""RayBackend: a stage's tasks run on a pool of Ray actors, exactly once, elastically.
+
+A :class:`RayCore` is the executor core of one stage (see ``engine/backends.py``): the
+stage's *work* (for a ``RangeFeed``, its fused read; for a ``StreamFeed``, its element
+function) is cloudpickled and put in Ray's object store once, and each actor the stage uses
+loads it from there under the stage's key (:mod:`gristmill._src.ray.actor`). One proxy
+thread per actor slot claims tasks from the stage's reorder window exactly as a worker
+thread does, calls ``actor.run`` with the task's range (or input values), and files the
+chunk it gets back: the output is the stage's, whatever ran it.
+
+Exactly once: tasks are pure (the same work over the same range gives the same values), so
+a task whose actor died (killed, its node gone: ``RayActorError``, ``ObjectLostError``,
+``NodeDiedError``) is run again on a new actor of the same slot; after
+:data:`MAX_ATTEMPTS` lost actors for one task, the stage fails with
+:class:`ActorsLostError`. The window files one result per task, so nothing is delivered
+twice or skipped. Elastic: ``ChunkRunner.configure(workers=N)`` starts proxies (and actors)
+up to ``N`` slots, or lets the proxies beyond ``N`` leave after their task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, cast
+
+from gristmill._src.core import validation
+from gristmill._src.engine import remote_traceback, sending
+from gristmill._src.engine.backends import Executor
+from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
+from gristmill._src.engine.ordered import _LIVE, Claimed, Core
+from gristmill._src.ray import import_ray
+from gristmill._src.ray.pool import ActorPool
+
+if TYPE_CHECKING:
+    from gristmill._src.engine.policy import ChunkPolicy
+    from gristmill._src.engine.stats import StageCounters
+
+RAY_HANDOFF_S = 1e-3
+"""One actor call and its reply (``ray.get`` of a small result), measured ~0.9 ms on the
+2-core VM, with margin: tasks are sized so that it stays under 5 % of their work."""
+MAX_ATTEMPTS = 4
+"""Actors one task may lose (each replaced) before the stage fails."""
+_POLL_S = 0.1  # how soon a proxy waiting on its actor sees the stage closed
+_RESERVED_OPTIONS = ("name", "namespace", "lifetime", "get_if_exists")
+
+
+class ActorsLostError(RuntimeError):
+    """A task lost its actor :data:`MAX_ATTEMPTS` times (each replaced in turn)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RayBackend:
+    """Runs a pipeline's read stage on a pool of Ray actors.
+
+    Pass it to ``IterDataset.mp_prefetch(options, backend=...)`` or
+    ``DataLoader(..., backend=...)``. The actors are the backend object's: started on first
+    use, shared by every stage, iterator and consumer given the same object, killed by
+    :meth:`shutdown`, when the object is collected, or at exit. Connects to the running Ray
+    (``ray.init`` first to choose the cluster; otherwise Ray starts a local one).
+
+    Args:
+      num_actors: actors in the pool (the stage's workers).
+      actor_options: ``ray.remote`` options of each actor (default ``{"num_cpus": 1}``),
+        e.g. ``{"num_cpus": 2, "scheduling_strategy": "SPREAD"}``.
+    """
+
+    num_actors: int = 2
+    actor_options: Mapping[str, Any] | None = None
+
+    executor: ClassVar[Executor] = Executor.RAY
+    handoff_s: ClassVar[float] = RAY_HANDOFF_S
+    remote: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        validation.check_int_in_range(
+            self.num_actors, "num_actors", low=1, fix="; RayBackend(num_actors=2) runs 2 actors"
+        )
+        options = self.actor_options
+        if options is not None:
+            if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+                raise TypeError(
+                    "actor_options must be a dict of ray.remote options or None, got "
+                    f"{options!r}; e.g. actor_options={{'num_cpus': 2}}"
+                )
+            reserved = [key for key in _RESERVED_OPTIONS if key in options]
+            if reserved:
+                raise ValueError(
+                    f"actor_options must not set {reserved}, got {dict(options)!r}: the pool "
+                    "names its actors and ties them to this backend's life; remove them"
+                )
+        pool = ActorPool(self.num_actors, dict(options or {}))
+        object.__setattr__(self, "_pool", pool)
+        weakref.finalize(self, pool.shutdown)
+
+    @property
+    def pool(self) -> ActorPool:
+        """The backend's actor pool (internal)."""
+        return cast(ActorPool, self.__dict__["_pool"])
+
+    def stage(self, worker_init_fn: Callable[[int, int], Any] | None = None) -> RayStage:
+        """This backend for one stage, ``worker_init_fn(slot, count)`` run on each actor."""
+        return RayStage(self, worker_init_fn)
+
+    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+        return self.stage().make_core(feed, counters, policy)
+
+    def shutdown(self) -> None:
+        """Kills the pool's actors now; idempotent. A later stage starts new ones."""
+        self.pool.shutdown()
+
+    def __repr__(self) -> str:
+        return f"RayBackend(num_actors={self.num_actors}, actor_options={self.actor_options!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class RayStage:
+    """A :class:`RayBackend` as one stage's backend, with its ``worker_init_fn``."""
+
+    backend: RayBackend
+    worker_init_fn: Callable[[int, int], Any] | None = None
+
+    executor: ClassVar[Executor] = Executor.RAY
+    handoff_s: ClassVar[float] = RAY_HANDOFF_S
+    remote: ClassVar[bool] = True
+
+    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+        return RayCore(feed, counters, policy, self.backend.pool, self.worker_init_fn)
+
+
+class RayCore(Core):
+    """A runner core whose executor is a pool's actors (one proxy thread per slot)."""
+
+    executor = Executor.RAY.value
+
+    def __init__(
+        self,
+        feed: Feed,
+        counters: StageCounters,
+        policy: ChunkPolicy,
+        pool: ActorPool,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+    ) -> None:
+        super().__init__(feed, counters, policy)
+        if not isinstance(feed, RangeFeed | StreamFeed):
+            raise TypeError("the Ray executor runs a RangeFeed's reads or a StreamFeed's fn")
+        self._pool = pool
+        self._worker_init_fn = worker_init_fn
+        self._key = uuid.uuid4().hex  # this stage's jobs on the actors
+        self._work_ref: Any = None  # the work in the object store (set on start)
+        self._init = b""
+        self._started = False
+        self._wanted = max(1, policy.workers)  # proxies wanted (policy.workers), lock held
+        self._proxies: dict[int, threading.Thread] = {}  # slot -> its proxy, lock held
+        self._name = ""
+
+    def start_workers(self, count: int, name: str) -> None:
+        """Sends the work to the object store and starts the proxies, once. Lock held."""
+        if self._started:
+            return
+        feed = self.feed
+        work = (
+            RangeFeed(feed.read, 0, 0, feed.fn)
+            if isinstance(feed, RangeFeed)
+            else cast(StreamFeed, feed).fn
+        )
+        try:
+            payload = sending.dumps(work)
+            self._init = sending.dumps(self._worker_init_fn)
+        except Exception as error:  # re-raised as itself, with a note
+            error.add_note(
+                f"gristmill: the pipeline of {name!r} cannot be sent to Ray actors: {error}. "
+                "Its sources and transformations must be picklable by cloudpickle (functions "
+                "and lambdas are; locks, open files, connections and generators are not): "
+                "open files and connections lazily on the actor"
+            )
+            raise
+        self._work_ref = import_ray().put(payload)
+        self._started = True
+        self._name = name
+        self._wanted = max(1, count)
+        self._start_missing()
+        _LIVE.add(self)
+
+    def _start_missing(self) -> None:
+        """Starts a proxy for each wanted slot that has none. Lock held."""
+        for slot in range(self._wanted):
+            if slot in self._proxies:
+                continue
+            thread = threading.Thread(
+                target=self._proxy,
+                args=(slot, self._wanted),
+                name=f"gristmill[{self._name}]-{slot}",
+                daemon=True,
+            )
+            self._proxies[slot] = thread
+            self.threads = [t for t in self.threads if t.is_alive() or t.ident is None]
+            self.threads.append(thread)
+            thread.start()
+
+    def reconfigured(self) -> None:
+        """Adds or retires proxies (and their actors) to match ``policy.workers``. Lock held."""
+        self._wanted = max(1, self.policy.workers)
+        if self._started and not self.closed:
+            self._start_missing()
+        self.work_ready.notify_all()
+
+    def retire_workers(self) -> None:
+        """Never needed: a Ray stage always runs on its actors."""
+
+    def _proxy(self, slot: int, count: int) -> None:
+        """Claims tasks for slot ``slot``'s actor, has it run them, files the chunks."""
+        pool = self._pool
+        pool.acquire(slot)
+        loaded = -1  # the generation of the slot's actor that has this stage's work
+        try:
+            while True:
+                claimed = self.claim(lambda: slot < self._wanted)
+                if claimed is None:
+                    with self.lock:
+                        if self.closed or slot >= self._wanted:
+                            if self._proxies.get(slot) is threading.current_thread():
+                                del self._proxies[slot]
+                            return
+                    continue
+                began = time.perf_counter()
+                chunk, loaded = self._run(slot, count, loaded, claimed)
+                self.file(claimed, chunk, time.perf_counter() - began)
+                del claimed, chunk
+        finally:
+            if loaded >= 0:
+                self._unload(slot, loaded)
+            pool.release(slot)
+
+    def _run(self, slot: int, count: int, loaded: int, claimed: Claimed) -> tuple[Chunk, int]:
+        """Runs ``claimed``'s task on the slot's actor, on a new one if it dies."""
+        ray = import_ray()
+        lost = (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ObjectLostError,
+            ray.exceptions.NodeDiedError,
+        )
+        task = claimed[2]
+        last: BaseException | None = None
+        for _ in range(MAX_ATTEMPTS):
+            actor, generation = self._pool.current(slot)
+            try:
+                if generation != loaded:
+                    actor.load.remote(self._key, self._work_ref, self._init, slot, count)
+                    loaded = generation
+                ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
+                reply = self._wait(ray, ref)
+            except lost as error:
+                if self.closed:
+                    return Chunk(task.start, [], RuntimeError("the stage was closed")), loaded
+                last = error
+                self._pool.replace(slot, generation)
+                continue
+            except Exception as error:  # Ray itself failed (or shut down under us)
+                if self.closed:
+                    return Chunk(task.start, [], RuntimeError("the stage was closed")), loaded
+                cause = getattr(error, "cause", None)
+                return Chunk(task.start, [], cause if cause is not None else error), loaded
+            if reply is None:
+                return Chunk(task.start, [], RuntimeError("the stage was closed")), loaded
+            return self._chunk(task, reply, slot), loaded
+        failure = ActorsLostError(
+            f"task [{task.start}, {task.start + task.size}) of stage {self._name!r} lost its "
+            f"Ray actor {MAX_ATTEMPTS} times (each replaced in turn); the last error: {last}"
+        )
+        return Chunk(task.start, [], failure), loaded
+
+    def _wait(self, ray: Any, ref: Any) -> Any:
+        """The reply of ``ref``; None if the stage closed while waiting."""
+        while True:
+            try:
+                return ray.get(ref, timeout=_POLL_S)
+            except ray.exceptions.GetTimeoutError:
+                if self.closed:
+                    return None
+
+    def _chunk(self, task: Task, reply: tuple[Any, ...], slot: int) -> Chunk:
+        if reply[0] == "ok":
+            return task.chunk(reply[1], task.upstream_error)
+        if reply[0] == "exit":
+            return Chunk(
+                task.start,
+                [],
+                RuntimeError(
+                    f"a transformation called sys.exit({reply[1]!r}) on Ray actor {slot} of "
+                    "this stage: the actor is kept, the stage stops"
+                ),
+            )
+        _, values, payload, text, frames = reply
+        error: BaseException
+        try:
+            error = pickle.loads(payload) if payload is not None else RuntimeError(text)
+        except Exception:
+            error = RuntimeError(text)
+        remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
+        error.add_note(f"Raised on Ray actor {slot}:\n{text.rstrip()}")
+        return task.chunk(values, error)
+
+    def _unload(self, slot: int, generation: int) -> None:
+        """Drops this stage's work from the slot's actor (if it is still the one loaded)."""
+        actor, current = self._pool.current_if_any(slot)
+        if actor is None or current != generation:
+            return
+        ray = import_ray()
+        if ray.is_initialized():
+            try:
+                actor.unload.remote(self._key)
+            except Exception:  # the actor or Ray is gone: nothing left to drop
+                return
+
+    def after_threads_joined(self) -> None:
+        """Drops the stage's reference to its work in the object store."""
+        with self.lock:
+            if all(not thread.is_alive() for thread in self._proxies.values()):
+                self._work_ref = None

@@ -1,0 +1,13 @@
+"""Ray: a pipeline's read stage run on a pool of Ray actors (``pip install 'gristmill[ray]'``).
+
+``RayBackend(num_actors=2)`` is passed to ``IterDataset.mp_prefetch(options, backend=...)``
+or ``DataLoader(..., backend=...)``. Importing this module does not import Ray; the first
+stage that uses a backend does (docs/ray.md).
+"""
+
+from gristmill._src.public import export as _export
+from gristmill._src.ray.backend import ActorsLostError, RayBackend
+
+_export("gristmill.ray", RayBackend, ActorsLostError)
+
+__all__ = ["ActorsLostError", "RayBackend"]

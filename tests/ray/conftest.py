@@ -1,0 +1,24 @@
+"""Ray tests: each module starts one local Ray (or a simulated cluster) and shuts it down."""
+
+import time
+
+
+def start_local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+def pool_actor_names():
+    """The names of the live gristmill pool actors (``gristmill-ray-<pool>-<slot>-<gen>``)."""
+    import ray
+    from gristmill._src.ray.pool import NAME_PREFIX
+
+    return sorted(n for n in ray.util.list_named_actors() if n.startswith(NAME_PREFIX))
+
+
+def wait_for_actor_names(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate(names := pool_actor_names()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return names

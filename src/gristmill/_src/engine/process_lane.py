@@ -17,8 +17,8 @@ then.
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
 with its text), with the worker's frames as its traceback and its formatted traceback as a
 note, located at its element like any read failure. A worker that dies (``sys.exit`` in a
-transformation included: it ends the worker with that code) is reported within ``_POLL_S``
-as a RuntimeError naming the worker and its exit code; a pipeline that cannot be pickled for
+transformation included: it ends the worker with that code) is reported as soon as it ends
+(its proxy waits on the pipe and the process sentinel together) as a RuntimeError naming the worker and its exit code; a pipeline that cannot be pickled for
 the workers raises the pickler's own error, with a note naming the stage. Closing ends the
 job of every idle worker and gives it back to the pool; a worker with a task in flight, or
 one that failed, is stopped: asked, then terminated, then killed.
@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import pickle
+from multiprocessing import connection
 import signal
 import threading
 import time
@@ -299,13 +300,17 @@ class ProcessCore(Core):
                 )
                 return Chunk(task.start, [], encode_error)
         self._reusable[index] = False  # until its reply is in
+        if self.closed:  # stop_executor may have judged it idle just before
+            self._reusable[index] = True
+            return Chunk(task.start, [], RuntimeError("the stage was closed"))
         try:
             conn.send(message)
-            while not conn.poll(_POLL_S):
+            # the reply, or the worker's end (its sentinel; closing the stage stops a busy
+            # worker, which ends this wait too): no polling
+            if conn not in connection.wait([conn, process.sentinel]) and not conn.poll():
                 if self.closed:
                     return Chunk(task.start, [], RuntimeError("the stage was closed"))
-                if not process.is_alive():
-                    return Chunk(task.start, [], self._died(index, process))
+                return Chunk(task.start, [], self._died(index, process))
             reply = conn.recv()
         except (EOFError, OSError, TypeError):  # TypeError: the stage closed the pipe
             if self.closed:

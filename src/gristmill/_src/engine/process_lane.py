@@ -18,7 +18,8 @@ A worker's failure comes back as its exception (or, if that does not pickle, a R
 with its text), with the worker's frames as its traceback and its formatted traceback as a
 note, located at its element like any read failure. A worker that dies (``sys.exit`` in a
 transformation included: it ends the worker with that code) is reported as soon as it ends
-(its proxy waits on the pipe and the process sentinel together) as a RuntimeError naming the worker and its exit code; a pipeline that cannot be pickled for
+(its proxy waits on the pipe and the process sentinel together) as a RuntimeError naming
+the worker and its exit code; a pipeline that cannot be pickled for
 the workers raises the pickler's own error, with a note naming the stage. Closing ends the
 job of every idle worker and gives it back to the pool; a worker with a task in flight, or
 one that failed, is stopped: asked, then terminated, then killed.
@@ -29,12 +30,12 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import pickle
-from multiprocessing import connection
 import signal
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from multiprocessing import connection
 from typing import Any, NoReturn, cast
 
 from gristmill._src.engine import main_guard, remote_traceback, sending, shm, worker_pool
@@ -300,7 +301,7 @@ class ProcessCore(Core):
                 )
                 return Chunk(task.start, [], encode_error)
         self._reusable[index] = False  # until its reply is in
-        if self.closed:  # stop_executor may have judged it idle just before
+        if self._closing():  # stop_executor may have judged it idle just before
             self._reusable[index] = True
             return Chunk(task.start, [], RuntimeError("the stage was closed"))
         try:
@@ -334,6 +335,10 @@ class ProcessCore(Core):
         remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
         error.add_note(f"Raised in worker process {index}:\n{text.rstrip()}")
         return Chunk(task.start, values, error)
+
+    def _closing(self) -> bool:
+        """Whether the stage is closed (read afresh: another thread closes it)."""
+        return self.closed
 
     def _died(self, index: int, process: Any) -> RuntimeError:
         if process.exitcode is None:  # its pipe closed an instant before it exited

@@ -286,24 +286,10 @@ class RayCore(Core):
     def _chunk(self, task: Task, reply: tuple[Any, ...], slot: int) -> Chunk:
         if reply[0] == "ok":
             return task.chunk(reply[1], task.upstream_error)
+        error = reply_error(reply, f"Ray actor {slot}")
         if reply[0] == "exit":
-            return Chunk(
-                task.start,
-                [],
-                RuntimeError(
-                    f"a transformation called sys.exit({reply[1]!r}) on Ray actor {slot} of "
-                    "this stage: the actor is kept, the stage stops"
-                ),
-            )
-        _, values, payload, text, frames = reply
-        error: BaseException
-        try:
-            error = pickle.loads(payload) if payload is not None else RuntimeError(text)
-        except Exception:
-            error = RuntimeError(text)
-        remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
-        error.add_note(f"Raised on Ray actor {slot}:\n{text.rstrip()}")
-        return task.chunk(values, error)
+            return Chunk(task.start, [], error)
+        return task.chunk(reply[1], error)
 
     def _unload(self, slot: int, generation: int) -> None:
         """Drops this stage's work from the slot's actor (if it is still the one loaded)."""
@@ -322,3 +308,23 @@ class RayCore(Core):
         with self.lock:
             if all(not thread.is_alive() for thread in self._proxies.values()):
                 self._work_ref = None
+
+
+def reply_error(reply: tuple[Any, ...], where: str) -> BaseException:
+    """The exception an actor's failed reply stands for (``actor.failure``'s tuple, or
+    ``("exit", code)``): the user's own exception with the actor's frames and a note, or a
+    RuntimeError with its text when it does not unpickle."""
+    if reply[0] == "exit":
+        return RuntimeError(
+            f"a transformation called sys.exit({reply[1]!r}) on {where}: the actor is kept, "
+            "the stage stops"
+        )
+    _, _, payload, text, frames = reply
+    error: BaseException
+    try:
+        error = pickle.loads(payload) if payload is not None else RuntimeError(text)
+    except Exception:
+        error = RuntimeError(text)
+    remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
+    error.add_note(f"Raised on {where}:\n{text.rstrip()}")
+    return error

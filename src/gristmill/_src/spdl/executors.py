@@ -1,4 +1,5 @@
-"""``pipe(op, executor=...)``: a sync op run on the user's ``concurrent.futures`` executor.
+"""``pipe(op, executor=...)``: a sync op run on the user's ``concurrent.futures`` executor
+(or on a ``gristmill.ray.RayBackend``'s actors: ``gristmill._src.ray.executor``).
 
 The stage's worker threads each submit one call at a time and wait for its result, so the
 stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``). On a
@@ -30,6 +31,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.sending import ByValue
 
 logger = logging.getLogger("gristmill.pipeline")
@@ -46,12 +48,20 @@ def _is_broken(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "cannot schedule new futures" in str(error)
 
 
+def is_ray_backend(executor: Any) -> bool:
+    """Whether ``executor`` is a ``gristmill.ray.RayBackend`` (without importing Ray)."""
+    return getattr(type(executor), "executor", None) is Executor.RAY
+
+
 def check_executor(executor: Any) -> None:
-    """Raises TypeError unless ``executor`` can run calls (has ``submit``)."""
+    """Raises TypeError unless ``executor`` can run calls (has ``submit``, or is a
+    ``gristmill.ray.RayBackend``)."""
+    if is_ray_backend(executor):
+        return
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise TypeError(
-            f"`executor` must be a concurrent.futures.Executor (an object with submit()), "
-            f"got {executor!r}"
+            f"`executor` must be a concurrent.futures.Executor (an object with submit()) or "
+            f"a gristmill.ray.RayBackend, got {executor!r}"
         )
 
 
@@ -137,6 +147,10 @@ def on_executor(
 ) -> ExecutorCall:
     """``op`` as a blocking call on ``executor`` (a list of outputs for a generator op)."""
     target: Callable[[Any], Any] = functools.partial(materialize, op) if generator else op
+    if is_ray_backend(executor):  # the op goes to the actors once; one call per item
+        from gristmill._src.ray.executor import RayCalls
+
+        return ExecutorCall(target, RayCalls(executor, target, stage), stage)
     if isinstance(executor, concurrent.futures.ProcessPoolExecutor) or getattr(
         executor, "runs_in_processes", False
     ):

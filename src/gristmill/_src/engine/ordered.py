@@ -105,16 +105,19 @@ class Core:
 
     # -- executor side ------------------------------------------------------------------
 
-    def claim(self, stay: Callable[[], bool] | None = None) -> Claimed | None:
+    def claim(self, stay: Callable[[], bool] | None = None, *, wait: bool = True) -> Claimed | None:
         """Waits for the next task to claim; None when the claimer should exit.
 
         ``stay``, called with the lock held, lets one claimer leave on its own (an executor
         with fewer workers than it had): once it is false, the claimer gets None.
+        ``wait=False`` returns None at once when no task can be claimed now (an executor
+        that keeps a second task in flight while it waits for the first).
         """
         while True:
             with self.lock:
                 while (
-                    not self._can_claim()
+                    wait
+                    and not self._can_claim()
                     and not self.closed
                     and not self.retiring
                     and (stay is None or stay())

@@ -6,7 +6,9 @@ function) is cloudpickled and put in Ray's object store once, and each actor the
 loads it from there under the stage's key (:mod:`gristmill._src.ray.actor`). One proxy
 thread per actor slot claims tasks from the stage's reorder window exactly as a worker
 thread does, calls ``actor.run`` with the task's range (or input values), and files the
-chunk it gets back: the output is the stage's, whatever ran it.
+chunk it gets back: the output is the stage's, whatever ran it. A proxy keeps up to
+:data:`CALLS_IN_FLIGHT` calls on its actor, so the actor starts the next task while the
+reply of the one before travels back.
 
 Exactly once: tasks are pure (the same work over the same range gives the same values), so
 a task whose actor died (killed, its node gone: ``RayActorError``, ``ObjectLostError``,
@@ -19,6 +21,7 @@ up to ``N`` slots, or lets the proxies beyond ``N`` leave after their task.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import pickle
 import threading
@@ -45,6 +48,9 @@ RAY_HANDOFF_S = 1e-3
 2-core VM, with margin: tasks are sized so that it stays under 5 % of their work."""
 MAX_ATTEMPTS = 4
 """Actors one task may lose (each replaced) before the stage fails."""
+CALLS_IN_FLIGHT = 2
+"""Calls a proxy keeps on its actor: the next one is queued there while the reply of the
+one before travels back, so the actor does not wait for the round trip."""
 _POLL_S = 0.1  # how soon a proxy waiting on its actor sees the stage closed
 _RESERVED_OPTIONS = ("name", "namespace", "lifetime", "get_if_exists")
 
@@ -132,6 +138,28 @@ class RayStage:
         return RayCore(feed, counters, policy, self.backend.pool, self.worker_init_fn)
 
 
+@dataclasses.dataclass(eq=False)
+class _Call:
+    """One task sent (or to be sent again) to a slot's actor."""
+
+    claimed: Claimed
+    ref: Any = None
+    generation: int = -1
+    sent: float = 0.0
+    attempts: int = 0
+
+
+@dataclasses.dataclass
+class _SlotCalls:
+    """A proxy's calls in flight on its slot, and which actor has the stage's work."""
+
+    slot: int
+    count: int
+    loaded: int = -1  # the generation of the slot's actor that has this stage's work
+    last_done: float = 0.0
+    in_flight: collections.deque[_Call] = dataclasses.field(default_factory=collections.deque)
+
+
 class RayCore(Core):
     """A runner core whose executor is a pool's actors (one proxy thread per slot)."""
 
@@ -213,66 +241,95 @@ class RayCore(Core):
         """Never needed: a Ray stage always runs on its actors."""
 
     def _proxy(self, slot: int, count: int) -> None:
-        """Claims tasks for slot ``slot``'s actor, has it run them, files the chunks."""
+        """Claims tasks for slot ``slot``'s actor, has it run them (up to
+        :data:`CALLS_IN_FLIGHT` at once), files the chunks in claim order."""
         pool = self._pool
         pool.acquire(slot)
-        loaded = -1  # the generation of the slot's actor that has this stage's work
+        calls = _SlotCalls(slot, count)
+        stay = lambda: slot < self._wanted  # noqa: E731
         try:
             while True:
-                claimed = self.claim(lambda: slot < self._wanted)
-                if claimed is None:
-                    with self.lock:
-                        if self.closed or slot >= self._wanted:
-                            if self._proxies.get(slot) is threading.current_thread():
-                                del self._proxies[slot]
-                            return
-                    continue
-                began = time.perf_counter()
-                chunk, loaded = self._run(slot, count, loaded, claimed)
-                self.file(claimed, chunk, time.perf_counter() - began)
-                del claimed, chunk
+                if not calls.in_flight:
+                    claimed = self.claim(stay)
+                    if claimed is None:
+                        with self.lock:
+                            if self.closed or slot >= self._wanted:
+                                if self._proxies.get(slot) is threading.current_thread():
+                                    del self._proxies[slot]
+                                return
+                        continue
+                    self._send(calls, _Call(claimed))
+                while len(calls.in_flight) < CALLS_IN_FLIGHT:
+                    more = self.claim(stay, wait=False)
+                    if more is None:
+                        break
+                    self._send(calls, _Call(more))
+                call = calls.in_flight[0]
+                chunk = self._collect(calls, call)
+                calls.in_flight.popleft()
+                now = time.perf_counter()
+                # the actor's time on it: from when it could start (sent, or the call
+                # before it done) to its reply
+                self.file(call.claimed, chunk, now - max(call.sent, calls.last_done))
+                calls.last_done = now
+                del call, chunk
         finally:
-            if loaded >= 0:
-                self._unload(slot, loaded)
+            if calls.loaded >= 0:
+                self._unload(slot, calls.loaded)
             pool.release(slot)
 
-    def _run(self, slot: int, count: int, loaded: int, claimed: Claimed) -> tuple[Chunk, int]:
-        """Runs ``claimed``'s task on the slot's actor, on a new one if it dies."""
+    def _send(self, calls: _SlotCalls, call: _Call) -> None:
+        """Sends ``call`` to the slot's actor (loading the stage's work there first if this
+        actor has not got it) and queues it in ``calls``."""
+        actor, generation = self._pool.current(calls.slot)
+        if generation != calls.loaded:
+            actor.load.remote(self._key, self._work_ref, self._init, calls.slot, calls.count)
+            calls.loaded = generation
+        task = call.claimed[2]
+        call.generation = generation
+        call.sent = time.perf_counter()
+        call.ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
+        if call not in calls.in_flight:
+            calls.in_flight.append(call)
+
+    def _collect(self, calls: _SlotCalls, call: _Call) -> Chunk:
+        """The chunk of ``call`` (the oldest in flight). If its actor died, the calls in
+        flight are sent again, in order, to the slot's replacement actor."""
         ray = import_ray()
         lost = (
             ray.exceptions.RayActorError,
             ray.exceptions.ObjectLostError,
             ray.exceptions.NodeDiedError,
         )
-        task = claimed[2]
-        last: BaseException | None = None
-        for _ in range(MAX_ATTEMPTS):
-            actor, generation = self._pool.current(slot)
+        task = call.claimed[2]
+        closed = Chunk(task.start, [], RuntimeError("the stage was closed"))
+        while True:
             try:
-                if generation != loaded:
-                    actor.load.remote(self._key, self._work_ref, self._init, slot, count)
-                    loaded = generation
-                ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
-                reply = self._wait(ray, ref)
+                reply = self._wait(ray, call.ref)
             except lost as error:
                 if self.closed:
-                    return Chunk(task.start, [], RuntimeError("the stage was closed")), loaded
-                last = error
-                self._pool.replace(slot, generation)
+                    return closed
+                call.attempts += 1
+                if call.attempts >= MAX_ATTEMPTS:
+                    return Chunk(task.start, [], self._lost(task, error))
+                self._pool.replace(calls.slot, call.generation)
+                for pending in list(calls.in_flight):
+                    self._send(calls, pending)
                 continue
             except Exception as error:  # Ray itself failed (or shut down under us)
                 if self.closed:
-                    return Chunk(task.start, [], RuntimeError("the stage was closed")), loaded
+                    return closed
                 cause = getattr(error, "cause", None)
-                return Chunk(task.start, [], cause if cause is not None else error), loaded
+                return Chunk(task.start, [], cause if cause is not None else error)
             if reply is None:
-                return Chunk(task.start, [], RuntimeError("the stage was closed")), loaded
-            return self._chunk(task, reply, slot), loaded
-        failure = ActorsLostError(
+                return closed
+            return self._chunk(task, reply, calls.slot)
+
+    def _lost(self, task: Task, last: BaseException) -> ActorsLostError:
+        return ActorsLostError(
             f"task [{task.start}, {task.start + task.size}) of stage {self._name!r} lost its "
             f"Ray actor {MAX_ATTEMPTS} times (each replaced in turn); the last error: {last}"
         )
-        return Chunk(task.start, [], failure), loaded
 
     def _wait(self, ray: Any, ref: Any) -> Any:
         """The reply of ``ref``; None if the stage closed while waiting."""

@@ -147,6 +147,7 @@ class _Call:
     generation: int = -1
     sent: float = 0.0
     attempts: int = 0
+    failed: BaseException | None = None  # sending it failed (Ray itself)
 
 
 @dataclasses.dataclass
@@ -265,7 +266,10 @@ class RayCore(Core):
                         break
                     self._send(calls, _Call(more))
                 call = calls.in_flight[0]
-                chunk = self._collect(calls, call)
+                try:
+                    chunk = self._collect(calls, call)
+                except Exception as error:  # Ray failing in a way not foreseen: the call's
+                    chunk = Chunk(call.claimed[2].start, [], error)  # error, never a hang
                 calls.in_flight.popleft()
                 now = time.perf_counter()
                 # the actor's time on it: from when it could start (sent, or the call
@@ -281,16 +285,20 @@ class RayCore(Core):
     def _send(self, calls: _SlotCalls, call: _Call) -> None:
         """Sends ``call`` to the slot's actor (loading the stage's work there first if this
         actor has not got it) and queues it in ``calls``."""
-        actor, generation = self._pool.current(calls.slot)
-        if generation != calls.loaded:
-            actor.load.remote(self._key, self._work_ref, self._init, calls.slot, calls.count)
-            calls.loaded = generation
-        task = call.claimed[2]
-        call.generation = generation
-        call.sent = time.perf_counter()
-        call.ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
         if call not in calls.in_flight:
             calls.in_flight.append(call)
+        call.sent = time.perf_counter()
+        try:
+            check_still_up(import_ray(), self._name)
+            actor, generation = self._pool.current(calls.slot)
+            if generation != calls.loaded:
+                actor.load.remote(self._key, self._work_ref, self._init, calls.slot, calls.count)
+                calls.loaded = generation
+            task = call.claimed[2]
+            call.generation = generation
+            call.ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
+        except Exception as error:  # Ray itself failed (shut down under us): the call's error
+            call.failed = error
 
     def _collect(self, calls: _SlotCalls, call: _Call) -> Chunk:
         """The chunk of ``call`` (the oldest in flight). If its actor died, the calls in
@@ -304,11 +312,14 @@ class RayCore(Core):
         task = call.claimed[2]
         closed = Chunk(task.start, [], RuntimeError("the stage was closed"))
         while True:
+            if call.failed is not None:
+                return closed if self.closed else Chunk(task.start, [], call.failed)
             try:
                 reply = self._wait(ray, call.ref)
             except lost as error:
                 if self.closed:
                     return closed
+                check_still_up(ray, self._name)  # a new actor would start a new Ray
                 call.attempts += 1
                 if call.attempts >= MAX_ATTEMPTS:
                     return Chunk(task.start, [], self._lost(task, error))
@@ -385,3 +396,13 @@ def reply_error(reply: tuple[Any, ...], where: str) -> BaseException:
     remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
     error.add_note(f"Raised on {where}:\n{text.rstrip()}")
     return error
+
+
+def check_still_up(ray: Any, stage: str) -> None:
+    """Raises a clear RuntimeError if Ray was shut down under a running stage (a call
+    would otherwise start a new local Ray, Ray's auto-init, and wait for it)."""
+    if not ray.is_initialized():
+        raise RuntimeError(
+            f"Ray was shut down (ray.shutdown()) while stage {stage!r} ran on its actors; "
+            "close the iterator or pipeline before shutting Ray down"
+        )

@@ -27,7 +27,13 @@ from typing import Any
 
 from gristmill._src.engine import sending
 from gristmill._src.ray import import_ray
-from gristmill._src.ray.backend import MAX_ATTEMPTS, ActorsLostError, RayBackend, reply_error
+from gristmill._src.ray.backend import (
+    MAX_ATTEMPTS,
+    ActorsLostError,
+    RayBackend,
+    check_still_up,
+    reply_error,
+)
 
 _NO_INIT = sending.dumps(None)
 
@@ -80,11 +86,14 @@ class RayCalls:
         )
         last: BaseException | None = None
         for _ in range(MAX_ATTEMPTS):
+            if self._work_ref is not None:  # the first call may start Ray (its auto-init)
+                check_still_up(ray, self._stage)
             actor, generation = self._actor(ray, slot)
             try:
                 reply = ray.get(actor.run.remote(self._key, 0, 1, [item]))
             except lost as error:
                 last = error
+                check_still_up(ray, self._stage)  # a new actor would start a new Ray
                 self._pool.replace(slot, generation)
                 continue
             except ray.exceptions.RayTaskError as error:  # Ray's own failure on the actor

@@ -2,11 +2,22 @@
 
 import time
 
+import pytest
+
 
 def start_local_ray():
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for a module's tests (``pytestmark = usefixtures("local_ray")``)."""
+    ray = pytest.importorskip("ray")
+    start_local_ray()
+    yield
+    ray.shutdown()
 
 
 def pool_actor_names():

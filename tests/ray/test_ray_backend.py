@@ -11,16 +11,12 @@ import gristmill as gm
 from gristmill.python import Batch, DataLoader, IndexSampler, ShardOptions
 from gristmill.ray import RayBackend
 
-from .conftest import pool_actor_names, start_local_ray, wait_for_actor_names
+from .conftest import pool_actor_names, wait_for_actor_names
 
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    start_local_ray()
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")
 
 
 def small_pool(num_actors):

@@ -8,16 +8,12 @@ import pytest
 from gristmill.pipeline import PipelineBuilder, PipelineFailure
 from gristmill.ray import RayBackend
 
-from .conftest import pool_actor_names, start_local_ray
+from .conftest import pool_actor_names
 
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    start_local_ray()
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")
 
 
 @pytest.fixture(scope="module")

@@ -194,6 +194,29 @@ def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ())
         conn.send(("error", list(values), payload, text, frames))
 
 
+def pickled_work(
+    feed: Feed, worker_init_fn: Callable[[int, int], Any] | None, name: str, workers: str
+) -> tuple[bytes, bytes]:
+    """What a remote worker needs of stage ``name``, cloudpickled (:mod:`sending`): a range
+    feed's read and fn, or a stream feed's fn; and ``worker_init_fn``. A pickling error is
+    re-raised as itself (Grain's type), with a note naming the stage and the fix."""
+    work = (
+        RangeFeed(feed.read, 0, 0, feed.fn)
+        if isinstance(feed, RangeFeed)
+        else cast(StreamFeed, feed).fn
+    )
+    try:
+        return sending.dumps(work), sending.dumps(worker_init_fn)
+    except Exception as error:
+        error.add_note(
+            f"gristmill: the pipeline of {name!r} cannot be sent to {workers}: {error}. Its "
+            "sources and transformations must be picklable by cloudpickle (functions and "
+            "lambdas are; locks, open files, connections and generators are not): open files "
+            "and connections lazily in the worker"
+        )
+        raise
+
+
 class ProcessCore(Core):
     """A runner core whose executor is a set of worker processes (one proxy thread each)."""
 
@@ -231,24 +254,7 @@ class ProcessCore(Core):
         if self._started:
             return
         self._started = True
-        feed = self.feed
-        # What a worker needs: a range feed's read and fn, or a stream feed's fn.
-        work = (
-            RangeFeed(feed.read, 0, 0, feed.fn)
-            if isinstance(feed, RangeFeed)
-            else cast(StreamFeed, feed).fn
-        )
-        try:
-            payload = sending.dumps(work)
-            init = sending.dumps(self._worker_init_fn)
-        except Exception as error:  # re-raised as itself (Grain's type), with a note
-            error.add_note(
-                f"gristmill: the pipeline of {name!r} cannot be sent to worker processes: "
-                f"{error}. Its sources and transformations must be picklable by cloudpickle "
-                "(functions and lambdas are; locks, open files, connections and generators "
-                "are not): open files and connections lazily in the worker"
-            )
-            raise
+        payload, init = pickled_work(self.feed, self._worker_init_fn, name, "worker processes")
         context = self._context
         if self._pool_kind == "auto" and main_guard.fork_is_safe():
             context = multiprocessing.get_context("fork")

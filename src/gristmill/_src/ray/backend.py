@@ -32,10 +32,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gristmill._src.core import validation
-from gristmill._src.engine import remote_traceback, sending
+from gristmill._src.engine import remote_traceback
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
+from gristmill._src.engine.process_lane import pickled_work
 from gristmill._src.ray import import_ray
 from gristmill._src.ray.pool import ActorPool
 
@@ -191,23 +192,7 @@ class RayCore(Core):
         """Sends the work to the object store and starts the proxies, once. Lock held."""
         if self._started:
             return
-        feed = self.feed
-        work = (
-            RangeFeed(feed.read, 0, 0, feed.fn)
-            if isinstance(feed, RangeFeed)
-            else cast(StreamFeed, feed).fn
-        )
-        try:
-            payload = sending.dumps(work)
-            self._init = sending.dumps(self._worker_init_fn)
-        except Exception as error:  # re-raised as itself, with a note
-            error.add_note(
-                f"gristmill: the pipeline of {name!r} cannot be sent to Ray actors: {error}. "
-                "Its sources and transformations must be picklable by cloudpickle (functions "
-                "and lambdas are; locks, open files, connections and generators are not): "
-                "open files and connections lazily on the actor"
-            )
-            raise
+        payload, self._init = pickled_work(self.feed, self._worker_init_fn, name, "Ray actors")
         self._work_ref = import_ray().put(payload)
         self._started = True
         self._name = name

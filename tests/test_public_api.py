@@ -77,7 +77,7 @@ EXPECTED = {
     "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],
     "gristmill.torch": ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank", "to_tensors"],
     "gristmill.jax": ["to_global_arrays"],
-    "gristmill.ray": ["RayBackend", "ActorsLostError"],
+    "gristmill.ray": ["RayBackend", "ActorsLostError", "BackendShutDownError"],
     "gristmill.constants": [
         "INDEX",
         "RECORD_KEY",

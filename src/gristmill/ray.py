@@ -7,7 +7,8 @@ stage that uses a backend does (docs/ray.md).
 
 from gristmill._src.public import export as _export
 from gristmill._src.ray.backend import ActorsLostError, RayBackend
+from gristmill._src.ray.pool import BackendShutDownError
 
-_export("gristmill.ray", RayBackend, ActorsLostError)
+_export("gristmill.ray", RayBackend, ActorsLostError, BackendShutDownError)
 
-__all__ = ["ActorsLostError", "RayBackend"]
+__all__ = ["ActorsLostError", "BackendShutDownError", "RayBackend"]

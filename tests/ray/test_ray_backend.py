@@ -9,7 +9,7 @@ import pytest
 
 import gristmill as gm
 from gristmill.python import Batch, DataLoader, IndexSampler, ShardOptions
-from gristmill.ray import RayBackend
+from gristmill.ray import BackendShutDownError, RayBackend
 
 from .conftest import pool_actor_names, wait_for_actor_names
 
@@ -206,4 +206,30 @@ def test_shutdown_kills_the_pool_and_a_later_stage_starts_it_again(backend):
     own.shutdown()
     assert not started & set(wait_for_actor_names(lambda names: not started & set(names)))
     assert list(ds.mp_prefetch(backend=own)) == [0, 1, 2, 3, 4]
+    own.shutdown()
+
+
+def slow_identity(x):
+    time.sleep(0.002)
+    return x
+
+
+def test_shutdown_under_a_running_stage_stops_it_with_a_clear_error():
+    own = small_pool(2)
+    ds = gm.MapDataset.range(2000).map(slow_identity).to_iter_dataset()
+    it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2), backend=own))
+    assert [next(it) for _ in range(20)] == list(range(20))
+    own.shutdown()  # returns once no thread of the stage is inside a Ray call
+    with pytest.raises(BackendShutDownError, match=r"backend.shutdown\(\)"):
+        for _ in it:
+            pass
+    it.close()
+    # the pool starts again for a new iterator
+    assert list(gm.MapDataset.range(5).to_iter_dataset().mp_prefetch(backend=own)) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
     own.shutdown()

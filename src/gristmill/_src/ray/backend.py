@@ -187,13 +187,16 @@ class RayCore(Core):
         self._wanted = max(1, policy.workers)  # proxies wanted (policy.workers), lock held
         self._proxies: dict[int, threading.Thread] = {}  # slot -> its proxy, lock held
         self._name = ""
+        self._era = pool.era  # the pool's shutdowns when the stage started
 
     def start_workers(self, count: int, name: str) -> None:
         """Sends the work to the object store and starts the proxies, once. Lock held."""
         if self._started:
             return
         payload, self._init = pickled_work(self.feed, self._worker_init_fn, name, "Ray actors")
-        self._work_ref = import_ray().put(payload)
+        self._era = self._pool.era
+        with self._pool.calling(self._era, name) as ray:
+            self._work_ref = ray.put(payload)
         self._started = True
         self._name = name
         self._wanted = max(1, count)
@@ -274,15 +277,17 @@ class RayCore(Core):
             calls.in_flight.append(call)
         call.sent = time.perf_counter()
         try:
-            check_still_up(import_ray(), self._name)
-            actor, generation = self._pool.current(calls.slot)
-            if generation != calls.loaded:
-                actor.load.remote(self._key, self._work_ref, self._init, calls.slot, calls.count)
-                calls.loaded = generation
-            task = call.claimed[2]
-            call.generation = generation
-            call.ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
-        except Exception as error:  # Ray itself failed (shut down under us): the call's error
+            with self._pool.calling(self._era, self._name):
+                actor, generation = self._pool.current(calls.slot)
+                if generation != calls.loaded:
+                    actor.load.remote(
+                        self._key, self._work_ref, self._init, calls.slot, calls.count
+                    )
+                    calls.loaded = generation
+                task = call.claimed[2]
+                call.generation = generation
+                call.ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
+        except Exception as error:  # shut down under us, or Ray failed: the call's error
             call.failed = error
 
     def _collect(self, calls: _SlotCalls, call: _Call) -> Chunk:
@@ -304,15 +309,18 @@ class RayCore(Core):
             except lost as error:
                 if self.closed:
                     return closed
-                check_still_up(ray, self._name)  # a new actor would start a new Ray
                 call.attempts += 1
                 if call.attempts >= MAX_ATTEMPTS:
                     return Chunk(task.start, [], self._lost(task, error))
-                self._pool.replace(calls.slot, call.generation)
+                try:
+                    with self._pool.calling(self._era, self._name):
+                        self._pool.replace(calls.slot, call.generation)
+                except Exception as failure:  # shut down meanwhile
+                    return Chunk(task.start, [], failure)
                 for pending in list(calls.in_flight):
                     self._send(calls, pending)
                 continue
-            except Exception as error:  # Ray itself failed (or shut down under us)
+            except Exception as error:  # shut down under us, or Ray failed
                 if self.closed:
                     return closed
                 cause = getattr(error, "cause", None)
@@ -328,10 +336,12 @@ class RayCore(Core):
         )
 
     def _wait(self, ray: Any, ref: Any) -> Any:
-        """The reply of ``ref``; None if the stage closed while waiting."""
+        """The reply of ``ref``; None if the stage closed while waiting. Each wait is one
+        bracketed call (:meth:`ActorPool.calling`), so a pool shutdown stops it."""
         while True:
             try:
-                return ray.get(ref, timeout=_POLL_S)
+                with self._pool.calling(self._era, self._name):
+                    return ray.get(ref, timeout=_POLL_S)
             except ray.exceptions.GetTimeoutError:
                 if self.closed:
                     return None
@@ -349,12 +359,11 @@ class RayCore(Core):
         actor, current = self._pool.current_if_any(slot)
         if actor is None or current != generation:
             return
-        ray = import_ray()
-        if ray.is_initialized():
-            try:
+        try:
+            with self._pool.calling(self._era, self._name):
                 actor.unload.remote(self._key)
-            except Exception:  # the actor or Ray is gone: nothing left to drop
-                return
+        except Exception:  # the pool, the actor or Ray is gone: nothing left to drop
+            return
 
     def after_threads_joined(self) -> None:
         """Drops the stage's reference to its work in the object store."""
@@ -381,13 +390,3 @@ def reply_error(reply: tuple[Any, ...], where: str) -> BaseException:
     remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
     error.add_note(f"Raised on {where}:\n{text.rstrip()}")
     return error
-
-
-def check_still_up(ray: Any, stage: str) -> None:
-    """Raises a clear RuntimeError if Ray was shut down under a running stage (a call
-    would otherwise start a new local Ray, Ray's auto-init, and wait for it)."""
-    if not ray.is_initialized():
-        raise RuntimeError(
-            f"Ray was shut down (ray.shutdown()) while stage {stage!r} ran on its actors; "
-            "close the iterator or pipeline before shutting Ray down"
-        )

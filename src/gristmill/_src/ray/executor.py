@@ -31,11 +31,11 @@ from gristmill._src.ray.backend import (
     MAX_ATTEMPTS,
     ActorsLostError,
     RayBackend,
-    check_still_up,
     reply_error,
 )
 
 _NO_INIT = sending.dumps(None)
+_POLL_S = 0.1  # the slices a call's reply is waited for in (a shutdown waits for one)
 
 
 class RayCalls:
@@ -53,6 +53,7 @@ class RayCalls:
         self._lock = threading.Lock()
         self._loaded: dict[int, int] = {}  # slot -> the generation that has the op
         self._in_flight = [0] * backend.num_actors
+        self._era: int | None = None  # the pool's shutdowns at the first call
 
     def __repr__(self) -> str:
         return f"{self.backend!r} (stage {self._stage})"
@@ -77,24 +78,28 @@ class RayCalls:
 
     def _call(self, slot: int, item: Any) -> Any:
         """The op's value on ``item`` from slot ``slot``'s actor (its replacement, if the
-        actor dies); the op's exception, raised."""
+        actor dies); the op's exception, raised. Every Ray call is bracketed by the pool
+        (:meth:`ActorPool.calling`), so ``backend.shutdown()`` stops it within 0.1 s."""
         ray = import_ray()
         lost = (
             ray.exceptions.RayActorError,
             ray.exceptions.ObjectLostError,
             ray.exceptions.NodeDiedError,
         )
+        if self._era is None:
+            self._era = self._pool.era  # the first call: the stage starts in this era
+        era = self._era
         last: BaseException | None = None
         for _ in range(MAX_ATTEMPTS):
-            if self._work_ref is not None:  # the first call may start Ray (its auto-init)
-                check_still_up(ray, self._stage)
-            actor, generation = self._actor(ray, slot)
+            with self._pool.calling(era, self._stage):
+                actor, generation = self._actor(ray, slot)
+                ref = actor.run.remote(self._key, 0, 1, [item])
             try:
-                reply = ray.get(actor.run.remote(self._key, 0, 1, [item]))
+                reply = self._wait(ray, ref, era)
             except lost as error:
                 last = error
-                check_still_up(ray, self._stage)  # a new actor would start a new Ray
-                self._pool.replace(slot, generation)
+                with self._pool.calling(era, self._stage):
+                    self._pool.replace(slot, generation)
                 continue
             except ray.exceptions.RayTaskError as error:  # Ray's own failure on the actor
                 raise (error.cause if error.cause is not None else error) from None
@@ -106,8 +111,17 @@ class RayCalls:
             f"(each replaced in turn); the last error: {last}"
         )
 
+    def _wait(self, ray: Any, ref: Any, era: int) -> Any:
+        """The reply of ``ref``, waited for in bracketed slices of :data:`_POLL_S`."""
+        while True:
+            with self._pool.calling(era, self._stage):
+                try:
+                    return ray.get(ref, timeout=_POLL_S)
+                except ray.exceptions.GetTimeoutError:
+                    continue
+
     def _actor(self, ray: Any, slot: int) -> tuple[Any, int]:
-        """Slot ``slot``'s actor, with the op loaded on it."""
+        """Slot ``slot``'s actor, with the op loaded on it. Call inside ``calling``."""
         actor, generation = self._pool.current(slot)
         with self._lock:
             if self._loaded.get(slot) == generation:

@@ -12,16 +12,27 @@ finds it dead asks for a new one (:meth:`ActorPool.replace`), and every proxy se
 slot's new *generation* and loads its stage's work there before its next task.
 
 Releasing: :meth:`ActorPool.shutdown` kills every actor (a later stage starts new ones); so
-does dropping the last reference to the backend (a finalizer), and interpreter exit (Ray
-kills a driver's actors when the driver ends).
+does dropping the last reference to the backend (a finalizer), and interpreter exit (before
+Ray's own exit hook, see :func:`shutdown_all`).
+
+Shutting down under running stages: every Ray call a stage's thread makes goes through
+:meth:`ActorPool.calling`, tagged with the pool's *era* (how many shutdowns it had when the
+stage started). ``shutdown`` starts a new era, then waits until no thread is inside a call
+(a proxy's wait on its actor lasts at most 0.1 s) before it kills the actors; a stage of an
+older era then gets :class:`BackendShutDownError` instead of calling Ray again. So after
+``backend.shutdown()`` no gristmill thread touches Ray, and ``ray.shutdown()`` is safe
+(Ray ends the process when a thread uses it after ``ray.shutdown()``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import itertools
 import threading
 import uuid
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from gristmill._src.ray import import_ray
@@ -32,6 +43,11 @@ NAME_PREFIX = "gristmill-ray-"
 (``ray.util.list_named_actors()`` lists them)."""
 
 DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 1}
+_DRAIN_S = 5.0  # how long shutdown waits for the calls in progress (each ends within 0.1 s)
+
+
+class BackendShutDownError(RuntimeError):
+    """The stage's ``RayBackend`` was shut down while the stage ran on its actors."""
 
 
 class ActorPool:
@@ -46,6 +62,47 @@ class ActorPool:
         self._slots: dict[int, tuple[Any, int]] = {}  # slot -> (actor handle, generation)
         self._users: dict[int, int] = {}  # slot -> stages using it
         self._generations = itertools.count()
+        self._gate = threading.Condition()
+        self._era = 0  # shutdowns so far
+        self._calls = 0  # threads inside `calling` now
+        self._inside = threading.local()  # this thread's depth of `calling`
+        _POOLS.add(self)
+
+    @property
+    def era(self) -> int:
+        """How many times the pool was shut down: a stage records it when it starts."""
+        return self._era
+
+    @contextlib.contextmanager
+    def calling(self, era: int, stage: str) -> Iterator[Any]:
+        """Brackets one Ray call of a stage started in ``era``; yields ``ray``. Raises
+        :class:`BackendShutDownError` if the pool was shut down since, and a RuntimeError if
+        Ray was (a call would start a new local Ray and wait for it)."""
+        ray = import_ray()
+        shutdown_all_at_exit()
+        with self._gate:
+            if era != self._era:
+                raise BackendShutDownError(
+                    f"the RayBackend was shut down (backend.shutdown()) while stage {stage!r} "
+                    "ran on its actors, so the stage stopped; a new iterator or pipeline "
+                    "starts new actors"
+                )
+            if not ray.is_initialized():
+                raise RuntimeError(
+                    f"Ray was shut down (ray.shutdown()) while stage {stage!r} ran on its "
+                    "actors; call backend.shutdown() (or close the iterator or pipeline) "
+                    "before ray.shutdown()"
+                )
+            self._calls += 1
+        self._inside.depth = getattr(self._inside, "depth", 0) + 1
+        try:
+            yield ray
+        finally:
+            self._inside.depth -= 1
+            with self._gate:
+                self._calls -= 1
+                if not self._calls:
+                    self._gate.notify_all()
 
     def _new_actor(self, slot: int) -> tuple[Any, int]:
         """A new actor for ``slot``. Lock held."""
@@ -57,16 +114,14 @@ class ActorPool:
         actor = self._actor_class.options(name=name, **self._options).remote()
         return actor, generation
 
-    def acquire(self, slot: int) -> tuple[Any, int]:
-        """Slot ``slot``'s actor and generation, for a stage that will use it."""
+    def acquire(self, slot: int) -> None:
+        """A stage will use slot ``slot`` (its actor starts at the first :meth:`current`)."""
         with self._lock:
             self._users[slot] = self._users.get(slot, 0) + 1
-            if slot not in self._slots:
-                self._slots[slot] = self._new_actor(slot)
-            return self._slots[slot]
 
     def current(self, slot: int) -> tuple[Any, int]:
-        """Slot ``slot``'s actor now (a new one if the pool was shut down meanwhile)."""
+        """Slot ``slot``'s actor and generation now (started if the slot has none). Call
+        inside :meth:`calling`."""
         with self._lock:
             if slot not in self._slots:
                 self._slots[slot] = self._new_actor(slot)
@@ -102,7 +157,12 @@ class ActorPool:
                 _kill(import_ray(), self._slots.pop(slot)[0])
 
     def shutdown(self) -> None:
-        """Kills every actor of the pool; idempotent. A later stage starts new ones."""
+        """Stops the stages running on the pool (see the module docstring) and kills every
+        actor; idempotent. A later stage starts new ones."""
+        with self._gate:
+            self._era += 1
+            mine = getattr(self._inside, "depth", 0)  # called from a stage's own Ray call
+            self._gate.wait_for(lambda: self._calls <= mine, timeout=_DRAIN_S)
         with self._lock:
             slots, self._slots = self._slots, {}
         if not slots:
@@ -119,3 +179,22 @@ def _kill(ray: Any, actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # already dead, or Ray shutting down
         return
+
+
+_POOLS: weakref.WeakSet[ActorPool] = weakref.WeakSet()
+_exit_hook = False
+
+
+def shutdown_all_at_exit() -> None:
+    """Registers, once, an exit hook that shuts every pool down. Called right after Ray is
+    imported, so the hook runs before Ray's own (exit hooks run last-registered first): no
+    stage thread is inside a Ray call while Ray shuts down."""
+    global _exit_hook
+    if not _exit_hook:
+        _exit_hook = True
+        atexit.register(_shutdown_all)
+
+
+def _shutdown_all() -> None:
+    for pool in list(_POOLS):
+        pool.shutdown()

@@ -13,8 +13,10 @@
 
 - ``ray_python_transform``: ``mp_python_transform``'s pipeline on
   ``mp_prefetch(..., backend=RayBackend(2))`` (a local Ray of 2 CPUs, started untimed); its
-  limit is gristmill's own ``mp_prefetch`` figure (2 worker processes). ``python
-  benchmarks/workloads_processes.py`` prints the per-work-unit overhead on Ray.
+  limit is gristmill's own ``mp_prefetch`` figure (2 worker processes). The backend's
+  actors persist from run to run, as ``mp_prefetch``'s worker processes do (the pool).
+  ``python benchmarks/workloads_processes.py`` prints the per-work-unit overhead on Ray and
+  the time a new backend takes to start its actors.
 
 Every run starts its worker processes (``iter()`` is timed), and the first output includes
 that start. ``STRICT = False``: CI has no torch or spdl.
@@ -121,18 +123,14 @@ def _start_ray() -> Any:
 
 def _python_ray(*, n: int, batch_size: int) -> Case:
     """mp_python_transform's pipeline on ``RayBackend(2)``: ``ray.init`` is untimed (in
-    ``setup``), the actors' start is timed (``setup`` kills the previous run's)."""
+    ``setup``); the actors start in the first (warm-up) run and serve the later ones, as
+    the pooled worker processes of the ``mp_prefetch`` reference do."""
     import gristmill as gm
     from gristmill.ray import RayBackend
 
     backend = RayBackend(num_actors=_WORKERS)
-
-    def setup() -> None:
-        _start_ray()
-        backend.shutdown()
-
     ds = _ray_pipeline(gm, backend, n, batch_size)
-    return _case(lambda: iter(ds), n, setup=setup)
+    return _case(lambda: iter(ds), n, setup=_start_ray)
 
 
 def _python_processes(*, n: int, batch_size: int) -> Case:
@@ -164,6 +162,13 @@ def ray_overhead(n: int = 2_000, batch_size: int = 32) -> dict[str, float]:
     wall_s = time.perf_counter() - began
     stage = next(s for s in it.statistics().stages if s.executor == "ray")
     backend.shutdown()
+    starts = []  # a new backend's first batch: its actors start (then on new Ray workers)
+    for _ in range(2):
+        fresh = RayBackend(num_actors=_WORKERS)
+        began = time.perf_counter()
+        next(iter(_ray_pipeline(gm, fresh, batch_size, batch_size)))
+        starts.append(time.perf_counter() - began)
+        fresh.shutdown()
     per_task = wall_s * _WORKERS / stage.tasks
     elements = stage.elements_in / stage.tasks
     return {
@@ -174,6 +179,8 @@ def ray_overhead(n: int = 2_000, batch_size: int = 32) -> dict[str, float]:
         "task_ms": per_task * 1e3,
         "transform_ms_per_element": transform_s * 1e3,
         "overhead_ms_per_task": (per_task - elements * transform_s) * 1e3,
+        "actor_start_s_first": starts[0],
+        "actor_start_s_later": starts[1],
     }
 
 

@@ -35,7 +35,7 @@ from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
 from gristmill._src.engine.ordered import OrderedChunkRunner
-from gristmill._src.engine.stats import PipelineStatistics
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _STATE_KEYS = (
     "next_index_in_cycle",
@@ -447,11 +447,11 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._exhausted[0] = 0  # it may have more elements from there
         self._next_in_cycle = 0
 
-    def statistics(self) -> PipelineStatistics:
-        """A snapshot of the stage that opens iterators ahead (no stage when on demand)."""
+    def plan(self) -> Plan:
+        """The stage that opens iterators ahead (none when they are opened on demand)."""
         if self._runner is None:
-            return PipelineStatistics(stages=())
-        return PipelineStatistics(stages=(self._runner.statistics(),))
+            return Plan()
+        return Plan([PlannedStage(self._runner.name, Role.INTERLEAVE, self._runner)])
 
     def close(self) -> None:
         if self._closed:

@@ -21,6 +21,8 @@ from gristmill._src.core import state as state_meta
 from gristmill._src.core.dataset_options import IteratorContext
 from gristmill._src.core.node_stats import NodeStats
 from gristmill._src.dataset.base import MapDataset, op
+from gristmill._src.engine.plan import Plan
+from gristmill._src.engine.stats import PipelineStatistics
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -288,6 +290,17 @@ class DatasetIterator(Generic[T], abc.ABC):
 
     def start_prefetch(self) -> None:
         """Starts background work early (no-op for iterators without any)."""
+
+    def plan(self) -> Plan:
+        """The engine plan behind this iterator: the stages its parents run, upstream first,
+        then its own (an iterator that runs none adds nothing). ``plan().configure(name,
+        workers=…, buffer_size=…)`` changes a stage's settings while it runs; the elements
+        and states stay the same (gristmill's; not part of Grain's API)."""
+        return Plan.joined(p.plan() for p in self._parents if isinstance(p, DatasetIterator))
+
+    def statistics(self) -> PipelineStatistics:
+        """Snapshots of every stage's counters, upstream first (``plan().statistics()``)."""
+        return self.plan().statistics()
 
     # -- positions by output count (experimental.get_next_index / set_next_index) -------
 

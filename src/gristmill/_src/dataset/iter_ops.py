@@ -42,9 +42,6 @@ class _OneParentIterator(DatasetIterator[Any]):
     def start_prefetch(self) -> None:
         self._parent.start_prefetch()
 
-    def statistics(self) -> Any:
-        return getattr(self._parent, "statistics", lambda: None)()
-
 
 @register("iter.seed")
 class WithSeedIterDataset(IterDataset[Any]):

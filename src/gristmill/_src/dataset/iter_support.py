@@ -14,7 +14,6 @@ import numpy as np
 
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-from gristmill._src.engine.stats import PipelineStatistics
 
 
 def check_parent(parent: Any, owner: str) -> IterDataset[Any] | MapDataset[Any]:
@@ -93,19 +92,9 @@ def state_list(value: Any, owner: str, key: str, length: int) -> list[Any]:
 
 
 class ForwardingIterator(DatasetIterator[Any]):
-    """Base of these iterators: ``start_prefetch`` and ``statistics`` reach every parent."""
+    """Base of these iterators: ``start_prefetch`` reaches every parent."""
 
     def start_prefetch(self) -> None:
         self._check_open()
         for parent in self._parents:
             parent.start_prefetch()
-
-    def statistics(self) -> PipelineStatistics:
-        """The stages of every parent, upstream first."""
-        stages: list[Any] = []
-        for parent in self._parents:
-            snapshot = getattr(parent, "statistics", None)
-            result = snapshot() if snapshot is not None else None
-            if result is not None:
-                stages.extend(result.stages)
-        return PipelineStatistics(stages=tuple(stages))

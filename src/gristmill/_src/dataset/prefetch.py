@@ -12,9 +12,10 @@ from typing import Any
 
 from gristmill._src.core import specs, validation
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
-from gristmill._src.engine.stats import PipelineStatistics, StageCounters
+from gristmill._src.engine.stats import StageCounters
 
 
 class ThreadPrefetchIterDataset(IterDataset[Any]):
@@ -203,10 +204,10 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
         self._parent._set_next_index(index)
         self._state = None
 
-    def statistics(self) -> PipelineStatistics:
-        upstream = getattr(self._parent, "statistics", None)
-        stages = upstream().stages if upstream is not None else ()
-        return PipelineStatistics(stages=(*stages, self._counters.snapshot()))
+    def plan(self) -> Plan:
+        """The parent's stages, then this prefetch thread's."""
+        own = PlannedStage(self._counters.name, Role.PREFETCH, self._counters)
+        return Plan.joined([super().plan()], own)
 
     def close(self) -> None:
         if self._producer is not None:

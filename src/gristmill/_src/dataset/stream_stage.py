@@ -31,7 +31,7 @@ from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, Ite
 from gristmill._src.dataset.to_iter import Dropped, FusedOps, WorkerStage
 from gristmill._src.engine.feeds import Chunk, StreamFeed
 from gristmill._src.engine.ordered import ChunkRunner
-from gristmill._src.engine.stats import PipelineStatistics
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 HEAD_CHUNK_ITEMS = 256
 """At most this many head elements are read per chunk handed to the stage."""
@@ -240,10 +240,14 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
             self._parent.set_state(state)
             self._state = state
 
-    def statistics(self) -> PipelineStatistics:
-        if self._runner is None:
-            return PipelineStatistics(stages=())
-        return PipelineStatistics(stages=(self._runner.statistics(),))
+    def plan(self) -> Plan:
+        """The head's stages, then this stage (once it runs)."""
+        own = (
+            ()
+            if self._runner is None
+            else (PlannedStage(self._runner.name, Role.MAP, self._runner),)
+        )
+        return Plan.joined([super().plan()], *own)
 
     def close(self) -> None:
         if self._runner is not None:

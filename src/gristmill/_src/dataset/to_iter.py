@@ -25,6 +25,7 @@ from gristmill._src.dataset.in_place_slicing import check_set_slice, sliced_copy
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.backends import Backend
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.reporting import PeriodicReporter
 from gristmill._src.engine.stats import PipelineStatistics
 
@@ -396,11 +397,11 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._check_open()
         self._get_runner().start_early()
 
-    def statistics(self) -> PipelineStatistics:
-        """A frozen snapshot of the engine's per-stage counters."""
+    def plan(self) -> Plan:
+        """Its read stage (once the first element is asked for, or ``start_prefetch``)."""
         if self._runner is None:
-            return PipelineStatistics(stages=())
-        return PipelineStatistics(stages=(self._runner.statistics(),))
+            return Plan()
+        return Plan([PlannedStage(self._runner.name, Role.READ, self._runner)])
 
     def close(self) -> None:
         if self._runner is not None:

@@ -252,7 +252,7 @@ class DataLoaderIterator:
         # enable_profiling: per-stage statistics logged every PROFILE_INTERVAL_S and at the
         # end of the data (any worker count; upstream profiles workers only).
         self._profiler = (
-            PeriodicReporter(self._iterator.statistics, PROFILE_INTERVAL_S)  # type: ignore[attr-defined]
+            PeriodicReporter(self._iterator.statistics, PROFILE_INTERVAL_S)
             if loader._enable_profiling
             else None
         )

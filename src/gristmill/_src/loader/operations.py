@@ -207,8 +207,5 @@ class _OperationIterator(DatasetIterator[T]):
     def start_prefetch(self) -> None:
         self._parent.start_prefetch()
 
-    def statistics(self) -> Any:
-        return getattr(self._parent, "statistics", lambda: None)()
-
     def _describe(self) -> str:
         return f"operation({type(self._operation).__name__})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.engine.plan import Plan
 from gristmill._src.spdl import defs
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
 from gristmill._src.spdl.pipeline import Pipeline
@@ -81,8 +82,9 @@ class PipelineDatasetIterator(DatasetIterator[Any]):
         if not self._running.started:
             self._running.start()
 
-    def statistics(self) -> Any:
-        return self._running.statistics()
+    def plan(self) -> Plan:
+        """The running pipeline's plan (``Pipeline.plan``)."""
+        return self._running.plan()
 
     def close(self) -> None:
         if not self._closed:

@@ -21,6 +21,7 @@ from gristmill._src.engine.backends import ASYNCIO, THREADS
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import ChunkRunner
+from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import config, defs, fingerprint, ops
 from gristmill._src.spdl.aggregate import AggregateStream
@@ -142,6 +143,7 @@ def build_pipeline(
         queues=queues,
     )
     lowering.streams.append(upstream)
+    lowering.planned.append(PlannedStage(str(src_info), Role.SOURCE, upstream))
     # While stages map one to one, source positions travel as chunk keys (no per-item
     # wrapper); stages that need each item's key get Keyed items (tracking.KeyItems).
     upstream, chunk_keyed = lowering.stages(upstream, cfg.pipes, resumable is not None, stage_id)
@@ -155,6 +157,7 @@ def build_pipeline(
         sink_buffer,
         name=f"{pipeline_id}",
         stage_hooks=lowering.stage_hooks,
+        planned=lowering.planned,
         executor_calls=lowering.executor_calls,
         resumable=resumable,
         skip_outputs=lowering.skip_outputs,
@@ -197,6 +200,7 @@ class _Lowering:
         self.task_hook_factory = task_hook_factory
         self.continuous = continuous
         self.streams: list[Any] = []
+        self.planned: list[PlannedStage] = []  # the engine plan's stages (engine/plan.py)
         self.stage_hooks: list[StageHooks] = []
         self.skip_outputs: dict[Path, set[int]] = {}
         self.executor_calls: list[ExecutorCall] = []  # pipes on users' executors
@@ -232,8 +236,10 @@ class _Lowering:
             self.streams.append(upstream)
         return upstream, chunk_keyed
 
-    def _observed(self, info: StageInfo, stream: _S) -> _S:
-        """``stream``, its output boundary observed by the stats queues (if any)."""
+    def _observed(self, info: StageInfo, stream: _S, role: Role) -> _S:
+        """``stream``, recorded in the plan as ``role``, its output boundary observed by the
+        stats queues (if any)."""
+        self.planned.append(PlannedStage(str(info), role, stream))
         if self.queues is not None:
             self.queues.observe(info, stream_probe(stream))
         return stream
@@ -252,7 +258,7 @@ class _Lowering:
             name=str(info),
             report_stats_interval=-1 if self.queues is None else self.queues.interval,
         )
-        return self._observed(info, region)
+        return self._observed(info, region, Role.REGION)
 
     def _hooks(self, info: StageInfo) -> StageHooks | None:
         """The stage's task hooks from ``task_hook_factory`` (None without one)."""
@@ -303,7 +309,7 @@ class _Lowering:
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
             )
-            return self._observed(info, runner), chunk_keyed
+            return self._observed(info, runner, Role.MAP), chunk_keyed
         if isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             aggregate = AggregateStream(
@@ -314,7 +320,7 @@ class _Lowering:
                 epochs=continuous,
                 hooks=self._hooks(info),
             )
-            return self._observed(info, aggregate), False  # aggregates are Keyed values
+            return self._observed(info, aggregate, Role.AGGREGATE), False  # Keyed values
         if isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:
@@ -331,7 +337,7 @@ class _Lowering:
                 annotate_errors=False,
                 inline_beyond_buffer=True,
             )
-            return self._observed(info, runner), False
+            return self._observed(info, runner, Role.SPLIT), False
         if isinstance(stage, defs.PathVariantsConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:  # outputs arrive in completion order: each carries its keys
@@ -349,7 +355,7 @@ class _Lowering:
                 batched=stage.batched,
                 name=str(info),
             )
-            return self._observed(info, variants), False
+            return self._observed(info, variants, Role.PATHS), False
         raise TypeError(f"unsupported stage config {stage!r}")
 
 

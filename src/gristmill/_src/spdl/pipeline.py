@@ -24,6 +24,7 @@ from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import ChunkStream
 from gristmill._src.engine.markers import EOF, EPOCH_END, SKIP
 from gristmill._src.engine.ordered import RunnerClosedError
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate_chunks
@@ -128,11 +129,15 @@ class Pipeline(Generic[T]):
         background: BackgroundRunner | None = None,
         executor_calls: list[Any] | None = None,
         stages: list[str] | None = None,
+        planned: list[PlannedStage] | None = None,
     ) -> None:
         self._config = config
         self._stages = stages if stages is not None else []  # see spdl/fingerprint.py
         self._sink_buffer = sink_buffer
         self._counters = StageCounters(f"{name}:sink", 1, sink_buffer)
+        self._plan = Plan(
+            [*(planned or ()), PlannedStage(f"{name}:sink", Role.SINK, self._counters)]
+        )
         self._pending: collections.deque[Any] = collections.deque()  # a taken chunk's rest
         self._taken = ItemCount()  # items taken from the sink (markers left out once seen)
         if queues is not None:
@@ -363,8 +368,12 @@ class Pipeline(Generic[T]):
 
     def statistics(self) -> PipelineStatistics:
         """Snapshots of every stage's counters (gristmill's; not part of SPDL's API)."""
-        stages = [s.statistics() for s in self._streams if hasattr(s, "statistics")]
-        return PipelineStatistics(stages=(*stages, self._counters.snapshot()))
+        return self._plan.statistics()
+
+    def plan(self) -> Plan:
+        """The engine plan: every stage (source to sink), its settings, ``configure`` to
+        change them while running (gristmill's; not part of SPDL's API)."""
+        return self._plan
 
     def __str__(self) -> str:
         return f"Pipeline({self._config!r})"

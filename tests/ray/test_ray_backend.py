@@ -86,29 +86,24 @@ def test_an_actor_killed_mid_epoch_still_delivers_every_element_once_in_order(ba
 
 
 def test_configure_adds_and_retires_actors_without_changing_the_output():
-    from gristmill._src.engine.ordered import OrderedChunkRunner
-
     elastic = small_pool(1)
-    runner = OrderedChunkRunner(
-        lambda a, b: [slow_square(i) for i in range(a, b)],
-        0,
-        300,
-        workers=1,
-        buffer_size=16,
-        name="elastic",
-        executor=elastic,
-    )
+    ds = gm.MapDataset.range(300).map(slow_square).to_iter_dataset()
+    it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1), backend=elastic))
     got = []
     try:
-        while (chunk := runner.next_chunk()) is not None:
-            got += chunk.values
-            if len(got) >= 60 and runner.knobs["workers"] == 1 and len(got) < 150:
-                runner.configure(workers=3)
-            elif len(got) >= 150 and runner.knobs["workers"] == 3:
+        for x in it:
+            got.append(x)
+            plan = it.plan()
+            (read,) = [stage for stage in plan.stages if stage.role.value == "read"]
+            workers = read.settings()["workers"]
+            if len(got) >= 60 and workers == 1 and len(got) < 150:
+                plan.configure(read.name, workers=3)  # the tuner's knob, through the plan
+            elif len(got) >= 150 and workers == 3:
                 assert len(wait_for_actor_names(lambda names: len(names) >= 3)) >= 3
-                runner.configure(workers=1)
+                plan.configure(read.name, workers=1)
+        assert read.settings()["workers"] == 1
     finally:
-        runner.close()
+        it.close()
         elastic.shutdown()
     assert got == [x * x for x in range(300)]
 

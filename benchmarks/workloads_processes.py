@@ -13,10 +13,11 @@
 
 - ``ray_python_transform``: ``mp_python_transform``'s pipeline on
   ``mp_prefetch(..., backend=RayBackend(2))`` (a local Ray of 2 CPUs, started untimed); its
-  limit is gristmill's own ``mp_prefetch`` figure (2 worker processes). The backend's
-  actors persist from run to run, as ``mp_prefetch``'s worker processes do (the pool).
-  ``python benchmarks/workloads_processes.py`` prints the per-work-unit overhead on Ray and
-  the time a new backend takes to start its actors.
+  limit is gristmill's own ``mp_prefetch`` figure (2 worker processes). Every timed run
+  starts its actors, as every ``mp_prefetch`` run starts its worker processes (``setup``
+  stops the previous run's). ``python benchmarks/workloads_processes.py`` prints the
+  per-work-unit overhead on Ray with the actors already up, and the time a new backend
+  takes to start its actors.
 
 Every run starts its worker processes (``iter()`` is timed), and the first output includes
 that start. ``STRICT = False``: CI has no torch or spdl.
@@ -123,14 +124,19 @@ def _start_ray() -> Any:
 
 def _python_ray(*, n: int, batch_size: int) -> Case:
     """mp_python_transform's pipeline on ``RayBackend(2)``: ``ray.init`` is untimed (in
-    ``setup``); the actors start in the first (warm-up) run and serve the later ones, as
-    the pooled worker processes of the ``mp_prefetch`` reference do."""
+    ``setup``), the actors' start is timed (``setup`` kills the previous run's, as the
+    ``mp_prefetch`` reference stops its idle worker processes)."""
     import gristmill as gm
     from gristmill.ray import RayBackend
 
     backend = RayBackend(num_actors=_WORKERS)
+
+    def setup() -> None:
+        _start_ray()
+        backend.shutdown()
+
     ds = _ray_pipeline(gm, backend, n, batch_size)
-    return _case(lambda: iter(ds), n, setup=_start_ray)
+    return _case(lambda: iter(ds), n, setup=setup)
 
 
 def _python_processes(*, n: int, batch_size: int) -> Case:

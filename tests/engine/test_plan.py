@@ -34,7 +34,8 @@ def test_a_pipeline_plan_lists_every_stage_source_to_sink_named_as_its_statistic
     assert roles(plan) == ["source", "map", "aggregate", "split", "sink"]
     assert [s.name for s in plan.stages] == [s.name for s in pipeline.statistics().stages]
     assert plan.stage(plan.stages[1].name).settings()["workers"] == 2
-    assert "map" in str(plan) and "workers=2" in str(plan)
+    assert "map" in str(plan)
+    assert "workers=2" in str(plan)
 
 
 def test_configuring_a_pipeline_stage_through_the_plan_keeps_the_output():
@@ -99,7 +100,8 @@ def test_a_dataset_plan_joins_the_parents_stages_before_a_prefetch_thread():
 
 def test_an_iterator_that_has_not_started_has_an_empty_plan():
     it = iter(gm.MapDataset.range(5).to_iter_dataset())
-    assert len(it.plan()) == 0 and it.statistics().stages == ()
+    assert len(it.plan()) == 0
+    assert it.statistics().stages == ()
     it.close()
 
 

@@ -94,19 +94,27 @@ def test_a_ray_backend_is_accepted_where_an_executor_is_and_others_still_refused
         PipelineBuilder().add_source(range(3)).pipe(slow_square, executor=object())
 
 
-def test_shutdown_under_a_running_pipe_stage_fails_its_calls_clearly(caplog):
-    # as with any executor shut down under a stage (SPDL: a ProcessPoolExecutor's "cannot
-    # schedule new futures"), each later call fails and counts against max_failures
+def test_shutdown_under_a_running_pipe_stage_fails_the_stage_at_once():
+    # as a broken executor does: every later call would fail the same way
     own = RayBackend(num_actors=2, actor_options={"num_cpus": 0.25})
     stages = lambda b: b.pipe(slow_square, executor=own, concurrency=2)  # noqa: E731
     pipeline = build(stages, range(2000))
-    with pipeline.auto_stop():
-        items = pipeline.get_iterator(timeout=30)
-        got = [next(items) for _ in range(10)]
-        own.shutdown()
-        got += list(items)
+    got = []
+
+    def read_then_shut_down():
+        with pipeline.auto_stop():
+            items = pipeline.get_iterator(timeout=30)
+            got.extend(next(items) for _ in range(10))
+            own.shutdown()
+            got.extend(items)
+
+    with pytest.raises(PipelineFailure) as info:
+        read_then_shut_down()
     assert len(got) < 2000
-    assert "BackendShutDownError: the RayBackend was shut down (backend.shutdown())" in caplog.text
+    (error,) = info.value.exceptions
+    assert "cannot go on" in str(error)
+    assert "is broken (BackendShutDownError" in str(error)
+    assert "RayBackend was shut down (backend.shutdown())" in str(error)
     # a new pipeline on the same backend starts new actors
     assert sorted(build(lambda b: b.pipe(slow_square, executor=own), range(10))) == [
         x * x for x in range(10)

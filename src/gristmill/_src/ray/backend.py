@@ -15,8 +15,9 @@ a task whose actor died (killed, its node gone: ``RayActorError``, ``ObjectLostE
 ``NodeDiedError``) is run again on a new actor of the same slot; after
 :data:`MAX_ATTEMPTS` lost actors for one task, the stage fails with
 :class:`ActorsLostError`. The window files one result per task, so nothing is delivered
-twice or skipped. Elastic: ``configure(workers=N)`` (through the plan: ``engine/plan.py``) starts proxies (and actors)
-up to ``N`` slots, or lets the proxies beyond ``N`` leave after their task.
+twice or skipped. Elastic: ``configure(workers=N)`` (through the plan: ``engine/plan.py``)
+starts proxies (and actors) up to ``N`` slots, or lets the proxies beyond ``N`` leave after
+their task.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ older era then gets :class:`BackendShutDownError` instead of calling Ray again. 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import itertools
 import threading
@@ -46,8 +47,11 @@ DEFAULT_ACTOR_OPTIONS: Mapping[str, Any] = {"num_cpus": 1}
 _DRAIN_S = 5.0  # how long shutdown waits for the calls in progress (each ends within 0.1 s)
 
 
-class BackendShutDownError(RuntimeError):
-    """The stage's ``RayBackend`` was shut down while the stage ran on its actors."""
+class BackendShutDownError(concurrent.futures.BrokenExecutor):
+    """The stage's ``RayBackend`` was shut down while the stage ran on its actors.
+
+    A ``RuntimeError``; a ``concurrent.futures.BrokenExecutor`` too, as for an executor shut
+    down under a pipeline stage: the stage fails at once."""
 
 
 class ActorPool:

@@ -300,7 +300,7 @@ class _Lowering:
             runner = ChunkRunner(
                 StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),
                 workers=concurrency,
-                buffer_size=max(2 * stage.concurrency + 2, 16),
+                buffer_size=stage.concurrency + 2,  # SPDL: a queue of 2 after each stage
                 name=str(info),
                 executor=ASYNCIO if is_async else THREADS,
                 output_order=stage.output_order,

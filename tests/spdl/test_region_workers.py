@@ -4,6 +4,7 @@ stopped when busy at close, and no wait in a region runs on a timeout."""
 
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -146,14 +147,19 @@ def test_closing_a_pipeline_mid_region_leaves_no_child_process_and_no_segment():
 
 def fails_on_7(x):
     if x == 7:
-        raise ValueError("seven")
+        raise ValueError(f"seven in pid {os.getpid()}")
     return x
 
 
-def test_workers_of_a_failed_region_are_not_pooled():
-    with pytest.raises(PipelineFailure):
+def test_the_worker_that_failed_is_stopped_not_pooled():
+    with pytest.raises(PipelineFailure) as info:
         list(region(stages=(fails_on_7,), max_failures=0))
-    assert worker_pool.idle_count() == 0
+    error = info.value.exceptions[0]
+    text = "\n".join([str(error), *getattr(error, "__notes__", [])])  # the worker's traceback
+    failed = int(re.search(r"seven in pid (\d+)", text).group(1))
+    assert failed not in children()
+    # the other worker is pooled only if its "end" came before the region closed
+    assert worker_pool.idle_count() <= 1
 
 
 def test_no_wait_of_a_region_or_its_consumer_has_a_timeout(monkeypatch):

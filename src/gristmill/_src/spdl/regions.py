@@ -176,7 +176,7 @@ class RegionStream:
             self._credits[index] -= 1
         try:
             self._workers[index].conn.send(message)
-        except (OSError, ValueError):  # the worker is gone (its sentinel reports it)
+        except (OSError, ValueError, TypeError):  # it died, or close() closed its pipe
             return False
         return True
 
@@ -190,7 +190,7 @@ class RegionStream:
             with self._cond:
                 if self._closed or index in self._finished:
                     continue
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, TypeError):  # as in _send
                 worker.conn.send(("end",))
 
     def _dispatch(self) -> None:
@@ -247,7 +247,7 @@ class RegionStream:
                 owners[self._workers[index].process.sentinel] = index
             try:
                 ready = connection.wait(list(owners))
-            except (OSError, ValueError):  # close() stopped the workers under us
+            except (OSError, ValueError, TypeError):  # close() stopped the workers under us
                 return
             for waitable in ready:
                 index = owners[waitable]
@@ -273,8 +273,11 @@ class RegionStream:
     def _bury(self, index: int) -> None:
         """Worker ``index``'s sentinel fired: reads what it sent, then reports its death."""
         conn = self._workers[index].conn
-        while index not in self._finished and conn.poll():
-            self._receive(index)
+        try:
+            while index not in self._finished and conn.poll():
+                self._receive(index)
+        except (OSError, ValueError, TypeError):  # close() stopped it, closed its pipe
+            pass
         self._died(index)
 
     def _died(self, index: int) -> None:
@@ -380,7 +383,6 @@ class RegionStream:
                 worker_pool.give_back(worker)
             else:
                 worker_pool.stop(worker)
-        self._workers = []
         shm.unlink_leftovers(self._shm_prefix)  # transfers and outputs never read
 
     def statistics(self) -> Any:

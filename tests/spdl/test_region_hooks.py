@@ -117,3 +117,32 @@ def test_the_main_process_defaults_are_left_alone(tmp_path):
     assert sorted(pipeline) == [2, 4, 6, 8]
     tasks = [r for r in _records(tmp_path) if r["kind"] == "task"]
     assert [r["name"].split(":", 1)[1] for r in tasks] == ["1:times_two"]
+
+
+def with_pid(x):
+    return (os.getpid(), x)
+
+
+def test_a_pooled_worker_forgets_the_defaults_a_previous_regions_initializer_set(tmp_path):
+    def run(target):
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(4))
+            .to(target)
+            .pipe(with_pid)
+            .to(defs.MAIN_PROCESS)
+            .add_sink(4)
+            .build(num_threads=2)
+        )
+        return {pid for pid, _ in pipeline}
+
+    recorded = defs.ProcessPoolExecutorConfig(
+        max_workers=1, initializer=install_recorders, initargs=(str(tmp_path),)
+    )
+    first = run(recorded)
+    assert _records(tmp_path)
+    for path in tmp_path.iterdir():
+        path.unlink()
+    second = run(defs.ProcessPoolExecutorConfig(max_workers=1))
+    assert second == first  # the same pooled worker, without the recording hooks now
+    assert _records(tmp_path) == []

@@ -59,7 +59,7 @@ def test_build_pipeline_closes_a_region_left_open_at_the_sink_but_the_builder_re
 
 
 def test_the_default_start_method_runs_module_level_stages():
-    target = defs.ProcessPoolExecutorConfig(max_workers=1)  # forkserver (spawn elsewhere)
+    target = defs.ProcessPoolExecutorConfig(max_workers=1)  # fork where safe, else forkserver
     assert sorted(x for _, x in region(target, n=5)) == list(range(5))
 
 

@@ -102,9 +102,25 @@ class WorkerDiedError(RuntimeError):
     """A worker process exited while it had work."""
 
 
-def _worker_main(conn: Any) -> None:
+Job = Callable[..., bool]
+"""A pooled worker's job: a module-level function ``job(conn, *args)`` that serves one
+stage over ``conn`` and returns whether the worker may take another job (False: it ends)."""
+
+
+def job_message(job: Job, *args: Any) -> tuple[str, Job, tuple[Any, ...]]:
+    """The message that starts ``job(conn, *args)`` in a pooled worker (the function travels
+    by reference: its module is imported in the worker)."""
+    return ("job", job, args)
+
+
+def pooled_worker_main(conn: Any) -> None:
     """A pooled worker: runs one stage's job after another (:mod:`worker_pool`) until told
-    to stop (``None``) or its parent is gone."""
+    to stop (``None``), its parent is gone, or a job says it cannot take another.
+
+    Every process stage's workers run this loop: an ``mp_prefetch`` / DataLoader stage's
+    (:func:`run_tasks`) and a ``to()`` region's (``spdl.region_worker.run_region``), so a
+    worker that served one kind of stage can serve the other next.
+    """
     # Ctrl-C reaches the whole process group: the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
@@ -114,19 +130,20 @@ def _worker_main(conn: Any) -> None:
             return
         if message is None:
             return
-        _, index, count, work, worker_init_fn, shm_prefix = message
-        _run_job(conn, index, count, work, worker_init_fn, shm_prefix)
+        _, job, args = message
+        if not job(conn, *args):
+            return
 
 
-def _run_job(
+def run_tasks(
     conn: Any,
     index: int,
     count: int,
     work: bytes,
     worker_init_fn: bytes,
     shm_prefix: str | None,
-) -> None:
-    """One stage's job: runs the tasks it receives until the stage ends it (``"end"``).
+) -> bool:
+    """A process stage's job: runs the tasks it receives until the stage ends it (``"end"``).
 
     ``work`` unpickles to a ``RangeFeed`` (tasks are index ranges ``(start, size)``) or to an
     element function (tasks are ``(start, size, payload, segments)``: the input values);
@@ -143,7 +160,7 @@ def _run_job(
         _exit(conn, error)
     except BaseException as error:
         _send_failure(conn, 0, error)
-        return
+        return True  # the stage stops it
     while True:
         try:
             message = conn.recv()
@@ -152,7 +169,7 @@ def _run_job(
         if message is None:
             raise SystemExit(0)
         if message == "end":
-            return
+            return True
         start, size = message[0], message[1]
         try:
             if isinstance(job, RangeFeed):
@@ -163,7 +180,7 @@ def _run_job(
             _exit(conn, error)
         except BaseException as error:  # run() returns failures; this is a bug
             _send_failure(conn, start, error)
-            return
+            return True  # the stage stops it
         if chunk.error is not None:
             _send_failure(conn, chunk.start, chunk.error, chunk.values)
             continue
@@ -258,11 +275,11 @@ class ProcessCore(Core):
         context = self._context
         if self._pool_kind == "auto" and main_guard.fork_is_safe():
             context = multiprocessing.get_context("fork")
-        self._workers = worker_pool.lease(context, count, _worker_main, self._pool_kind)
+        self._workers = worker_pool.lease(context, count, pooled_worker_main, self._pool_kind)
         for index, worker in enumerate(self._workers):
             prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
             try:
-                worker.conn.send(("job", index, count, payload, init, prefix))
+                worker.conn.send(job_message(run_tasks, index, count, payload, init, prefix))
                 self._reusable.append(True)
             except OSError:  # it died while idle: its proxy reports it
                 self._reusable.append(False)

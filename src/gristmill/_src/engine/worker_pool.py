@@ -58,17 +58,23 @@ _wake = threading.Condition(_lock)
 
 
 def lease(
-    context: Any, count: int, target: Callable[[Any], None], method: str | None = None
+    context: Any,
+    count: int,
+    target: Callable[[Any], None],
+    method: str | None = None,
+    *,
+    fresh: bool = False,
 ) -> list[PooledWorker]:
     """``count`` workers running ``target``: idle ones of this kind first, then new ones
     started by ``context``. ``method`` is the start method the stage asked for (``"auto"``:
-    any; default: ``context``'s), which idle workers must match."""
+    any; default: ``context``'s), which idle workers must match. ``fresh``: new ones only
+    (forked now, they inherit what the parent holds now: work that cannot be pickled)."""
     method = context.get_start_method() if method is None else method
     kind = (method, f"{target.__module__}.{target.__qualname__}")
     taken: list[PooledWorker] = []
     dead: list[PooledWorker] = []
     with _lock:
-        for worker in list(_idle):
+        for worker in [] if fresh else list(_idle):
             if len(taken) == count:
                 break
             if worker.kind != kind:
@@ -117,9 +123,10 @@ def give_back(worker: PooledWorker) -> None:
         _wake.notify()
 
 
-def stop(worker: PooledWorker) -> None:
-    """Stops a worker that is not pooled (busy, failed or not wanted)."""
-    _stop(worker)
+def stop(worker: PooledWorker, *, ask: bool = True) -> None:
+    """Stops a worker that is not pooled (busy, failed or not wanted). ``ask=False``: it is
+    terminated without being asked first (its pipe may be full: asking could block)."""
+    _stop(worker, ask=ask)
 
 
 def idle_count() -> int:
@@ -158,12 +165,13 @@ def _expire() -> None:
             _stop(worker)
 
 
-def _stop(worker: PooledWorker) -> None:
+def _stop(worker: PooledWorker, *, ask: bool = True) -> None:
     from gristmill._src.engine.process_lane import stop_process
 
-    with contextlib.suppress(Exception):
-        worker.conn.send(None)
-    stop_process(worker.process, _STOP_GRACE_S)
+    if ask:
+        with contextlib.suppress(Exception):
+            worker.conn.send(None)
+    stop_process(worker.process, _STOP_GRACE_S if ask else 0.0)
     with contextlib.suppress(Exception):
         worker.conn.close()
 

@@ -140,6 +140,35 @@ def get_default_background_tasks() -> list[Callable[[], Any]] | None:
     return _background_tasks
 
 
+def saved_defaults() -> tuple[Any, ...]:
+    """Every default set by the functions above, to put back with :func:`restore_defaults`
+    (a pooled worker does after a region whose initializer changed them)."""
+    return (
+        _hook_class,
+        _queue_class,
+        _profile_hook,
+        _profile_callback,
+        _build_callback,
+        _background_tasks,
+        _compact_log,
+    )
+
+
+def restore_defaults(saved: tuple[Any, ...]) -> None:
+    """Puts back the defaults :func:`saved_defaults` returned."""
+    global _hook_class, _queue_class, _profile_hook, _profile_callback
+    global _build_callback, _background_tasks, _compact_log
+    (
+        _hook_class,
+        _queue_class,
+        _profile_hook,
+        _profile_callback,
+        _build_callback,
+        _background_tasks,
+        _compact_log,
+    ) = saved
+
+
 def set_compact_log(value: bool | None) -> None:
     """One-line failure logs (``True``), full tracebacks (``False``), or ``None``: read
     ``SPDL_PIPELINE_COMPACT_LOG`` from the environment on the next failure."""

@@ -37,8 +37,9 @@ class MergedOutput:
             self.items.extend(values)
             self.cond.notify_all()
 
-    def next_chunk(self, outcome: Outcome, poll_s: float | None = None) -> Chunk | None:
-        """The items waiting (waits for some), else None at the end or the error."""
+    def next_chunk(self, outcome: Outcome) -> Chunk | None:
+        """The items waiting (waits for some), else None at the end or the error. The
+        producers notify ``cond`` on every change that ends the wait (no poll)."""
         with self.cond:
             while True:
                 if self.closed:
@@ -56,7 +57,7 @@ class MergedOutput:
                     return Chunk(self._position, [], error)
                 if finished:
                     return None
-                self.cond.wait(poll_s)
+                self.cond.wait()
 
     def close(self) -> None:
         with self.cond:

@@ -1,0 +1,220 @@
+"""The worker side of a ``to()`` region: :func:`run_region`, a pooled worker's job.
+
+A region's workers are the pooled worker processes every process stage uses
+(``engine.worker_pool``, ``process_lane.pooled_worker_main``); the region sends each one the job
+``run_region(conn, ...)``. The job builds the region's stages with the same lowering as the
+main pipeline, fed by the transfers the main process sends over the worker's pipe, and sends
+every chunk of outputs back as one message on the same pipe:
+
+- main -> worker: ``("items", payload)``, ``("epoch",)``, then ``("end",)``;
+- worker -> main: ``("taken",)`` when it takes a transfer (a credit back: the main process
+  keeps at most ``QUEUE_DEPTH`` transfers sent and not taken per worker),
+  ``("items", payload)``, ``("epoch",)``, and last ``("end",)`` or
+  ``("error", error_or_None, text)``.
+
+After ``"end"`` the worker may serve another stage; after an error it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import pickle
+import threading
+import traceback
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from gristmill._src.engine import sending, shm
+from gristmill._src.engine.markers import EPOCH_END
+from gristmill._src.spdl import config
+from gristmill._src.spdl.pipeline import PIPELINE_IDS, StageInfo
+from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
+
+logger = logging.getLogger("gristmill.pipeline")
+
+QUEUE_DEPTH = 2
+"""Transfers sent to a worker and not yet taken by it, at most."""
+
+
+class Inherited(NamedTuple):
+    """A region's work left in :data:`INHERITED` for workers forked now (it did not pickle)."""
+
+    key: int
+
+
+INHERITED: dict[int, tuple[Any, ...]] = {}
+"""Work of regions whose workers are being forked: a forked child finds it here."""
+_keys = itertools.count()
+
+
+def inherit(work: tuple[Any, ...]) -> Inherited:
+    """Leaves ``work`` for the workers forked from now on (forget it once they are)."""
+    key = next(_keys)
+    INHERITED[key] = work
+    return Inherited(key)
+
+
+def pickled(values: list[Any], what: str, prefix: str | None, numbers: Any) -> bytes:
+    """``values`` pickled, large arrays in shared memory (:mod:`shm`): raises TypeError
+    naming the value that cannot cross processes."""
+    try:
+        return shm.dumps(values, prefix, numbers)
+    except Exception as error:
+        raise TypeError(
+            f"{what} cannot be pickled ({error}); items crossing process boundaries must "
+            "be picklable"
+        ) from error
+
+
+class _Pipe:
+    """The worker's end of its pipe: sends from two threads (the source's acks, the job's
+    outputs) one at a time; reads the transfers on the source's thread only."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self.stopped = False  # the parent is gone or asked the worker to stop
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+    def transfers(self) -> Iterator[Any]:
+        """The items sent, with EPOCH_END at epoch ends, until "end"."""
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                message = None
+            if message is None or message[0] == "end":
+                self.stopped = message is None
+                return
+            self.send(("taken",))
+            if message[0] == "items":
+                yield from shm.loads(message[1])
+            else:
+                yield EPOCH_END
+
+
+def _worker_pipeline(
+    span: tuple[Any, ...], pipe: _Pipe, max_failures: Any, interval: float
+) -> tuple[Any, QueueMonitor, Any]:
+    """The worker's lowering (with its default hooks and queue objects), its queue monitor
+    and its source stream (the transfers); the stages are lowered by the caller."""
+    from gristmill._src.engine.streams import IteratorStream
+    from gristmill._src.spdl.builder import _Lowering
+
+    pipeline_id = next(PIPELINE_IDS)
+    queues = QueueMonitor(None, interval, pipeline_id)
+    hooks = default_task_hooks(None, queues.interval)
+    concurrency = sum(getattr(stage, "concurrency", 1) for stage in span)
+    lowering = _Lowering(
+        pipeline_id, concurrency + 1, max_failures, hooks, continuous=True, queues=queues
+    )
+    info = StageInfo(pipeline_id, "0", "src")
+    source = IteratorStream(pipe.transfers(), buffer_size=64, name=str(info), inline=False)
+    queues.observe(info, stream_probe(source))
+    lowering.streams.append(source)
+    return lowering, queues, source
+
+
+def _close_worker_pipeline(lowering: Any, queues: QueueMonitor) -> None:
+    """Stops the worker's streams, then exits its stages' hooks and queues; idempotent."""
+    for stream in reversed(lowering.streams):
+        with contextlib.suppress(Exception):
+            stream.close()
+    for hooks in lowering.stage_hooks:
+        try:
+            hooks.close()
+        except Exception:  # a failing stage hook must not stop the others
+            logger.exception("gristmill: a stage hook failed while exiting")
+    try:
+        queues.close()
+    except Exception:
+        logger.exception("gristmill: a queue's stage hook failed while exiting")
+
+
+def _unpacked(work: bytes | Inherited) -> tuple[Any, ...]:
+    if isinstance(work, Inherited):
+        found = INHERITED.pop(work.key)
+        INHERITED.clear()  # other regions' work, forked along: not this worker's
+        return found
+    return tuple(sending.loads(work))
+
+
+def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, ...]) -> None:
+    """Runs the span over the transfers until they end; outputs go back on ``pipe``."""
+    from gristmill._src.engine.streams import iterate_chunks
+
+    max_failures, name, shm_prefix, interval = options
+    span, initializer, initargs = _unpacked(work)
+    if initializer is not None:
+        initializer(*initargs)
+    lowering, queues, source = _worker_pipeline(span, pipe, max_failures, interval)
+    last, _ = lowering.stages(source, span, False, 0)
+    produce = iterate_chunks(last)
+    queues.start()  # the queues' stage hooks, before any item moves
+    output = f"an output of {name}"
+    numbers = shm.counter()
+    try:
+        while True:
+            try:
+                values = produce()
+            except StopIteration:
+                break
+            start = 0
+            for i, value in enumerate(values):
+                if value is EPOCH_END:
+                    if i > start:
+                        pipe.send(("items", pickled(values[start:i], output, shm_prefix, numbers)))
+                    pipe.send(("epoch",))
+                    start = i + 1
+            if start < len(values):
+                pipe.send(("items", pickled(values[start:], output, shm_prefix, numbers)))
+    finally:
+        # hooks first: they have exited when the main process sees "end"
+        _close_worker_pipeline(lowering, queues)
+
+
+def run_region(
+    conn: Any,
+    index: int,
+    work: bytes | Inherited,
+    max_failures: Any,
+    name: str,
+    shm_prefix: str | None = None,
+    report_stats_interval: float = -1,
+) -> bool:
+    """Worker ``index`` of region ``name``: runs the region's span over the transfers sent
+    on ``conn`` (outputs' large arrays in segments named ``shm_prefix-<n>``); True when it
+    ended cleanly (the worker may serve another stage).
+
+    ``work`` is ``(span, initializer, initargs)``, cloudpickled, or :class:`Inherited` by a
+    worker forked for it. As in SPDL, the span is a pipeline of the worker's own: its stages
+    get the worker's default task hooks and queue objects (``config.set_default_hook_class``
+    / ``set_default_queue_class``, e.g. called by the initializer), not the main build's;
+    the defaults are put back when the job ends.
+    """
+    pipe = _Pipe(conn)
+    saved = config.saved_defaults()
+    try:
+        _run(pipe, index, work, (max_failures, name, shm_prefix, report_stats_interval))
+        if pipe.stopped:
+            return False
+        pipe.send(("end",))
+        return True
+    except BaseException as error:
+        text = traceback.format_exc()
+        try:
+            pickle.loads(pickle.dumps(error))
+        except Exception:  # the error does not cross processes: send its text
+            sent: BaseException | None = None
+        else:
+            sent = error
+        with contextlib.suppress(Exception):
+            pipe.send(("error", sent, text))
+        return False  # its threads may still read the pipe: the worker ends
+    finally:
+        config.restore_defaults(saved)

@@ -22,6 +22,7 @@ from typing import Any
 
 from gristmill._src.engine import sending
 from gristmill._src.engine.feeds import Chunk, RangeFeed, Task, apply
+from gristmill._src.ray.region_jobs import RegionJobs
 
 Reply = tuple[Any, ...]
 
@@ -43,6 +44,7 @@ class PoolActor:
 
     def __init__(self) -> None:
         self._jobs: dict[str, Any] = {}  # stage key -> its work, or the error loading it
+        self._regions = RegionJobs()  # to() regions' jobs (their calls: REGION_GROUP)
 
     def ping(self) -> bool:
         """Answers once the actor is up (a pool waits for it before timing tasks)."""
@@ -86,6 +88,21 @@ class PoolActor:
         if chunk.error is not None:
             return failure(chunk.error, chunk.values)
         return ("ok", chunk.values)
+
+    # -- to() regions (called in the REGION_GROUP concurrency group) ----------------------
+
+    def region_open(self, key: str, work: bytes, index: int, options: tuple[Any, ...]) -> None:
+        """Starts this actor's job of region ``key`` (``region_jobs``)."""
+        self._regions.open(key, index, work, options)
+
+    def region_push(self, key: str, number: int, message: tuple[Any, ...]) -> None:
+        self._regions.push(key, number, message)
+
+    def region_pull(self, key: str, wait_s: float) -> list[tuple[Any, ...]]:
+        return self._regions.pull(key, wait_s)
+
+    def region_close(self, key: str) -> None:
+        self._regions.close(key)
 
 
 class _LoadFailed:

@@ -38,6 +38,7 @@ from typing import Any
 
 from gristmill._src.ray import import_ray
 from gristmill._src.ray.actor import PoolActor
+from gristmill._src.ray.region_jobs import REGION_GROUP, REGION_THREADS
 
 NAME_PREFIX = "gristmill-ray-"
 """Every pool actor is a named Ray actor ``gristmill-ray-<pool>-<slot>-<generation>``
@@ -112,7 +113,8 @@ class ActorPool:
         """A new actor for ``slot``. Lock held."""
         ray = import_ray()
         if self._actor_class is None:
-            self._actor_class = ray.remote(PoolActor)
+            groups = {REGION_GROUP: REGION_THREADS}  # to() regions' calls, beside the tasks
+            self._actor_class = ray.remote(concurrency_groups=groups)(PoolActor)
         generation = next(self._generations)
         name = f"{NAME_PREFIX}{self._id}-{slot}-{generation}"
         actor = self._actor_class.options(name=name, **self._options).remote()

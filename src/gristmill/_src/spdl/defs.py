@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.spdl import config_repr
-from gristmill._src.spdl.executors import check_executor
+from gristmill._src.spdl.executors import check_executor, is_ray_backend
 
 OUTPUT_ORDERS = ("completion", "input")
 
@@ -422,10 +422,10 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
             "InterpreterPoolExecutorConfig, or MAIN_PROCESS), not a live Executor. To run a "
             "single stage on a custom executor, pass it to `pipe(executor=...)` instead."
         )
-    if not isinstance(target, (ExecutorConfig, _MainProcess)):
+    if not isinstance(target, (ExecutorConfig, _MainProcess)) and not is_ray_backend(target):
         raise TypeError(
             "`to()` target must be a ProcessPoolExecutorConfig, InterpreterPoolExecutorConfig, "
-            "or MAIN_PROCESS. "
+            "or MAIN_PROCESS (or a gristmill.ray.RayBackend). "
             f"Got: {type(target).__name__}."
         )
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
@@ -451,7 +451,7 @@ def check_regions(pipes: Sequence[Any], *, open_at_end: bool = False) -> None:
                     "An empty `to(...)` region has no stages. Add stages before the next "
                     "`.to(...)`, or remove the redundant marker."
                 )
-            open_region = isinstance(stage.target, ExecutorConfig)
+            open_region = isinstance(stage.target, ExecutorConfig) or is_ray_backend(stage.target)
             if isinstance(stage.target, InterpreterPoolExecutorConfig):
                 check_interpreter_support(
                     "A subinterpreter region (`to(InterpreterPoolExecutorConfig(...))`)"

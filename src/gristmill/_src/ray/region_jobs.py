@@ -1,0 +1,121 @@
+"""``to(RayBackend)`` regions on an actor: each region's span runs as a job of its own.
+
+A region job is ``region_worker.run_region`` — the very job a region's worker process runs —
+on a thread of the actor, speaking over a :class:`QueueConn` instead of a pipe: the region's
+main process *pushes* its messages into the job's inbox (``region_push``) and *pulls* what
+the job sent (``region_pull``, which waits a little for something to send back). The actor
+runs these calls in a concurrency group of their own (``REGION_GROUP``), so they run beside
+the stage tasks (``run``, one at a time) and beside other regions' calls. Nothing here
+imports Ray.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from typing import Any
+
+from gristmill._src.spdl import region_worker
+
+REGION_GROUP = "gristmill-region"
+"""The actor's concurrency group for region calls."""
+REGION_THREADS = 16
+"""Threads of that group: each running region has at most one pull waiting at a time."""
+
+
+class QueueConn:
+    """A region job's end of its messages, with a pipe's ``send`` / ``recv``."""
+
+    def __init__(self) -> None:
+        self.inbox: queue.Queue[Any] = queue.Queue()  # bounded by the region's credits
+        self._outbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._ready = threading.Condition()
+        self._early: dict[int, Any] = {}  # pushes that ran before an earlier one
+        self._next = 0  # the number of the next message for the inbox
+        self._order = threading.Lock()
+
+    def put(self, number: int, message: Any) -> None:
+        """Message ``number`` of the region's (its pushes may run out of order)."""
+        with self._order:
+            self._early[number] = message
+            while self._next in self._early:
+                self.inbox.put(self._early.pop(self._next))
+                self._next += 1
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._ready:
+            self._outbox.append(message)
+            self._ready.notify_all()
+
+    def recv(self) -> Any:
+        message = self.inbox.get()
+        if message is None:  # the region closed
+            raise EOFError("the region closed")
+        return message
+
+    def take(self, wait_s: float) -> list[tuple[Any, ...]]:
+        """Everything sent so far; waits up to ``wait_s`` for something if nothing was."""
+        with self._ready:
+            if not self._outbox:
+                self._ready.wait(wait_s)
+            messages = list(self._outbox)
+            self._outbox.clear()
+            return messages
+
+
+class RegionJobs:
+    """The region jobs of one actor, by region key.
+
+    A region's calls run in a group of several threads, so its first pull or push may run
+    before its ``open``: whichever comes first makes the job's :class:`QueueConn`. A closed
+    region's key is remembered, so a call that runs after its close makes nothing.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, QueueConn] = {}
+        self._closed: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _conn(self, key: str) -> QueueConn | None:
+        with self._lock:
+            if key in self._closed:
+                return None
+            conn = self._jobs.get(key)
+            if conn is None:
+                conn = self._jobs[key] = QueueConn()
+            return conn
+
+    def open(self, key: str, index: int, work: bytes, options: tuple[Any, ...]) -> None:
+        """Starts worker ``index``'s job of region ``key`` (``options``: ``(max_failures,
+        name, report_stats_interval)``)."""
+        conn = self._conn(key)
+        if conn is None:  # closed already
+            return
+        max_failures, name, interval = options
+        thread = threading.Thread(
+            target=region_worker.run_region,
+            args=(conn, index, work, max_failures, name, None, interval),
+            name=f"gristmill[{name}]-region-{index}",
+            daemon=True,
+        )
+        thread.start()
+
+    def push(self, key: str, number: int, message: tuple[Any, ...]) -> None:
+        """Hands the job message ``number`` (dropped if the region closed)."""
+        conn = self._conn(key)
+        if conn is not None:
+            conn.put(number, message)
+
+    def pull(self, key: str, wait_s: float) -> list[tuple[Any, ...]]:
+        """What the job sent (see :meth:`QueueConn.take`); nothing once the region closed."""
+        conn = self._conn(key)
+        return [] if conn is None else conn.take(wait_s)
+
+    def close(self, key: str) -> None:
+        """Ends the job (its transfers end) and forgets it."""
+        with self._lock:
+            self._closed.add(key)
+            conn = self._jobs.pop(key, None)
+        if conn is not None:
+            conn.inbox.put(None)

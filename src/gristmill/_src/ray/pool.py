@@ -13,7 +13,7 @@ slot's new *generation* and loads its stage's work there before its next task.
 
 Releasing: :meth:`ActorPool.shutdown` kills every actor (a later stage starts new ones); so
 does dropping the last reference to the backend (a finalizer), and interpreter exit (before
-Ray's own exit hook, see :func:`shutdown_all`).
+Ray's own exit hook, see :func:`shutdown_all_at_exit`).
 
 Shutting down under running stages: every Ray call a stage's thread makes goes through
 :meth:`ActorPool.calling`, tagged with the pool's *era* (how many shutdowns it had when the

@@ -135,3 +135,22 @@ def test_an_mp_prefetch_plan_shows_its_read_stage_on_worker_processes():
     plan.configure(read.name, workers=1)
     assert list(it) == [x * x for x in range(3, 60)]
     it.close()
+
+
+def test_a_data_loader_iterator_has_the_plan_of_its_pipeline():
+    from gristmill.python import DataLoader, IndexSampler
+
+    loader = DataLoader(
+        data_source=list(range(50)),
+        sampler=IndexSampler(50, num_epochs=1, shard_options=gm.sharding.NoSharding()),
+        operations=[gm.transforms.Batch(5)],
+        worker_count=2,
+    )
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1, 2, 3, 4]
+    plan = it.plan()
+    read = next(stage for stage in plan.stages if stage.role.value == "read")
+    assert read.settings()["workers"] == 2
+    assert [s.name for s in it.statistics().stages] == [s.name for s in plan.stages]
+    assert [b.tolist()[0] for b in it] == list(range(5, 50, 5))
+    it.close()

@@ -40,7 +40,9 @@ from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.core.state import to_grain_state
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.engine.plan import Plan
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
+from gristmill._src.engine.stats import PipelineStatistics
 from gristmill._src.loader import loader_state, record_ops, sharding
 from gristmill._src.loader.samplers import IndexSampler
 
@@ -275,6 +277,15 @@ class DataLoaderIterator:
 
     def start_prefetch(self) -> None:
         self._iterator.start_prefetch()
+
+    def plan(self) -> Plan:
+        """The engine plan behind this iterator (``DatasetIterator.plan``): its stages,
+        their settings, ``configure`` to change them while running (gristmill's)."""
+        return self._iterator.plan()
+
+    def statistics(self) -> PipelineStatistics:
+        """Snapshots of every stage's counters (``plan().statistics()``; gristmill's)."""
+        return self._iterator.statistics()
 
     async def save(self, directory: Any) -> None:
         """Writes ``get_state()`` (its JSON) to ``directory/process_{i}-of-{n}.json``; the state

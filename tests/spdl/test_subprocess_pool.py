@@ -1,0 +1,146 @@
+"""iterate_in_subprocess runs on the pooled worker processes of every process stage.
+
+An iterable whose worker ended cleanly (fn() returned, every pass read to its end) gives
+the worker back on close(): the next iterable, or a process stage, of the same kind — start
+method and daemonic-ness — takes it instead of starting a process. A worker that failed,
+timed out or was busy is stopped, never pooled. Daemonic and non-daemonic workers are never
+mixed: a non-daemonic one (SPDL's default) may start processes of its own.
+"""
+
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import gristmill as gm
+from gristmill.multiprocessing import MultiprocessingOrder, shutdown_idle_workers
+from gristmill.pipeline import iterate_in_subprocess
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))  # so that spawned workers import the helpers by name
+import subprocess_fns as fns  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_children_left")
+
+
+@pytest.fixture(autouse=True)
+def empty_pool():
+    shutdown_idle_workers()
+    yield
+    shutdown_idle_workers()
+
+
+def gone(pid, within=5.0):
+    """Whether process ``pid`` no longer exists (waiting up to ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        multiprocessing.active_children()  # reaps any finished child of ours
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def pid_in_worker(**kwargs):
+    """The pid of the worker an iterable ran on (iterated to its end, then closed)."""
+    iterable = iterate_in_subprocess(fns.own_pid, **kwargs)
+    [pid] = list(iterable)
+    iterable.close()
+    return pid
+
+
+def test_two_iterables_one_after_the_other_run_on_the_same_worker():
+    first = pid_in_worker()
+    assert first != os.getpid()
+    assert pid_in_worker() == first
+    assert {p.pid for p in multiprocessing.active_children()} == {first}
+
+
+def test_a_process_stage_of_the_same_kind_takes_the_iterables_worker():
+    pid = pid_in_worker(daemon=True)  # process stages' workers are daemonic
+    ds = gm.MapDataset.range(16).map(fns.pid_of).to_iter_dataset()
+    with iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1))) as it:
+        assert set(it) == {pid}
+    assert pid_in_worker(daemon=True) == pid  # and back
+
+
+def test_a_non_daemonic_worker_can_start_processes_and_a_daemonic_one_is_daemonic():
+    iterable = iterate_in_subprocess(fns.pid_daemon_and_child)
+    [(plain, daemonic, started)] = list(iterable)
+    iterable.close()
+    assert (daemonic, started) == (False, 0)
+    iterable = iterate_in_subprocess(fns.pid_daemon_and_child, daemon=True)
+    [(daemon, daemonic, started)] = list(iterable)
+    iterable.close()
+    assert daemonic is True
+    assert "daemonic processes are not allowed to have children" in started
+    assert daemon != plain  # never mixed in the pool: each kind takes its own
+    assert pid_in_worker(daemon=False) == plain
+    assert pid_in_worker(daemon=True) == daemon
+
+
+def test_the_initializers_and_fn_run_again_for_every_iterable_on_a_pooled_worker():
+    initializers = [fns.set_marker, fns.extend_marker]
+    runs = []
+    for _ in range(2):
+        iterable = iterate_in_subprocess(fns.facts, initializer=initializers)
+        runs.append(list(iterable))
+        iterable.close()
+    assert runs == [["set+extended", False, False]] * 2
+
+
+def test_a_worker_that_failed_is_stopped_not_pooled():
+    iterable = iterate_in_subprocess(fns.pid_then_fail)
+    iterator = iter(iterable)
+    failed = next(iterator)
+    with pytest.raises(RuntimeError, match="failed on purpose after one item"):
+        next(iterator)
+    iterable.close()
+    assert gone(failed)
+    assert pid_in_worker() != failed
+
+
+def test_a_worker_that_timed_out_is_stopped_not_pooled():
+    pooled = pid_in_worker()
+    iterable = iterate_in_subprocess(fns.pid_then_stall, timeout=2)
+    iterator = iter(iterable)
+    assert next(iterator) == pooled  # the pooled worker starts it at once
+    with pytest.raises(TimeoutError):
+        next(iterator)
+    assert gone(pooled)
+    assert pid_in_worker() != pooled
+
+
+def test_a_worker_busy_when_its_iterable_closes_is_stopped_not_pooled():
+    iterable = iterate_in_subprocess(fns.pids_forever)
+    busy = next(iter(iterable))
+    iterable.close()
+    assert gone(busy)
+    assert pid_in_worker() != busy
+
+
+def test_a_pass_left_early_then_read_to_its_end_leaves_the_worker_poolable():
+    iterable = iterate_in_subprocess(fns.own_pid)
+    for pid in iterable:  # noqa: B007 (the pid is used below)
+        break
+    assert list(iterable) == [pid]
+    iterable.close()
+    assert pid_in_worker() == pid
+
+
+def test_grain_per_worker_order_reuses_its_workers_across_epochs():
+    options = gm.MultiprocessingOptions(num_workers=2, order=MultiprocessingOrder.GRAIN_PER_WORKER)
+    ds = gm.MapDataset.range(16).map(fns.pid_of).to_iter_dataset().mp_prefetch(options)
+    epochs = []
+    for _ in range(2):
+        with iter(ds) as it:
+            epochs.append(set(it))
+    assert len(epochs[0]) == 2
+    assert epochs[1] == epochs[0]

@@ -9,6 +9,7 @@ mixed: a non-daemonic one (SPDL's default) may start processes of its own.
 
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -144,3 +145,21 @@ def test_grain_per_worker_order_reuses_its_workers_across_epochs():
             epochs.append(set(it))
     assert len(epochs[0]) == 2
     assert epochs[1] == epochs[0]
+
+
+def test_interpreter_exit_stops_an_idle_non_daemonic_worker_without_waiting_for_it():
+    # multiprocessing joins non-daemonic children at exit: the pool stops its idle ones first
+    script = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(SUPPORT)!r}, {str(Path(fns.__file__).parents[2] / 'src')!r}]\n"
+        "from gristmill.pipeline import iterate_in_subprocess\n"
+        "import subprocess_fns as fns\n"
+        "iterable = iterate_in_subprocess(fns.own_pid)\n"
+        "print(*iterable, flush=True)\n"
+        "iterable.close()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert gone(int(result.stdout))

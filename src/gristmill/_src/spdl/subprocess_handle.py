@@ -98,15 +98,24 @@ class WorkerHandle:
         return code
 
     def send(self, command: bytes) -> None:
+        """Sends the worker a command; nothing once it was released (its pipe may serve
+        another job now)."""
+        if self.closed_reason is not None:
+            return
         if command.startswith(proto.ITERATE):
             self._pass_open = True
-        # a dead worker is reported by the next receive; a released one has no pipe
+        self._write(command)
+
+    def _write(self, command: bytes) -> None:
+        # a dead worker is reported by the next receive
         with self._send_lock, contextlib.suppress(OSError, ValueError, TypeError):
             self._conn.send_bytes(command)
 
     def receive(self, generation: int, activity: str) -> tuple[str, Any]:
         """The next message of pass ``generation`` as ``(kind, payload)``; messages of an
         abandoned pass are dropped. A dead worker, a timeout or an interrupt shuts it down."""
+        if self.closed_reason is not None:  # released: its pipe may serve another job
+            raise self._closed_while_waiting(activity)
         try:
             while True:
                 kind, message_generation, payload = self._receive_one(activity)
@@ -151,7 +160,7 @@ class WorkerHandle:
             if self.closed_reason is not None:  # stopped by another thread: no crash
                 raise self._closed_while_waiting(activity)
             raise self._died(activity)
-        self.send(proto.CREDIT)
+        self._write(proto.CREDIT)
         try:
             message: tuple[str, int, Any] = shm.loads(raw)
         except Exception as err:
@@ -232,7 +241,7 @@ class WorkerHandle:
                 if graceful and idle and self._stopped_cleanly():
                     worker_pool.give_back(worker)
                 elif graceful and not self._failed:
-                    self.send(proto.STOP)  # its job ends once its current item is made
+                    self._write(proto.STOP)  # its job ends once its current item is made
                     worker_pool.stop(worker)
                 else:
                     worker_pool.stop(worker, ask=False)
@@ -243,7 +252,7 @@ class WorkerHandle:
     def _stopped_cleanly(self) -> bool:
         """Ends the job of an idle worker: whether it answered the stop within a grace
         period and may take another job."""
-        self.send(proto.STOP)
+        self._write(proto.STOP)
         deadline = time.monotonic() + _GRACE_S
         try:
             while (left := deadline - time.monotonic()) > 0:

@@ -18,7 +18,12 @@ import pytest
 
 import gristmill as gm
 from gristmill.multiprocessing import MultiprocessingOrder, shutdown_idle_workers
-from gristmill.pipeline import iterate_in_subprocess
+from gristmill.pipeline import (
+    PipelineBuilder,
+    defs,
+    iterate_in_subprocess,
+    run_pipeline_in_subprocess,
+)
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 if str(SUPPORT) not in sys.path:
@@ -134,6 +139,29 @@ def test_a_pass_left_early_then_read_to_its_end_leaves_the_worker_poolable():
     assert list(iterable) == [pid]
     iterable.close()
     assert pid_in_worker() == pid
+
+
+def _pipeline_pids(continuous, region):
+    builder = PipelineBuilder().add_source(range(4), continuous=continuous)
+    if region:  # stages run on the worker's own (daemonic) workers
+        builder.to(defs.ProcessPoolExecutorConfig(max_workers=1)).pipe(abs)
+        builder.to(defs.MAIN_PROCESS)
+    config = builder.pipe(fns.pid_of, output_order="input").add_sink(3).get_config()
+    iterable = run_pipeline_in_subprocess(config, num_threads=1)
+    pids = set(iterable)
+    iterable.close()
+    return pids
+
+
+@pytest.mark.parametrize(("continuous", "region"), [(False, False), (True, False), (False, True)])
+def test_a_pipeline_run_in_a_subprocess_is_stopped_with_its_job_and_the_worker_reused(
+    continuous, region
+):
+    # a warm continuous pipeline is stopped when its iterable closes, a region's own
+    # workers idle in the worker's pool: nothing of the job keeps the worker from the pool
+    first = _pipeline_pids(continuous, region)
+    assert len(first) == 1
+    assert _pipeline_pids(continuous, region) == first
 
 
 def test_grain_per_worker_order_reuses_its_workers_across_epochs():

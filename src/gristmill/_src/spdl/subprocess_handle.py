@@ -32,7 +32,10 @@ from gristmill._src.engine import main_guard, shm, worker_pool
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main
 from gristmill._src.spdl import subprocess_worker as proto
 
-_GRACE_S = 1.0  # how long a stopping worker may take before SIGTERM, then SIGKILL
+_GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
+# how long an idle worker may take to answer a stop (it closes what fn() returned first: a
+# warm pipeline, pools made in the worker) before it is stopped instead of pooled
+_ANSWER_S = 3.0
 _LIVE: weakref.WeakSet[WorkerHandle] = weakref.WeakSet()
 _exit_hook_pid: int | None = None
 
@@ -253,7 +256,7 @@ class WorkerHandle:
         """Ends the job of an idle worker: whether it answered the stop within a grace
         period and may take another job."""
         self._write(proto.STOP)
-        deadline = time.monotonic() + _GRACE_S
+        deadline = time.monotonic() + _ANSWER_S
         try:
             while (left := deadline - time.monotonic()) > 0:
                 if not wait([self._conn, self._process.sentinel], left) or not self._conn.poll():

@@ -164,9 +164,12 @@ def test_a_pipeline_run_in_a_subprocess_is_stopped_with_its_job_and_the_worker_r
     assert _pipeline_pids(continuous, region) == first
 
 
-def test_grain_per_worker_order_reuses_its_workers_across_epochs():
+@pytest.mark.parametrize("read_threads", [0, 4])
+def test_grain_per_worker_order_reuses_its_workers_across_epochs(read_threads):
+    # with read threads, the worker's pipeline runs threads of its own: they stop with its job
     options = gm.MultiprocessingOptions(num_workers=2, order=MultiprocessingOrder.GRAIN_PER_WORKER)
-    ds = gm.MapDataset.range(16).map(fns.pid_of).to_iter_dataset().mp_prefetch(options)
+    read = gm.ReadOptions(num_threads=read_threads)
+    ds = gm.MapDataset.range(16).map(fns.pid_of).to_iter_dataset(read).mp_prefetch(options)
     epochs = []
     for _ in range(2):
         with iter(ds) as it:

@@ -94,6 +94,12 @@ class _WorkerPasses:
     def __iter__(self) -> Iterator[tuple[Any, Any, int | None]]:
         return self.iter_from(("index", 0))
 
+    def close(self) -> None:
+        """Closes the dataset's iterator (its threads stop): the worker's job is over."""
+        if self._iterator is not None:
+            iterator, self._iterator = self._iterator, None
+            iterator.close()
+
     def iter_from(self, position: tuple[str, Any]) -> Iterator[tuple[Any, Any, int | None]]:
         fresh = self._iterator is None
         iterator = self._get_iterator()

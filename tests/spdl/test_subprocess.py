@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gristmill.multiprocessing import shutdown_idle_workers
 from gristmill.pipeline import (
     PipelineBuilder,
     PipelineFailure,
@@ -57,9 +58,11 @@ def our_children():
 
 @pytest.fixture
 def no_new_children():
-    """Fails the test if it leaves a child process behind (the shared workers aside)."""
+    """Fails the test if it leaves a child process behind (the shared workers aside; the
+    pool's idle workers are stopped first: a worker given back is not left behind)."""
     before = our_children()
     yield
+    shutdown_idle_workers()
     assert our_children() <= before
 
 

@@ -132,3 +132,40 @@ def images(n):
 
     counts = itertools.count() if n is None else range(n)
     return (np.full((256, 256, 3), i % 251, np.uint8) for i in counts)
+
+
+def own_pid():
+    """``[the worker's pid]``."""
+    return [os.getpid()]
+
+
+def pid_of(_):
+    """The pid of the process that computes this element."""
+    return os.getpid()
+
+
+def _exit_quietly():
+    pass
+
+
+def pid_daemon_and_child():
+    """``[(pid, daemonic, the exit code of a process this worker started)]``."""
+    import multiprocessing
+
+    try:
+        child = multiprocessing.get_context("fork").Process(target=_exit_quietly)
+        child.start()
+        child.join()
+        started = child.exitcode
+    except AssertionError as error:  # "daemonic processes are not allowed to have children"
+        started = str(error)
+    return [(os.getpid(), multiprocessing.current_process().daemon, started)]
+
+
+def _pid_then_fail():
+    yield os.getpid()
+    raise KeyError("failed on purpose after one item")
+
+
+def pid_then_fail():
+    return _pid_then_fail()

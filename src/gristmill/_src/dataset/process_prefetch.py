@@ -1,8 +1,10 @@
 """Grain's process prefetching: a whole pipeline iterated in one worker process.
 
-:class:`ProcessPrefetchIterDataset` iterates its parent in a worker process (the
-``iterate_in_subprocess`` worker: cloudpickled once, credits bound what it reads ahead to
-``buffer_size`` elements) that sends each element with the parent's state after it, so the
+:class:`ProcessPrefetchIterDataset` iterates its parent in a worker process (a daemonic
+pooled worker from the fork server running the ``iterate_in_subprocess`` job: cloudpickled
+once, credits bound what it reads ahead to ``buffer_size`` elements; given back to the pool
+at close when its pass was read to its end, so the next epoch's iterator takes it) that
+sends each element with the parent's state after it, so the
 consumer's ``get_state()`` is the parent's state after the last element it received — the
 parent's own shape, restorable with or without the worker. ``set_state`` starts a new pass
 in the same process at that state; elements sent for the old pass are dropped.
@@ -91,6 +93,12 @@ class _WorkerPasses:
 
     def __iter__(self) -> Iterator[tuple[Any, Any, int | None]]:
         return self.iter_from(("index", 0))
+
+    def close(self) -> None:
+        """Closes the dataset's iterator (its threads stop): the worker's job is over."""
+        if self._iterator is not None:
+            iterator, self._iterator = self._iterator, None
+            iterator.close()
 
     def iter_from(self, position: tuple[str, Any]) -> Iterator[tuple[Any, Any, int | None]]:
         fresh = self._iterator is None

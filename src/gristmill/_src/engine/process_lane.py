@@ -113,24 +113,33 @@ def job_message(job: Job, *args: Any) -> tuple[str, Job, tuple[Any, ...]]:
     return ("job", job, args)
 
 
-def pooled_worker_main(conn: Any) -> None:
+def pooled_worker_main(conn: Any, first: Any = None) -> None:
     """A pooled worker: runs one stage's job after another (:mod:`worker_pool`) until told
     to stop (``None``), its parent is gone, or a job says it cannot take another.
 
     Every process stage's workers run this loop: an ``mp_prefetch`` / DataLoader stage's
-    (:func:`run_tasks`) and a ``to()`` region's (``spdl.region_worker.run_region``), so a
-    worker that served one kind of stage can serve the other next.
+    (:func:`run_tasks`), a ``to()`` region's (``spdl.region_worker.run_region``) and an
+    ``iterate_in_subprocess`` iterable's (``spdl.subprocess_worker.run_iterable``), so a
+    worker that served one kind of stage can serve another next. ``first``: a job message
+    given as a process argument, run before any read from ``conn``.
+
+    What a job leaves behind persists into the next one: the modules it imported and their
+    globals, environment variables, threads it did not stop. Its objects do not (each job
+    unpickles its own work).
     """
     # Ctrl-C reaches the whole process group: the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    message = first
     while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            return
         if message is None:
-            return
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                return
+            if message is None:
+                return
         _, job, args = message
+        message = None
         if not job(conn, *args):
             return
 
@@ -275,7 +284,9 @@ class ProcessCore(Core):
         context = self._context
         if self._pool_kind == "auto" and main_guard.fork_is_safe():
             context = multiprocessing.get_context("fork")
-        self._workers = worker_pool.lease(context, count, pooled_worker_main, self._pool_kind)
+        self._workers = worker_pool.lease(
+            context, count, pooled_worker_main, self._pool_kind, daemon=True
+        )
         for index, worker in enumerate(self._workers):
             prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-w{index}"
             try:

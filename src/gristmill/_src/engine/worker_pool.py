@@ -9,10 +9,18 @@ that needs workers of the same kind takes them instead of starting new ones, and
 its own work. A worker that may still be busy, has failed or has died is stopped, never
 pooled.
 
+A worker's *kind* (:class:`WorkerKind`) says which requests it may serve: its start method,
+its target, and whether it is daemonic. A daemonic worker never serves a request for a
+non-daemonic one (``iterate_in_subprocess(daemon=False)``, whose ``fn`` may start processes
+of its own) and vice versa. A request for the ``"auto"`` method (a process stage given no
+``mp_context``) takes an idle worker of any method; one naming a method takes only workers
+started with it.
+
 Idle workers stop after :data:`IDLE_S` seconds unused (one timer thread runs while some
-are idle), at interpreter exit, and on :func:`shutdown_idle_workers`. A worker runs
-``target(conn)`` (a module-level function) for its whole life; the stages speak to it
-through ``conn``.
+are idle), at interpreter exit (before ``multiprocessing`` joins its non-daemonic children),
+and on :func:`shutdown_idle_workers`. A worker runs ``target(conn)`` (a module-level
+function) for its whole life, or ``target(conn, first)`` when it was started for a first
+job that could only travel as a process argument; the stages speak to it through ``conn``.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import multiprocessing.util
 import os
 import threading
 import time
@@ -36,13 +45,31 @@ _STOP_GRACE_S = 1.0
 _numbers = itertools.count()
 
 
+AUTO = "auto"
+"""The start method of a request that any idle worker serves (new ones: its context's)."""
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """Which requests a worker may serve (see the module docstring)."""
+
+    method: str  # the start method it was asked for ("auto": chosen by the stage)
+    target: str  # the function it runs, by its qualified name
+    daemon: bool
+
+    def serves(self, wanted: WorkerKind) -> bool:
+        """Whether this worker may serve a request for ``wanted``."""
+        same_method = wanted.method == AUTO or wanted.method == self.method
+        return same_method and (self.target, self.daemon) == (wanted.target, wanted.daemon)
+
+
 @dataclass(eq=False)
 class PooledWorker:
     """One worker process and the parent's end of its pipe."""
 
     process: Any
     conn: Any
-    kind: tuple[str, str]  # (start method, target): which stages may take it
+    kind: WorkerKind
     idle_since: float = field(default=0.0)
 
     def usable(self) -> bool:
@@ -55,29 +82,38 @@ _idle: list[PooledWorker] = []
 _leased: weakref.WeakSet[PooledWorker] = weakref.WeakSet()  # in use by a stage
 _timer: threading.Thread | None = None
 _wake = threading.Condition(_lock)
+_exit_hook_pid: int | None = None
 
 
 def lease(
     context: Any,
     count: int,
-    target: Callable[[Any], None],
+    target: Callable[..., None],
     method: str | None = None,
     *,
+    daemon: bool,
     fresh: bool = False,
+    first: Any = None,
 ) -> list[PooledWorker]:
     """``count`` workers running ``target``: idle ones of this kind first, then new ones
     started by ``context``. ``method`` is the start method the stage asked for (``"auto"``:
-    any; default: ``context``'s), which idle workers must match. ``fresh``: new ones only
-    (forked now, they inherit what the parent holds now: work that cannot be pickled)."""
+    any; default: ``context``'s), which idle workers must match; ``daemon`` whether they
+    are daemonic. ``fresh``: new ones only (forked now, they inherit what the parent holds
+    now: work that cannot be pickled). ``first``: new ones only, each started as
+    ``target(conn, first)`` (a first job given as a process argument: pickled while the
+    process starts, so objects shared through inheritance travel, or not pickled at all
+    when it is forked)."""
     method = context.get_start_method() if method is None else method
-    kind = (method, f"{target.__module__}.{target.__qualname__}")
+    kind = WorkerKind(method, f"{target.__module__}.{target.__qualname__}", daemon)
+    fresh = fresh or first is not None
+    _register_exit_hook()
     taken: list[PooledWorker] = []
     dead: list[PooledWorker] = []
     with _lock:
         for worker in [] if fresh else list(_idle):
             if len(taken) == count:
                 break
-            if worker.kind != kind:
+            if not worker.kind.serves(kind):
                 continue
             _idle.remove(worker)
             (taken if worker.usable() else dead).append(worker)
@@ -86,12 +122,21 @@ def lease(
     while len(taken) < count:
         parent, child = context.Pipe()
         process = context.Process(
-            target=target, args=(child,), name=f"gristmill-worker{next(_numbers)}", daemon=True
+            target=target,
+            args=(child,) if first is None else (child, first),
+            name=f"gristmill-worker{next(_numbers)}",
+            daemon=daemon,
         )
         worker = PooledWorker(process, parent, kind)
         _leased.add(worker)  # before the fork: the child closes the parent's end of its pipe
-        _start(process, forked=context.get_start_method() == "fork")
-        child.close()
+        try:
+            _start(process, forked=context.get_start_method() == "fork")
+        except BaseException:  # e.g. ``first`` does not pickle: no process started
+            _leased.discard(worker)
+            parent.close()
+            raise
+        finally:
+            child.close()
         taken.append(worker)
     _leased.update(taken)  # the idle ones taken
     return taken
@@ -174,6 +219,16 @@ def _stop(worker: PooledWorker, *, ask: bool = True) -> None:
     stop_process(worker.process, _STOP_GRACE_S if ask else 0.0)
     with contextlib.suppress(Exception):
         worker.conn.close()
+
+
+def _register_exit_hook() -> None:
+    """Stops the idle workers at interpreter exit *before* ``multiprocessing`` joins its
+    children (which would wait for ever on an idle non-daemonic worker): a ``multiprocessing``
+    exit finaliser runs first, whatever the order in which the modules were imported."""
+    global _exit_hook_pid
+    if _exit_hook_pid != os.getpid():  # a forked process starts without it
+        multiprocessing.util.Finalize(None, _stop_at_exit, exitpriority=5)
+        _exit_hook_pid = os.getpid()
 
 
 def _forget_in_child() -> None:

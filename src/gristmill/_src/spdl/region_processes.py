@@ -87,12 +87,13 @@ class ProcessWorkers:
             inherited = region_worker.inherit(work)
             try:
                 workers = worker_pool.lease(
-                    context, self.count, pooled_worker_main, kind, fresh=True
+                    context, self.count, pooled_worker_main, kind, daemon=True, fresh=True
                 )
             finally:
                 region_worker.INHERITED.pop(inherited.key, None)
             return workers, inherited
-        return worker_pool.lease(context, self.count, pooled_worker_main, kind), payload
+        workers = worker_pool.lease(context, self.count, pooled_worker_main, kind, daemon=True)
+        return workers, payload
 
     def send(self, index: int, message: tuple[Any, ...]) -> bool:
         """Sends worker ``index`` a message; False if it died or its pipe was closed."""

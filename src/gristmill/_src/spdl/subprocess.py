@@ -3,12 +3,15 @@
 ``fn()`` runs once in the worker; every ``iter()`` of the returned object asks the worker for
 one more pass over what ``fn()`` returned. Items come back pickled through a pipe, at most
 ``buffer_size`` ahead of the consumer (``subprocess_worker`` is the worker's side,
-``subprocess_handle`` the parent's).
+``subprocess_handle`` the parent's). The worker is a pooled worker process of the iterable's
+kind (start method, daemonic or not: ``engine.worker_pool``), shared with process stages.
 
-The worker stops (asked, then SIGTERM, then SIGKILL) on ``close()``, when an error or a
-timeout ends it, on KeyboardInterrupt while waiting, when the iterable is garbage-collected
-(through the engine's reaper, never inside a finaliser) and at interpreter exit (a
-``multiprocessing`` exit finaliser, which runs before ``multiprocessing`` joins children).
+The worker is released on ``close()``, when an error or a timeout ends it, on
+KeyboardInterrupt while waiting, when the iterable is garbage-collected (through the
+engine's reaper, never inside a finaliser) and at interpreter exit (a ``multiprocessing``
+exit finaliser, which runs before ``multiprocessing`` joins children): one whose job ended
+cleanly goes back to the pool, any other is stopped (asked, then SIGTERM, then SIGKILL;
+not asked after a failure, a timeout or an interrupt).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class _SubprocessIterable(Iterable[T]):
         return _Pass(self, worker.generation)
 
     def close(self) -> None:
-        """Stops the worker process now (idempotent); iterating afterwards raises."""
+        """Releases the worker now: back to the pool if it is idle, else stopped
+        (idempotent); iterating afterwards raises."""
         if self._finalizer.detach() is not None:
             self._worker.shutdown()
 
@@ -137,8 +141,9 @@ def iterate_in_subprocess(
 ) -> Iterable[T]:
     """Runs ``fn()`` once in a worker process; each ``iter()`` iterates its result there.
 
-    The worker is started (``spawn`` unless ``mp_context`` names another start method or is
-    a multiprocessing context), runs the ``initializer`` callables, calls ``fn()`` and
+    The worker (an idle pooled one, else one started with ``spawn`` unless ``mp_context``
+    names another start method or is a multiprocessing context) runs the ``initializer``
+    callables, calls ``fn()`` and
     waits; this function returns once ``fn()`` has returned. Every ``iter()`` of the result
     asks the worker for a fresh ``iter()`` of that object, so a list (or a continuous
     pipeline) is iterated again, while a generator returned by ``fn`` is empty the second
@@ -156,14 +161,22 @@ def iterate_in_subprocess(
         mp_context: ``"spawn"`` (default), ``"forkserver"``, ``"fork"`` or a context.
         timeout: seconds without any item before the worker is terminated and a
             ``TimeoutError`` (also a ``RuntimeError``) is raised; None waits for ever.
-        daemon: start the worker as a daemon process.
+        daemon: run ``fn`` in a daemonic process (which cannot start processes of its
+            own); the default is a non-daemonic one. The two kinds are pooled apart.
         arena: None, or SPDL's ``SharedMemoryRingBuffer`` / ``SharedMemorySegmentPool``
           (accepted for compatibility: gristmill moves large buffers through shared
           memory by itself; the call owns the arena, closed and unlinked when the
           returned iterable goes away; see :mod:`gristmill._src.spdl.arena`).
 
+    The worker is a pooled worker process (shared with process stages): ``close()``
+    gives it back when ``fn()`` returned and every pass was read to its end, for the next
+    iterable (or process stage) of the same start method and daemonic-ness; any other is
+    stopped. Each iterable runs its initializers and ``fn()`` afresh; what they leave in
+    module globals or the environment persists in a reused process, as in a process
+    stage's workers.
+
     Returns:
-        An iterable with ``close()``; the worker stops on ``close()``, on garbage
+        An iterable with ``close()``; the worker is released on ``close()``, on garbage
         collection, on KeyboardInterrupt while waiting and at interpreter exit.
 
     Raises:

@@ -1,9 +1,17 @@
 """The parent's handle on an ``iterate_in_subprocess`` worker process.
 
-It starts the process, reads its messages (``subprocess_worker`` describes the protocol),
-turns what went wrong in the worker into exceptions, and stops it. It never polls: it waits
-on the data pipe and the process's sentinel together, so a crashed worker is noticed at once,
-and the inactivity ``timeout`` is the wait's own.
+The worker is a pooled worker process (``engine.worker_pool``: the workers of every process
+stage), leased for the handle's kind — its start method and whether it is daemonic — and
+sent the job ``subprocess_worker.run_iterable`` (which describes the protocol). The handle
+reads its messages, turns what went wrong in the worker into exceptions, and releases it.
+It never polls: it waits on the pipe and the process's sentinel together, so a crashed
+worker is noticed at once, and the inactivity ``timeout`` is the wait's own.
+
+Released (:meth:`WorkerHandle.shutdown`), a worker whose job ended cleanly — nothing in
+flight (``fn()`` returned and every pass started was read to its end), and its stop
+answered — goes back to the pool, for the next iterable or process stage of its kind; one
+that is busy is asked to stop, then terminated, then killed; one that failed, timed out,
+was interrupted or died is stopped without being asked (its pipe may be full).
 """
 
 from __future__ import annotations
@@ -15,14 +23,19 @@ import os
 import pickle
 import signal
 import threading
+import time
 import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import main_guard, shm
+from gristmill._src.engine import main_guard, shm, worker_pool
+from gristmill._src.engine.process_lane import job_message, pooled_worker_main
 from gristmill._src.spdl import subprocess_worker as proto
 
-_GRACE_S = 1.0  # how long a stopping worker may take before SIGTERM, then SIGKILL
+_GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
+# how long an idle worker may take to answer a stop (it closes what fn() returned first: a
+# warm pipeline, pools made in the worker) before it is stopped instead of pooled
+_ANSWER_S = 3.0
 _LIVE: weakref.WeakSet[WorkerHandle] = weakref.WeakSet()
 _exit_hook_pid: int | None = None
 
@@ -51,7 +64,7 @@ class ChildTraceback(Exception):
 
 
 class WorkerHandle:
-    """The parent's handle on one worker process: its pipes, the pass being read, shutdown."""
+    """The parent's handle on one worker process: its pipe, the pass being read, release."""
 
     def __init__(
         self,
@@ -63,29 +76,19 @@ class WorkerHandle:
         daemon: bool,
     ) -> None:
         _register_exit_hook()
-        commands_in, self._commands = context.Pipe(duplex=False)
-        self._data, data_out = context.Pipe(duplex=False)
         self._shm_prefix = shm.prefix_for(self)  # items' large arrays: shared memory
-        self._process = context.Process(  # type: ignore[attr-defined]
-            target=proto.worker_main,
-            args=(payload, commands_in, data_out, buffer_size, self._shm_prefix),
-            name="gristmill-subprocess",
-            daemon=daemon,
-        )
-        try:
-            self._process.start()
-        except BaseException:
-            self._commands.close()
-            self._data.close()
-            raise
-        finally:  # the worker has its own copies; ours would hide its exit from us
-            commands_in.close()
-            data_out.close()
+        self._worker = _lease(context, payload, buffer_size, self._shm_prefix, daemon=daemon)
+        self._conn = self._worker.conn
+        self._process = self._worker.process
         self.pid = int(self._process.pid or 0)
         self._timeout = timeout
         self.generation = 0  # the pass being read (0: waiting for fn())
         self.closed_reason: str | None = None
+        self._ready = False  # fn() returned (READY read)
+        self._pass_open = False  # a pass was started and its end not read
+        self._failed = False  # the worker reported an error
         self._lock = threading.Lock()  # the reaper and the exit hook may race to shut down
+        self._send_lock = threading.Lock()  # credits (reader) and commands (close, iter())
         _LIVE.add(self)
 
     @property
@@ -98,16 +101,29 @@ class WorkerHandle:
         return code
 
     def send(self, command: bytes) -> None:
-        with contextlib.suppress(OSError):  # a dead worker is reported by the next receive
-            self._commands.send_bytes(command)
+        """Sends the worker a command; nothing once it was released (its pipe may serve
+        another job now)."""
+        if self.closed_reason is not None:
+            return
+        if command.startswith(proto.ITERATE):
+            self._pass_open = True
+        self._write(command)
+
+    def _write(self, command: bytes) -> None:
+        # a dead worker is reported by the next receive
+        with self._send_lock, contextlib.suppress(OSError, ValueError, TypeError):
+            self._conn.send_bytes(command)
 
     def receive(self, generation: int, activity: str) -> tuple[str, Any]:
         """The next message of pass ``generation`` as ``(kind, payload)``; messages of an
         abandoned pass are dropped. A dead worker, a timeout or an interrupt shuts it down."""
+        if self.closed_reason is not None:  # released: its pipe may serve another job
+            raise self._closed_while_waiting(activity)
         try:
             while True:
                 kind, message_generation, payload = self._receive_one(activity)
                 if message_generation == generation:
+                    self._note(kind, generation)
                     return kind, payload
         except KeyboardInterrupt:
             self.shutdown("interrupted (KeyboardInterrupt)", graceful=False)
@@ -120,8 +136,17 @@ class WorkerHandle:
                 raise
             raise self._closed_while_waiting(activity) from error
 
+    def _note(self, kind: str, generation: int) -> None:
+        """What a message read says of the worker's state (whether it may be pooled)."""
+        if kind == proto.ERROR:
+            self._failed = True
+        elif generation == 0 and kind == proto.READY:
+            self._ready = True
+        elif kind == proto.END and generation == self.generation:
+            self._pass_open = False
+
     def _receive_one(self, activity: str) -> tuple[str, int, Any]:
-        if not wait([self._data, self._process.sentinel], self._timeout):
+        if not wait([self._conn, self._process.sentinel], self._timeout):
             timeout = self._timeout
             error = WorkerTimeoutError(
                 f"The worker subprocess did not produce any data for {timeout} seconds "
@@ -131,14 +156,14 @@ class WorkerHandle:
             self.shutdown(f"no item for {timeout} seconds", graceful=False)
             raise error
         try:
-            raw = self._data.recv_bytes() if self._data.poll() else None
-        except EOFError:
+            raw = self._conn.recv_bytes() if self._conn.poll() else None
+        except (EOFError, ConnectionResetError):  # a killed worker's socket may be reset
             raw = None
         if raw is None:  # the process ended and left nothing more to read
             if self.closed_reason is not None:  # stopped by another thread: no crash
                 raise self._closed_while_waiting(activity)
             raise self._died(activity)
-        self.send(proto.CREDIT)
+        self._write(proto.CREDIT)
         try:
             message: tuple[str, int, Any] = shm.loads(raw)
         except Exception as err:
@@ -205,31 +230,71 @@ class WorkerHandle:
             )
 
     def shutdown(self, reason: str = "closed", *, graceful: bool = True) -> None:
-        """Stops the worker (asked, then SIGTERM, then SIGKILL) and closes the pipes;
-        idempotent."""
+        """Releases the worker (see the module docstring); idempotent. ``graceful=False``:
+        it is stopped without being asked (a timeout, an interrupt)."""
         # Held throughout: a second caller (the exit hook while the reaper stops this
-        # worker) waits until the process is reaped, instead of racing to join it.
+        # worker) waits until the process is released, instead of racing to join it.
         with self._lock:
             if self.closed_reason is not None:
                 return
             self.closed_reason = reason
+            worker = self._worker
             try:
-                if graceful:
-                    self.send(proto.STOP)
-                    self._process.join(_GRACE_S)
-                if self._process.exitcode is None:
-                    self._process.terminate()
-                    self._process.join(_GRACE_S)
-                if self._process.exitcode is None:
-                    self._process.kill()
-                    self._process.join()
-                with contextlib.suppress(ValueError):  # someone else reaped it first
-                    self._process.close()
+                idle = self._ready and not self._pass_open and not self._failed
+                if graceful and idle and self._stopped_cleanly():
+                    worker_pool.give_back(worker)
+                elif graceful and not self._failed:
+                    self._write(proto.STOP)  # its job ends once its current item is made
+                    worker_pool.stop(worker)
+                else:
+                    worker_pool.stop(worker, ask=False)
             finally:
-                self._commands.close()
-                self._data.close()
                 shm.unlink_leftovers(self._shm_prefix)  # items sent and never read
                 _LIVE.discard(self)
+
+    def _stopped_cleanly(self) -> bool:
+        """Ends the job of an idle worker: whether it answered the stop within a grace
+        period and may take another job."""
+        self._write(proto.STOP)
+        deadline = time.monotonic() + _ANSWER_S
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                if not wait([self._conn, self._process.sentinel], left) or not self._conn.poll():
+                    return False  # it is stuck, or it ended
+                kind, _, reusable = shm.loads(self._conn.recv_bytes())
+                if kind == proto.STOPPED:
+                    return bool(reusable)
+        except Exception:  # a broken pipe, a message that does not unpickle
+            return False
+        return False
+
+
+def _lease(
+    context: multiprocessing.context.BaseContext,
+    payload: Any,
+    buffer_size: int,
+    shm_prefix: str | None,
+    *,
+    daemon: bool,
+) -> worker_pool.PooledWorker:
+    """A worker of this kind running the iterable's job: an idle pooled one sent
+    ``payload`` cloudpickled, or — when it pickles only while a process starts (a
+    ``multiprocessing.Value`` or lock shared through inheritance) or not at all under
+    ``fork`` — a new one given the job as a process argument (the pickling error of a
+    payload that cannot travel at all comes from starting it)."""
+    try:
+        pickled: bytes | None = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        pickled = None
+    if pickled is None:
+        first = job_message(proto.run_iterable, payload, buffer_size, shm_prefix)
+        [worker] = worker_pool.lease(context, 1, pooled_worker_main, daemon=daemon, first=first)
+        return worker
+    [worker] = worker_pool.lease(context, 1, pooled_worker_main, daemon=daemon)
+    # one that died while idle: the first receive reports it
+    with contextlib.suppress(OSError):
+        worker.conn.send(job_message(proto.run_iterable, pickled, buffer_size, shm_prefix))
+    return worker
 
 
 def _register_exit_hook() -> None:

@@ -67,6 +67,17 @@ class PipelineEpochs:
             return self._warm.get_iterator()
         return self._one_pass()
 
+    def close(self) -> None:
+        """Stops the warm pipeline and shuts down the pipe pools made here: the worker's
+        job is over (the pooled worker may serve another), nothing of it keeps running."""
+        if self._warm is not None:
+            warm, self._warm = self._warm, None
+            warm.stop()
+        for stage in self._config.pipes:
+            executor = getattr(stage, "executor", None)
+            if isinstance(executor, RebuiltExecutor):
+                executor.shutdown()
+
     def _one_pass(self) -> Iterator[Any]:
         pipeline = build_pipeline(self._config, **self._build_kwargs)
         try:
@@ -244,6 +255,13 @@ class RebuiltExecutor:
                 pool, pool.shutdown, kwargs={"wait": True}, exitpriority=20
             )
         return self._live.submit(fn, *args, **kwargs)
+
+    def shutdown(self) -> None:
+        """Shuts the pool made here down (waiting for its workers); the next call makes
+        another."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.shutdown(wait=True)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"kind": self.kind, "max_workers": self.max_workers, "_live": None}

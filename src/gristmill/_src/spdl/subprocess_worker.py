@@ -1,18 +1,22 @@
-"""The child side of ``iterate_in_subprocess``: the loop a worker process runs.
+"""The child side of ``iterate_in_subprocess``: the job a pooled worker process runs.
 
-The two processes talk over two one-way pipes. The parent sends short commands: ``c`` (a
-credit: the parent took one message, so one more may be sent), ``i<n>`` (iterate the
-iterable again, as generation ``n``; ``i<n>\0<pickle>`` starts the pass at a position:
-``iterable.iter_from(position)``), ``x<n>`` (generation ``n`` was abandoned) and ``s``
-(stop). The worker sends pickled ``(kind, generation, payload)`` messages, each spending a
-credit, so at most ``buffer_size`` messages are ever in flight. A worker out of credits waits
-on the command pipe together with its parent's sentinel, so the bound costs no polling, and
-a new command or the parent's death is noticed while it waits.
+An iterable's worker is a pooled worker process (``engine.worker_pool``, the workers of
+every process stage) sent the job :func:`run_iterable`; the two processes then talk over
+the worker's duplex pipe. The parent sends short commands: ``c`` (a credit: the parent took
+one message, so one more may be sent), ``i<n>`` (iterate the iterable again, as generation
+``n``; ``i<n>\0<pickle>`` starts the pass at a position: ``iterable.iter_from(position)``),
+``x<n>`` (generation ``n`` was abandoned) and ``s`` (stop: the job ends, and the worker may
+take another job). The worker sends pickled ``(kind, generation, payload)`` messages, each
+spending a credit, so at most ``buffer_size`` messages are ever in flight. A worker out of
+credits waits on the pipe together with its parent's sentinel, so the bound costs no
+polling, and a new command or the parent's death is noticed while it waits.
 
 Items are pickled here, before sending (large arrays into shared-memory segments that the
 parent maps and unlinks: :mod:`engine.shm`), so an item that cannot be pickled is reported
 as an error instead of being lost; errors travel as their formatted traceback (and the exception
-itself when it pickles).
+itself when it pickles). Each job unpickles its own ``fn`` and initializers and runs them
+afresh: nothing of an earlier job's objects is left to the next (what a job leaves in module
+globals or the environment persists: ``process_lane.pooled_worker_main``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import collections
 import contextlib
 import multiprocessing
 import pickle
-import signal
+import threading
 import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
@@ -32,6 +36,8 @@ from gristmill._src.engine import sending, shm
 READY = "ready"  # fn() returned: the worker waits for commands
 ITEM = "item"
 END = "end"  # the iteration of a generation is over
+STOPPED = "stopped"  # the answer to a stop (no credit spent); payload: whether the worker
+#                      may take another job
 ERROR = "error"  # payload: (phase, type name, message, traceback text, pickled exception,
 #                           the traceback's frames as (filename, line number, function name))
 
@@ -46,19 +52,17 @@ class _ParentGone(Exception):
 
 
 class _Channel:
-    """The worker's ends of the two pipes, with the credit count of the bounded buffer."""
+    """The worker's end of the pipe, with the credit count of the bounded buffer."""
 
-    def __init__(
-        self, commands: Connection, data: Connection, credits: int, shm_prefix: str | None
-    ) -> None:
+    def __init__(self, conn: Connection, credits: int, shm_prefix: str | None) -> None:
         self.shm_prefix = shm_prefix  # items' large arrays go in segments `<prefix>-<n>`
         self.shm_numbers = shm.counter()
-        self._commands = commands
-        self._data = data
+        self._commands = conn
+        self._data = conn
         self._credits = credits
         self._pending: collections.deque[bytes] = collections.deque()
         parent = multiprocessing.parent_process()
-        self._waitables: list[Any] = [commands]
+        self._waitables: list[Any] = [conn]
         if parent is not None:
             self._waitables.append(parent.sentinel)
 
@@ -101,6 +105,15 @@ class _Channel:
             self._read_command()
         return False
 
+    def answer_stop(self, reusable: bool) -> bool:
+        """Tells the parent the job is over (no credit needed: it waits for this last
+        message) and whether the worker may take another job; returns ``reusable``."""
+        try:
+            self._data.send_bytes(pickle.dumps((STOPPED, 0, reusable), -1))
+        except OSError:
+            raise _ParentGone from None
+        return reusable
+
     def shm_place(self) -> tuple[str | None, Any]:
         """Where an item's large arrays go: the segment prefix and numbers."""
         return self.shm_prefix, self.shm_numbers
@@ -125,30 +138,34 @@ class _Channel:
         return self.post(ERROR, generation, payload)
 
 
-def worker_main(
-    payload: Any,
-    commands: Connection,
-    data: Connection,
-    buffer_size: int,
-    shm_prefix: str | None = None,
-) -> None:
-    """The worker process's entry point (``payload``: ``fn`` and the initializers, in a
-    :class:`sending.ForChild`, or as they are)."""
-    # Ctrl-C in a terminal reaches the whole process group: the parent decides when the
-    # worker stops (it stops it on KeyboardInterrupt), so the worker ignores SIGINT.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    channel = _Channel(commands, data, buffer_size, shm_prefix)
+def run_iterable(
+    conn: Connection, payload: Any, buffer_size: int, shm_prefix: str | None = None
+) -> bool:
+    """An ``iterate_in_subprocess`` job: runs the initializers and ``fn()``, then serves
+    passes until the parent stops it. ``payload``: ``(fn, initializers)`` cloudpickled
+    (``bytes``), or as a process argument carried it (:class:`sending.ForChild`, or the
+    object itself once unpickled).
+
+    Returns True (the worker may take another job) when the parent ended the job with a
+    stop; False when a failure ended it (the parent stops such a worker, never pools it) or
+    the parent is gone.
+    """
+    channel = _Channel(conn, buffer_size, shm_prefix)
     with contextlib.suppress(_ParentGone):
         iterable = _start(payload, channel)
         if iterable is not None:
-            _serve(iterable, channel)
-    commands.close()
-    data.close()
+            return _serve(iterable, channel)
+    return False
 
 
 def _start(payload: Any, channel: _Channel) -> Iterable[Any] | None:
     """Runs the initializers and ``fn()``; the iterable, or None after reporting a failure."""
-    fn, initializers = sending.received(payload)
+    try:
+        received = sending.loads(payload) if isinstance(payload, bytes) else payload
+        fn, initializers = sending.received(received)
+    except BaseException as error:
+        channel.post_error(0, "unpickling fn and the initializers", error)
+        return None
     for init in initializers:
         try:
             init()
@@ -164,15 +181,27 @@ def _start(payload: Any, channel: _Channel) -> Iterable[Any] | None:
     return iterable
 
 
-def _serve(iterable: Iterable[Any], channel: _Channel) -> None:
+def _serve(iterable: Iterable[Any], channel: _Channel) -> bool:
+    """Serves passes until a stop, which it answers with :data:`STOPPED`."""
     while True:
         command = channel.next_command()
         if command == STOP:
-            return
+            return channel.answer_stop(_release(iterable))
         if command.startswith(ITERATE):
             number, _, position = command[1:].partition(b"\0")
             _iterate(iterable, int(number), channel, pickle.loads(position) if position else None)
         # an abandon of a pass that is already over needs nothing
+
+
+def _release(iterable: Iterable[Any]) -> bool:
+    """Closes what ``fn()`` returned (a generator, a warm pipeline: the job is over) and
+    says whether the worker is fit for another job: no thread of the job left running."""
+    close: Callable[[], Any] | None = getattr(iterable, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+    current = threading.current_thread()
+    return not any(t is not current and not t.daemon for t in threading.enumerate())
 
 
 def iterate_command(generation: int, position: Any = None) -> bytes:

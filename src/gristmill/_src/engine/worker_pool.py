@@ -130,7 +130,8 @@ def lease(
         worker = PooledWorker(process, parent, kind)
         _leased.add(worker)  # before the fork: the child closes the parent's end of its pipe
         try:
-            _start(process, forked=context.get_start_method() == "fork")
+            # fork chosen by the stage ("auto": main_guard.fork_is_safe said so), not asked
+            _start(process, judged_safe=method == AUTO and context.get_start_method() == "fork")
         except BaseException:  # e.g. ``first`` does not pickle: no process started
             _leased.discard(worker)
             parent.close()
@@ -142,8 +143,8 @@ def lease(
     return taken
 
 
-def _start(process: Any, *, forked: bool) -> None:
-    if not forked:
+def _start(process: Any, *, judged_safe: bool) -> None:
+    if not judged_safe:  # a fork the user asked for warns as Python does
         process.start()
         return
     # Python 3.12+ warns on every fork of a process with threads; this one was judged safe

@@ -425,7 +425,7 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
     if not isinstance(target, (ExecutorConfig, _MainProcess)) and not is_ray_backend(target):
         raise TypeError(
             "`to()` target must be a ProcessPoolExecutorConfig, InterpreterPoolExecutorConfig, "
-            "or MAIN_PROCESS (or a gristmill.ray.RayBackend). "
+            "or MAIN_PROCESS. "  # SPDL's words (a gristmill.ray.RayBackend is taken too)
             f"Got: {type(target).__name__}."
         )
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:

@@ -43,8 +43,11 @@ def test_batch_reads_the_source_once_per_batch(name):
 def test_iteration_reads_in_chunks():
     source = CountingSource(1000, "_getitems")
     assert list(M.source(source).map(lambda x: x // 10)) == list(range(1000))
-    # The engine reads the first element alone to measure its cost, then reads chunks.
-    assert source.single_reads <= 1
+    # The engine reads the first element alone to measure its cost, then reads chunks. On a
+    # loaded machine that first read can look slow (>= 1 ms), and one more element is read
+    # alone on a worker thread before the cheap cost is known: a handful at most.
+    assert source.single_reads <= 4
+    assert source.single_reads + sum(len(r) for r in source.batched_reads) == 1000
     assert len(source.batched_reads) < 20
 
 

@@ -20,6 +20,16 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def backend():
+    """One pool of 2 quarter-CPU actors for a module's tests (modules may define their own)."""
+    from gristmill.ray import RayBackend
+
+    shared = RayBackend(num_actors=2, actor_options={"num_cpus": 0.25})
+    yield shared
+    shared.shutdown()
+
+
 def pool_actor_names():
     """The names of the live gristmill pool actors (``gristmill-ray-<pool>-<slot>-<gen>``)."""
     import ray

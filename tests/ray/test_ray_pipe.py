@@ -16,13 +16,6 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 
-@pytest.fixture(scope="module")
-def backend():
-    shared = RayBackend(num_actors=2, actor_options={"num_cpus": 0.25})
-    yield shared
-    shared.shutdown()
-
-
 def slow_square(x):
     time.sleep(0.002)
     return x * x

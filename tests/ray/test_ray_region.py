@@ -19,13 +19,6 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 
-@pytest.fixture(scope="module")
-def backend():
-    shared = RayBackend(num_actors=2, actor_options={"num_cpus": 0.25})
-    yield shared
-    shared.shutdown()
-
-
 def with_pid(x):
     return (os.getpid(), x * x)
 

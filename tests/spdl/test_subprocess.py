@@ -38,20 +38,6 @@ import subprocess_fns as fns  # noqa: E402
 from mp_fns import in_shared_memory, own_shm_segments  # noqa: E402
 
 
-def gone(pid, within=5.0):
-    """Whether process ``pid`` no longer exists (waiting up to ``within`` seconds)."""
-    deadline = time.monotonic() + within
-    while True:
-        multiprocessing.active_children()  # reaps any finished child of ours
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-
-
 def our_children():
     return {p.pid for p in multiprocessing.active_children()}
 
@@ -241,7 +227,7 @@ def test_an_inactivity_timeout_raises_timeout_error_and_stops_the_worker():
     pid = next(iterator)
     with pytest.raises(TimeoutError, match=r"did not produce any data for 0.5 s.*timeout=None"):
         next(iterator)
-    assert gone(pid)
+    assert fns.gone(pid)
     with pytest.raises(RuntimeError, match=r"was shut down \(no item for 0.5 seconds"):
         iter(iterable)
 
@@ -275,7 +261,7 @@ def test_breaking_out_and_dropping_the_iterable_stops_the_worker():
     for pid in iterate_in_subprocess(fns.pids_forever):  # noqa: B007 (the pid is used below)
         break
     gc.collect()
-    assert gone(pid)
+    assert fns.gone(pid)
     assert pid not in our_children()
 
 
@@ -284,7 +270,7 @@ def test_close_stops_the_worker_at_once_and_iterating_afterwards_raises():
     pid = next(iter(iterable))
     iterable.close()
     iterable.close()  # idempotent
-    assert gone(pid, within=0)
+    assert fns.gone(pid, within=0)
     with pytest.raises(RuntimeError, match=r"was shut down \(closed\)"):
         iter(iterable)
 
@@ -297,7 +283,7 @@ def test_keyboard_interrupt_while_waiting_stops_the_worker():
         with pytest.raises(KeyboardInterrupt):
             next(iterator)
         caught.set()
-    assert gone(pid, within=0)
+    assert fns.gone(pid, within=0)
     with pytest.raises(RuntimeError, match="KeyboardInterrupt"):
         iter(iterable)
 
@@ -316,7 +302,7 @@ def test_interpreter_exit_stops_a_worker_that_is_still_referenced():
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert gone(int(result.stdout))
+    assert fns.gone(int(result.stdout))
 
 
 # -- run_pipeline_in_subprocess ---------------------------------------------------------------
@@ -360,7 +346,7 @@ def test_pipe_pools_are_made_afresh_in_the_worker():
     assert [name for (_, _, (name, _)) in items] == ["ThreadPoolExecutor-0"] * 4
     assert all(parent != os.getpid() for (parent, _, _) in items)
     assert [x for (_, _, (_, x)) in items] == [0, 1, 2, 3]
-    assert all(gone(pid) for pid in {pid for (_, pid, _) in items})
+    assert all(fns.gone(pid) for pid in {pid for (_, pid, _) in items})
 
 
 def test_a_continuous_pipeline_yields_one_epoch_per_pass():

@@ -11,7 +11,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -38,20 +37,6 @@ def empty_pool():
     shutdown_idle_workers()
     yield
     shutdown_idle_workers()
-
-
-def gone(pid, within=5.0):
-    """Whether process ``pid`` no longer exists (waiting up to ``within`` seconds)."""
-    deadline = time.monotonic() + within
-    while True:
-        multiprocessing.active_children()  # reaps any finished child of ours
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
 
 
 def pid_in_worker(**kwargs):
@@ -109,7 +94,7 @@ def test_a_worker_that_failed_is_stopped_not_pooled():
     with pytest.raises(RuntimeError, match="failed on purpose after one item"):
         next(iterator)
     iterable.close()
-    assert gone(failed)
+    assert fns.gone(failed)
     assert pid_in_worker() != failed
 
 
@@ -120,7 +105,7 @@ def test_a_worker_that_timed_out_is_stopped_not_pooled():
     assert next(iterator) == pooled  # the pooled worker starts it at once
     with pytest.raises(TimeoutError):
         next(iterator)
-    assert gone(pooled)
+    assert fns.gone(pooled)
     assert pid_in_worker() != pooled
 
 
@@ -128,7 +113,7 @@ def test_a_worker_busy_when_its_iterable_closes_is_stopped_not_pooled():
     iterable = iterate_in_subprocess(fns.pids_forever)
     busy = next(iter(iterable))
     iterable.close()
-    assert gone(busy)
+    assert fns.gone(busy)
     assert pid_in_worker() != busy
 
 
@@ -193,4 +178,4 @@ def test_interpreter_exit_stops_an_idle_non_daemonic_worker_without_waiting_for_
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert gone(int(result.stdout))
+    assert fns.gone(int(result.stdout))

@@ -5,6 +5,7 @@ They live in their own module, put on ``sys.path`` by the tests that use them, s
 mode under names a worker cannot import).
 """
 
+import multiprocessing
 import os
 import random
 import sys
@@ -14,6 +15,20 @@ import time
 import numpy as np
 
 MARKER = "GRISTMILL_SUBPROCESS_TEST_MARKER"
+
+
+def gone(pid, within=5.0):
+    """Whether process ``pid`` no longer exists (waiting up to ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        multiprocessing.active_children()  # reaps any finished child of ours
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
 
 
 def set_marker():

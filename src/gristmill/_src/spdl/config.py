@@ -140,33 +140,27 @@ def get_default_background_tasks() -> list[Callable[[], Any]] | None:
     return _background_tasks
 
 
-def saved_defaults() -> tuple[Any, ...]:
+_DEFAULTS = (
+    "_hook_class",
+    "_queue_class",
+    "_profile_hook",
+    "_profile_callback",
+    "_build_callback",
+    "_background_tasks",
+    "_compact_log",
+)
+"""The module globals the functions above set."""
+
+
+def saved_defaults() -> dict[str, Any]:
     """Every default set by the functions above, to put back with :func:`restore_defaults`
     (a pooled worker does after a region whose initializer changed them)."""
-    return (
-        _hook_class,
-        _queue_class,
-        _profile_hook,
-        _profile_callback,
-        _build_callback,
-        _background_tasks,
-        _compact_log,
-    )
+    return {name: globals()[name] for name in _DEFAULTS}
 
 
-def restore_defaults(saved: tuple[Any, ...]) -> None:
+def restore_defaults(saved: dict[str, Any]) -> None:
     """Puts back the defaults :func:`saved_defaults` returned."""
-    global _hook_class, _queue_class, _profile_hook, _profile_callback
-    global _build_callback, _background_tasks, _compact_log
-    (
-        _hook_class,
-        _queue_class,
-        _profile_hook,
-        _profile_callback,
-        _build_callback,
-        _background_tasks,
-        _compact_log,
-    ) = saved
+    globals().update(saved)
 
 
 def set_compact_log(value: bool | None) -> None:

@@ -93,16 +93,22 @@ class _Closer:
             self.sink.close()
         for call in self.executor_calls:  # a user's executor: cancel, and warn of a hang
             call.stop()
-        for hooks in self.stage_hooks:
-            try:
-                hooks.close()
-            except Exception:  # a failing stage hook must not stop the others
-                logger.exception("gristmill: a stage hook failed while exiting")
-        if self.queues is not None:
-            try:
-                self.queues.close()
-            except Exception:
-                logger.exception("gristmill: a queue's stage hook failed while exiting")
+        exit_hooks(self.stage_hooks, self.queues)
+
+
+def exit_hooks(stage_hooks: list[Any], queues: QueueMonitor | None) -> None:
+    """Exits every stage's task hooks, then the queues' stage hooks; one that fails is
+    logged and does not stop the others."""
+    for hooks in stage_hooks:
+        try:
+            hooks.close()
+        except Exception:  # a failing stage hook must not stop the others
+            logger.exception("gristmill: a stage hook failed while exiting")
+    if queues is not None:
+        try:
+            queues.close()
+        except Exception:
+            logger.exception("gristmill: a queue's stage hook failed while exiting")
 
 
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from gristmill._src.engine import sending, shm
 from gristmill._src.engine.markers import EPOCH_END
 from gristmill._src.spdl import config
-from gristmill._src.spdl.pipeline import PIPELINE_IDS, StageInfo
+from gristmill._src.spdl.pipeline import PIPELINE_IDS, StageInfo, exit_hooks
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 
 logger = logging.getLogger("gristmill.pipeline")
@@ -125,15 +125,7 @@ def _close_worker_pipeline(lowering: Any, queues: QueueMonitor) -> None:
     for stream in reversed(lowering.streams):
         with contextlib.suppress(Exception):
             stream.close()
-    for hooks in lowering.stage_hooks:
-        try:
-            hooks.close()
-        except Exception:  # a failing stage hook must not stop the others
-            logger.exception("gristmill: a stage hook failed while exiting")
-    try:
-        queues.close()
-    except Exception:
-        logger.exception("gristmill: a queue's stage hook failed while exiting")
+    exit_hooks(lowering.stage_hooks, queues)
 
 
 def _unpacked(work: bytes | Inherited) -> tuple[Any, ...]:

@@ -129,8 +129,10 @@ def test_a_worker_killed_while_idle_is_replaced():
     victim = min(first)
     os.kill(victim, 9)
     time.sleep(0.2)
-    assert sorted(pids(ds)) == sorted(pids(ds))  # the stage runs: no error
+    served = pids(ds) | pids(ds)  # the stage runs: no error (one worker may serve all)
     second = children()
+    assert victim not in served
+    assert served <= second
     assert len(second) == 2
     assert victim not in second
     assert (first - {victim}) <= second

@@ -300,6 +300,7 @@ class ChunkRunner:
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
         self._core = executor.make_core(feed, self._counters, self._policy)
         self._next_seq = 0  # sequence number of the next task to deliver (input order)
+        self._returned_at = 0.0  # when next_chunk last returned (the consumer's away time)
         # armed when the executor starts (`_enable_workers`): an inline-only stage holds no
         # thread, and its iterator should not start the reaper's
         self._finalizer = reaper.watch(self, self._core, armed=False)
@@ -320,6 +321,12 @@ class ChunkRunner:
             self._counters.buffer_size = buffer_size
             self._core.reconfigured()
 
+    def serve_idle_consumer(self) -> None:
+        """From now on, with one worker, run on the consumer's thread while the consumer
+        is idle between its calls (``ChunkPolicy.consumer_idle``): for a pipeline's last
+        stage, whose consumer is the caller's loop. Call before the first chunk."""
+        self._policy.serve_idle_consumer = True
+
     @property
     def knobs(self) -> dict[str, int]:
         """The current knob values: ``{"workers": ..., "buffer_size": ...}``."""
@@ -332,6 +339,9 @@ class ChunkRunner:
         core = self._core
         if core.closed:
             raise RunnerClosedError(f"stage {self._name!r} is closed")
+        serving = self._policy.serve_idle_consumer
+        if serving and self._returned_at:
+            self._policy.record_away(time.perf_counter() - self._returned_at)
         with core.lock:  # workers claim under this lock: decide on a consistent view
             if core.tasks_out == 0:
                 if core.feed.exhausted():
@@ -344,6 +354,8 @@ class ChunkRunner:
         chunk = self._run_inline() if inline else self._take_from_workers()
         if chunk is not None and chunk.error is not None:
             self._mark_origin(chunk)
+        if serving:
+            self._returned_at = time.perf_counter()
         return chunk
 
     def _mark_origin(self, chunk: Chunk) -> None:

@@ -29,6 +29,37 @@ ASYNC_TASKS_PER_BUFFER = 4
 COLD_START_S = 1e-3
 """A first measured cost per element below this may be a cold start, not the work's cost."""
 
+IDLE_ENTER_SHARE = 0.05
+"""A consumer away (doing its own work) for less than this share of a call's time is idle:
+work computed ahead while it is away overlaps (nearly) nothing with it."""
+IDLE_LEAVE_SHARE = 0.15
+"""... and it is busy again once that share is above this (no flapping in between). In
+between, an idle consumer loses at most this share to on-demand work."""
+_PACE_WINDOW = 8
+_PACE_MIN_CALLS = 3
+
+
+class ConsumerPace:
+    """Whether a consumer is idle between its calls: the median, over its last
+    ``_PACE_WINDOW`` calls, of the share of each call's time it spent away before it (a
+    rare pause, freeing a large batch or a garbage collection, does not count), with
+    hysteresis."""
+
+    def __init__(self, *, idle: bool = False) -> None:
+        self._shares: collections.deque[float] = collections.deque(maxlen=_PACE_WINDOW)
+        self.idle = idle
+        """Until ``_PACE_MIN_CALLS`` calls are measured: the guess given."""
+
+    def record(self, away_s: float, call_s: float) -> None:
+        """One call: the consumer was away ``away_s`` before it; it took ``call_s``."""
+        shares = self._shares
+        shares.append(away_s / max(away_s + call_s, 1e-9))
+        median = sorted(shares)[len(shares) // 2]
+        if len(shares) < _PACE_MIN_CALLS:  # a guess so far: one busy call overturns it
+            self.idle = self.idle and median < IDLE_LEAVE_SHARE
+        else:
+            self.idle = median < (IDLE_LEAVE_SHARE if self.idle else IDLE_ENTER_SHARE)
+
 
 class ChunkPolicy:
     """Decides inline vs threads and chunk sizes. Owned by one runner; not thread-safe."""
@@ -46,6 +77,12 @@ class ChunkPolicy:
         element_tasks: bool = False,
     ) -> None:
         self._costs: collections.deque[float] = collections.deque(maxlen=_WINDOW)
+        self._pace = ConsumerPace(idle=True)  # consulted with serve_idle_consumer only
+        self.serve_idle_consumer = False
+        """A single-worker stage runs on its consumer's thread while the consumer is idle
+        between its calls (:meth:`consumer_idle`): a result made on a worker thread costs a
+        hand-off and comes out of another core's cache, and nothing overlaps it. Set for a
+        pipeline's last stage (``ChunkRunner.serve_idle_consumer``)."""
         self.element_tasks = element_tasks
         """Offloaded tasks of one element each: a task is delivered when its last element
         finishes, so a stage in completion order delivers each element as it finishes."""
@@ -108,7 +145,20 @@ class ChunkPolicy:
         if cost is None:
             # Probe inline first (also the fastest first element), unless told otherwise.
             return self.threads_first and self.workers > 1
-        return cost * self.thread_chunk_cap * MAX_OVERHEAD >= HANDOFF_S
+        if cost * self.thread_chunk_cap * MAX_OVERHEAD < HANDOFF_S:
+            return False
+        return not self.consumer_idle()
+
+    def record_away(self, seconds: float) -> None:
+        """How long the consumer was away (doing its own work) since its last call."""
+        if self.serve_idle_consumer and self.workers == 1 and self._costs:
+            self._pace.record(seconds, self.cost * self.thread_chunk())  # type: ignore[operator]
+
+    def consumer_idle(self) -> bool:
+        """Whether the consumer does (nearly) nothing between its calls (:class:`ConsumerPace`);
+        only with ``serve_idle_consumer`` and one worker (several workers still compute in
+        parallel while the consumer waits)."""
+        return self.serve_idle_consumer and self.workers == 1 and self._pace.idle
 
     def thread_chunk(self) -> int:
         if self.element_tasks:
@@ -125,5 +175,11 @@ class ChunkPolicy:
         cost = self.cost
         if cost is None:
             return 1
-        wanted = math.ceil(INLINE_TARGET_S / cost) if cost > 0 else self.inline_chunk_cap
+        # A stage that may serve an idle consumer hands each result on as soon as the
+        # per-chunk bookkeeping allows: two 10 MB batches made before the first is taken
+        # keep a third alive, out of cache.
+        if self.serve_idle_consumer:
+            wanted = int(self.handoff_s / MAX_OVERHEAD / cost) if cost > 0 else 1 << 30
+        else:
+            wanted = math.ceil(INLINE_TARGET_S / cost) if cost > 0 else self.inline_chunk_cap
         return max(1, min(wanted, self.inline_chunk_cap))

@@ -147,6 +147,9 @@ def build_pipeline(
     # While stages map one to one, source positions travel as chunk keys (no per-item
     # wrapper); stages that need each item's key get Keyed items (tracking.KeyItems).
     upstream, chunk_keyed = lowering.stages(upstream, cfg.pipes, resumable is not None, stage_id)
+    if lowering.last_runner is not None:
+        # an idle caller (a loop that only iterates) runs the last stage on its own thread
+        lowering.last_runner.serve_idle_consumer()
     if chunk_keyed:  # the caller resolves keys item by item
         upstream = KeyItems(upstream)
     sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
@@ -215,6 +218,9 @@ class _Lowering:
         self.stage_hooks: list[StageHooks] = []
         self.skip_outputs: dict[Path, set[int]] = {}
         self.executor_calls: list[ExecutorCall] = []  # pipes on users' executors
+        # the last pipe stage built on our threads, with only aggregates and disaggregates
+        # after it (None once a region or paths follow): its consumer is the sink
+        self.last_runner: ChunkRunner | None = None
 
     def stages(
         self, upstream: ChunkStream, configs: Any, chunk_keyed: bool, first_id: int | str
@@ -271,6 +277,7 @@ class _Lowering:
             name=str(info),
             report_stats_interval=-1 if self.queues is None else self.queues.interval,
         )
+        self.last_runner = None
         return self._observed(info, region, Role.REGION)
 
     def _hooks(self, info: StageInfo) -> StageHooks | None:
@@ -322,6 +329,7 @@ class _Lowering:
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
             )
+            self.last_runner = None if own_threads else runner
             return self._observed(info, runner, Role.MAP), chunk_keyed
         if isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
@@ -368,6 +376,7 @@ class _Lowering:
                 batched=stage.batched,
                 name=str(info),
             )
+            self.last_runner = None  # its paths' own stages end in a merge
             return self._observed(info, variants, Role.PATHS), False
         raise TypeError(f"unsupported stage config {stage!r}")
 

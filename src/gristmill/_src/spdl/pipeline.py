@@ -184,6 +184,7 @@ class Pipeline(Generic[T]):
             buffer_size=self._sink_buffer,
             counters=self._counters,
             merge_lists=True,  # cheap chunks travel together (see BackgroundProducer)
+            serve_idle_consumer=True,  # a loop that only iterates makes its items itself
         )
         for stream in self._streams:
             start = getattr(stream, "start_early", None) or getattr(stream, "start", None)

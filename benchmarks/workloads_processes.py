@@ -144,6 +144,35 @@ def _python_processes(*, n: int, batch_size: int) -> Case:
     return _python_dataset(load_module("gristmill"), n=n, batch_size=batch_size)
 
 
+class _BareActor:
+    """Ray's floor for ray_python_transform: an actor with the transform and nothing else."""
+
+    def run(self, lo: int, hi: int) -> Any:
+        import numpy as np
+
+        return np.asarray([_python_work(i) for i in range(lo, hi)])
+
+
+def _bare_ray_epoch(ray: Any, n: int, batch_size: int) -> float:
+    """Seconds for the workload on 2 fresh actors of :class:`_BareActor`, their start
+    included, two calls in flight per actor, batches gathered in order (no gristmill)."""
+    import time
+
+    began = time.perf_counter()
+    actor_class = ray.remote(num_cpus=1)(_BareActor)
+    actors = [actor_class.remote() for _ in range(_WORKERS)]
+    refs = [
+        actors[k % _WORKERS].run.remote(lo, min(lo + batch_size, n))
+        for k, lo in enumerate(range(0, n, batch_size))
+    ]
+    for ref in refs:
+        ray.get(ref)
+    elapsed = time.perf_counter() - began
+    for actor in actors:
+        ray.kill(actor)
+    return elapsed
+
+
 def ray_overhead(n: int = 2_000, batch_size: int = 32) -> dict[str, float]:
     """Per work unit (task) on ``RayBackend(2)``, actors started: the epoch's wall time
     times the actors over the tasks (an actor's time per task, calls overlapped included)
@@ -153,7 +182,7 @@ def ray_overhead(n: int = 2_000, batch_size: int = 32) -> dict[str, float]:
     import gristmill as gm
     from gristmill.ray import RayBackend
 
-    _start_ray()
+    ray = _start_ray()
     began = time.perf_counter()
     for i in range(200):
         _python_work(i)
@@ -175,6 +204,11 @@ def ray_overhead(n: int = 2_000, batch_size: int = 32) -> dict[str, float]:
         next(iter(_ray_pipeline(gm, fresh, batch_size, batch_size)))
         starts.append(time.perf_counter() - began)
         fresh.shutdown()
+    time.sleep(1)  # the killed actors' processes exit
+    bare = []  # Ray's own floor: the same work on bare actors, their start included
+    for _ in range(3):
+        bare.append(_bare_ray_epoch(ray, n, batch_size))
+        time.sleep(1)
     per_task = wall_s * _WORKERS / stage.tasks
     elements = stage.elements_in / stage.tasks
     return {
@@ -187,6 +221,7 @@ def ray_overhead(n: int = 2_000, batch_size: int = 32) -> dict[str, float]:
         "overhead_ms_per_task": (per_task - elements * transform_s) * 1e3,
         "actor_start_s_first": starts[0],
         "actor_start_s_later": starts[1],
+        "bare_ray_epoch_s_best_of_3": min(bare),
     }
 
 

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from gristmill._src.core import seeds, validation
 from gristmill._src.core.node_stats import NodeStats
+from gristmill._src.dataset.op_clock import timed_read
 
 if TYPE_CHECKING:
     from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
@@ -123,6 +124,12 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
     >>> [ds[i] for i in range(4)]
     [10, 70, 60, 90]
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        read = cls.__dict__.get("_read")
+        if read is not None and not getattr(read, "__gristmill_timed__", False):
+            cls._read = timed_read(read)  # type: ignore[method-assign]  # per-op statistics
 
     def __init__(self, parents: MapDataset[Any] | Sequence[MapDataset[Any]] = ()) -> None:
         if isinstance(parents, MapDataset):
@@ -220,6 +227,7 @@ class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
         """Reads many elements at once (one batched read per source)."""
         return self._read(as_index_array(indices))
 
+    @timed_read
     def _read(self, indices: IndexArray) -> list[T | None]:
         # Only reached for user subclasses; built-in nodes read chunks natively.
         getitems = type(self)._getitems

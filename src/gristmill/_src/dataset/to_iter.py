@@ -23,11 +23,12 @@ from gristmill._src.core.transforms import qualified_name
 from gristmill._src.dataset.base import MapDataset, register
 from gristmill._src.dataset.in_place_slicing import check_set_slice, sliced_copy
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
+from gristmill._src.dataset.op_clock import OpClock, chain_nodes
 from gristmill._src.engine.backends import Backend
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.reporting import PeriodicReporter
-from gristmill._src.engine.stats import PipelineStatistics
+from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
 
 
 @register("to_iter_dataset")
@@ -97,18 +98,23 @@ def structure(ds: MapDataset[Any]) -> str:
     return " → ".join(reversed(names))
 
 
+def node_name(node: MapDataset[Any]) -> str:
+    """A short name for one node: ``Map(f)``, ``Shuffle``, ``Mix[2]``."""
+    name = type(node).__name__.removesuffix("MapDataset").strip("_") or type(node).__name__
+    transform = getattr(node, "_transform", None)
+    if transform is not None:
+        name += f"({getattr(transform, '__name__', type(transform).__name__)})"
+    if len(node.parents) > 1:
+        name += f"[{len(node.parents)}]"
+    return name
+
+
 def stage_name(ds: MapDataset[Any]) -> str:
     """A short name for the fused chain ending at ``ds``: ``Range → Shuffle → Map(f)``."""
     names = []
     node: MapDataset[Any] | None = ds
     while node is not None:
-        name = type(node).__name__.removesuffix("MapDataset").strip("_") or type(node).__name__
-        transform = getattr(node, "_transform", None)
-        if transform is not None:
-            name += f"({getattr(transform, '__name__', type(transform).__name__)})"
-        if len(node.parents) > 1:
-            name += f"[{len(node.parents)}]"
-        names.append(name)
+        names.append(node_name(node))
         node = node.parents[0] if len(node.parents) == 1 else None
     return " → ".join(reversed(names))
 
@@ -128,8 +134,23 @@ class _RangeReader:
         return self._dataset._read(np.arange(start, stop, dtype=np.int64))
 
 
-def _reader(ds: MapDataset[Any]) -> Any:
-    return _RangeReader(ds)
+class _TimedRangeReader:
+    """``read(a, b)`` that times each node of the chain (:class:`OpClock`): in-process
+    reads only (a worker process reads with a plain :class:`_RangeReader`)."""
+
+    __slots__ = ("_clock", "_dataset")
+
+    def __init__(self, dataset: MapDataset[Any], clock: OpClock) -> None:
+        self._dataset = dataset
+        self._clock = clock
+
+    def __call__(self, start: int, stop: int) -> list[Any]:
+        with self._clock.reading():  # one element too goes through _read: every op timed
+            return self._dataset._read(np.arange(start, stop, dtype=np.int64))
+
+
+def _reader(ds: MapDataset[Any], clock: OpClock | None = None) -> Any:
+    return _RangeReader(ds) if clock is None else _TimedRangeReader(ds, clock)
 
 
 class Dropped:
@@ -217,6 +238,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._chunk: Chunk | None = None
         self._pos = 0
         self._runner: OrderedChunkRunner | None = None
+        self._clock: OpClock | None = None  # each MapDataset node's own time (in-process)
         self._stage_name = stage_name(parent) + (fused.name if fused is not None else "")
         self._reporter: PeriodicReporter | None = None
         # Filtered-ratio checks, made at the first fetch (the pipeline's options are final
@@ -231,8 +253,10 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
+            if self._processes is None:  # in-process reads: each node's own time too
+                self._clock = OpClock(chain_nodes(self._dataset, node_name), self._stage_name)
             runner = OrderedChunkRunner(
-                _reader(self._dataset),
+                _reader(self._dataset, self._clock),
                 self._next_index,
                 self._length,
                 workers=self._options.num_threads,
@@ -401,7 +425,11 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         """Its read stage (once the first element is asked for, or ``start_prefetch``)."""
         if self._runner is None:
             return Plan()
-        return Plan([PlannedStage(self._runner.name, Role.READ, self._runner)])
+        nodes: tuple[_NodeRow, ...] = ()
+        if self._clock is not None:
+            clock, runner = self._clock, self._runner
+            nodes = tuple(_NodeRow(clock, key, name, runner) for key, name in clock.nodes)
+        return Plan([PlannedStage(self._runner.name, Role.READ, self._runner, nodes)])
 
     def close(self) -> None:
         if self._runner is not None:
@@ -410,3 +438,17 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
 
     def __str__(self) -> str:
         return f"PrefetchDatasetIterator(next_index={self._next_index})"
+
+
+class _NodeRow:
+    """A plan piece: one MapDataset node's own work inside a read stage (statistics only)."""
+
+    __slots__ = ("_clock", "_key", "_name", "_runner")
+
+    def __init__(self, clock: OpClock, key: int, name: str, runner: OrderedChunkRunner) -> None:
+        self._clock, self._key, self._name, self._runner = clock, key, name, runner
+
+    def statistics(self) -> StageStatistics:
+        stage = self._runner.statistics()
+        row = self._clock.snapshot(self._key, self._name, stage.executor, stage.concurrency)
+        return dataclasses.replace(row, role=Role.MAP.value)

@@ -56,6 +56,9 @@ class PlannedStage:
     role: Role
     piece: Any
     """The runner, stream or counters behind the stage (engine internal)."""
+    parts: tuple[Any, ...] = ()
+    """Pieces with statistics only, one per op the stage runs fused (a read stage's
+    MapDataset nodes): their rows are ``PipelineStatistics.ops``."""
 
     @property
     def tunable(self) -> bool:
@@ -127,8 +130,14 @@ class Plan:
 
     def statistics(self) -> PipelineStatistics:
         """Snapshots of every stage that keeps counters, upstream first."""
-        snapshots = (stage.statistics() for stage in self._stages)
-        return PipelineStatistics(stages=tuple(s for s in snapshots if s is not None))
+        rows: list[StageStatistics] = []
+        ops: list[StageStatistics] = []
+        for stage in self._stages:
+            ops.extend(part.statistics() for part in stage.parts)
+            own = stage.statistics()
+            if own is not None:
+                rows.append(dataclasses.replace(own, role=stage.role.value))
+        return PipelineStatistics(stages=tuple(rows), ops=tuple(ops))
 
     def __len__(self) -> int:
         return len(self._stages)

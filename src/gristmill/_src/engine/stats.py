@@ -66,6 +66,11 @@ class StageStatistics:
     wait is not included until it ends)."""
     recent_blocked_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
     """Durations of the most recent blocked periods (at most 1024, oldest first)."""
+    part_of: str = ""
+    """The stage this one runs inside, if any: an op of a fused chain (its ``busy_s`` is
+    its own work, part of that stage's)."""
+    role: str = ""
+    """What the stage does (``engine.plan.Role``'s value: ``"map"``, ``"sink"``, ...)."""
 
 
 class Waits(NamedTuple):
@@ -218,43 +223,147 @@ class PipelineStatistics:
 
     stages: tuple[StageStatistics, ...]
     """One entry per stage, in pipeline order (the source side first)."""
+    ops: tuple[StageStatistics, ...] = ()
+    """One entry per op that a stage runs fused (``part_of`` names the stage), upstream
+    first: a read stage's MapDataset nodes, each with its own work."""
 
     def bottleneck(self) -> str:
-        """A one-sentence verdict: which stage limits throughput, and why."""
+        """A one-sentence verdict: which stage limits throughput, and why.
+
+        Each stage's *load* is the share of the wall time its workers spent on its own work
+        (busy seconds / (wall seconds x workers)); work that runs inline runs on its
+        puller's thread, so its load counts against the consumer. The stage with the
+        highest load limits throughput when that load is high (``BUSY_LOAD``). When no
+        stage is that busy, the consumer is the limit (it does its own work, a training
+        step), unless data was still waited for most of the time: then the busiest stage
+        is named, its workers waiting on each other (the GIL) or on a bursty stage. Stages
+        that only pass data on (a sink, a prefetch buffer: their time is their upstream's)
+        are not candidates; for a fused stage, the verdict names the op of its chain that
+        takes most of its time.
+        """
         if not self.stages:
             return "no stage has run yet"
         last = self.stages[-1]
         if last.elements_out == 0:
             return "no element has been delivered yet"
-        waiting = last.starved_s / last.wall_s if last.wall_s > 0 else 0.0
-        if waiting < 0.1:
+        wall = max(s.wall_s for s in self.stages)
+        if wall <= 0:
+            return "no time has passed yet"
+        candidates = [s for s in self.stages if s.role not in PASS_THROUGH_ROLES]
+        if not candidates:
+            return "no stage does work of its own"
+        top = max(candidates, key=lambda s: load(s, wall))
+        top_load = load(top, wall)
+        parts = [s for s in self.ops if s.part_of == top.name]
+        waited = max(s.starved_s for s in self.stages) / wall
+        if top_load < BUSY_LOAD and waited < 0.5:
             return (
-                f"the consumer: it waited for data only {waiting:.0%} of the time, so the "
-                f"pipeline keeps up (stage {last.name!r} delivers {last.throughput:,.0f} "
-                "elements/s); speed up the training step, not the data"
+                f"the consumer: the busiest stage, {top.name!r}, worked only {top_load:.0%} "
+                f"of the time (the pipeline delivers {last.throughput:,.0f} elements/s); "
+                "speed up the training step, not the data"
             )
-        slowest = max(self.stages, key=lambda s: s.mean_element_s / max(s.concurrency, 1))
-        per_element = slowest.mean_element_s
-        if slowest.executor == "inline":
-            reason = (
-                f"it runs inline on the consumer's thread at {per_element * 1e6:,.1f} µs per "
-                "element"
+        if top_load < BUSY_LOAD:
+            return (
+                f"stage {top.name!r}, the busiest: data was waited for {waited:.0%} of the "
+                f"time, yet its workers worked only {top_load:.0%} of it: they wait on each "
+                "other's GIL (Python work on threads: use processes) or on a bursty stage "
+                "upstream (raise the buffer sizes in front of it)"
             )
-        else:
-            utilisation = slowest.busy_s / (slowest.wall_s * slowest.concurrency)
-            reason = (
-                f"{per_element * 1e6:,.1f} µs of work per element on {slowest.concurrency} "
-                f"threads, busy {utilisation:.0%} of the time"
+        op = max(parts, key=lambda s: s.busy_s) if parts else None
+        # a fused stage: name the op its time goes to (unless most of it is in ops timed
+        # as a whole: the IterDataset ops fused after the chain's nodes)
+        if op is not None and op.busy_s >= top.busy_s - sum(s.busy_s for s in parts):
+            share = op.busy_s / top.busy_s if top.busy_s > 0 else 0.0
+            return (
+                f"op {op.name!r} ({op.mean_element_s * 1e6:,.1f} µs per element, "
+                f"{share:.0%} of its stage's work) in stage {top.name!r}: "
+                f"{_reason(top, top_load)}"
             )
-            if utilisation > 0.8:
-                reason += "; more threads help only if the work releases the GIL"
-        return (
-            f"stage {slowest.name!r}: the consumer waited for it {waiting:.0%} of the time; "
-            f"{reason}"
+        return f"stage {top.name!r}: {_reason(top, top_load)}"
+
+    def table(self) -> str:
+        """Every stage as a row of a table: ops of a fused stage indented under it."""
+        header = (
+            "stage",
+            "where",
+            "in",
+            "out",
+            "elements/s",
+            "busy s",
+            "µs/element",
+            "starved s",
+            "blocked s",
+            "buffer",
         )
+        rows = [header]
+        for s in self._rows():
+            rows.append(
+                (
+                    ("  " if s.part_of else "") + s.name,
+                    f"{s.executor} x{s.concurrency}",
+                    f"{s.elements_in:,}",
+                    f"{s.elements_out:,}",
+                    f"{s.throughput:,.0f}",
+                    f"{s.busy_s:.3f}",
+                    f"{s.mean_element_s * 1e6:,.1f}",
+                    "" if s.part_of else f"{s.starved_s:.3f}",
+                    "" if s.part_of else f"{s.blocked_s:.3f}",
+                    "" if s.part_of else f"{s.mean_buffer_occupancy:.1f}/{s.buffer_size}",
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = []
+        for n, row in enumerate(rows):
+            cells = [
+                cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
+                for i, cell in enumerate(row)
+            ]
+            lines.append("  ".join(cells).rstrip())
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def _rows(self) -> list[StageStatistics]:
+        """The stages in order, each preceded by the ops it runs fused."""
+        rows: list[StageStatistics] = []
+        for stage in self.stages:
+            rows.extend(op for op in self.ops if op.part_of == stage.name)
+            rows.append(stage)
+        return rows
 
     def __str__(self) -> str:
-        return "\n".join(format_line(s) for s in self.stages)
+        return self.table()
+
+
+PASS_THROUGH_ROLES = frozenset({"sink", "prefetch"})
+"""Roles whose busy time is their upstream's work (they only hand it on)."""
+BUSY_LOAD = 0.7
+"""A stage whose workers work at least this share of the time limits throughput."""
+
+
+def load(s: StageStatistics, wall_s: float) -> float:
+    """The share of ``wall_s`` that ``s``'s workers spent on its own work."""
+    return s.busy_s / (wall_s * max(s.concurrency, 1))
+
+
+def _reason(s: StageStatistics, stage_load: float) -> str:
+    per_element = f"{s.mean_element_s * 1e6:,.1f} µs of work per element"
+    if s.executor == "inline":
+        return (
+            f"{per_element}, run inline on its puller's thread (the consumer's, unless a "
+            f"threaded stage pulls it), {stage_load:.0%} of the time; give it workers "
+            "(ReadOptions(num_threads=...), pipe(concurrency=...)) or make it cheaper"
+        )
+    where = {"threads": "threads", "asyncio": "concurrent tasks"}.get(s.executor, "workers")
+    reason = f"{per_element} on {s.concurrency} {where}, busy {stage_load:.0%} of the time"
+    if s.executor == "threads":
+        reason += (
+            "; more threads help only if the work releases the GIL, else use processes "
+            "(mp_prefetch, a to() region)"
+        )
+    else:
+        reason += "; give it more workers"
+    return reason
 
 
 def format_line(s: StageStatistics) -> str:

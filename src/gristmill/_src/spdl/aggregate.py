@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -89,6 +90,7 @@ class AggregateStream:
         covers = self._covers
         while True:
             chunk = self._upstream.next_chunk()
+            began = time.perf_counter()
             outputs: list[Any] = []
             error = None
             if chunk is not None and chunk.keys is not None and collate is not None:
@@ -139,6 +141,7 @@ class AggregateStream:
                     if out is not None:
                         outputs.append(out)
             if chunk is not None:
+                self._counters.task_done(len(chunk.values), time.perf_counter() - began)
                 error = chunk.error
             if chunk is None or error is not None:
                 self._done = True

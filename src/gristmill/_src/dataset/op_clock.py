@@ -1,0 +1,181 @@
+"""Each MapDataset op's own time inside a fused read: which op of the chain the read
+stage's time goes to (``to_iter_dataset`` runs the whole chain as one engine stage).
+
+Every built-in node's ``_read(indices)`` reads its parent's chunk, then does its own work
+on it. While a read stage reads with an :class:`OpClock` (on the thread that reads:
+inline or a worker thread), each node's ``_read`` is timed, and its parent's time is taken
+out: what remains is the node's own work. Costs: one thread-local lookup per node and chunk
+when no clock is reading; two clock reads and a few additions per node and chunk when one
+is. A chunk of one element still reads through ``_read`` then, so that every op is timed.
+
+Counts are kept per reading thread (no lock per chunk) and summed when a snapshot is
+taken. Reads in worker processes (``mp_prefetch``) are not timed per op: their stage is.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gristmill._src.engine.stats import StageStatistics
+
+_ACTIVE = threading.local()
+
+
+def timed_read(read: Callable[[Any, Any], list[Any]]) -> Callable[[Any, Any], list[Any]]:
+    """Wraps a node class's ``_read`` so that a reading :class:`OpClock` times it."""
+
+    @functools.wraps(read)
+    def _read(node: Any, indices: Any) -> list[Any]:
+        clock: OpClock | None = getattr(_ACTIVE, "clock", None)
+        if clock is None:
+            return read(node, indices)
+        return clock.run(node, read, indices)
+
+    _read.__gristmill_timed__ = True  # type: ignore[attr-defined]
+    return _read
+
+
+class _Thread:
+    """One reading thread's counts: per node ``[own seconds, elements in, out, chunks]``."""
+
+    __slots__ = ("child_s", "holes", "ops")
+
+    def __init__(self) -> None:
+        self.child_s = 0.0  # time of the reads nested in the one being timed
+        self.holes = 0  # filtered-out elements (None) in the chunk the last read returned
+        self.ops: dict[int, list[float]] = {}
+
+
+class OpClock:
+    """The own time of each node of one read stage's chain (see the module docstring)."""
+
+    def __init__(self, nodes: list[tuple[Any, str]], stage: str) -> None:
+        names: list[tuple[int, str]] = []
+        taken: dict[str, int] = {}
+        for node, name in nodes:  # upstream first; a repeated name gets "#2", "#3", ...
+            taken[name] = taken.get(name, 0) + 1
+            names.append((id(node), name if taken[name] == 1 else f"{name}#{taken[name]}"))
+        self._names = names
+        self._nodes = [node for node, _ in nodes]  # kept alive: their ids stay theirs
+        self.stage = stage
+        self._local = threading.local()
+        self._threads: list[_Thread] = []
+        self._lock = threading.Lock()
+        self._started = time.perf_counter()
+
+    def reading(self) -> _Reading:
+        """A context in which this thread's reads are timed."""
+        return _Reading(self)
+
+    def _thread(self) -> _Thread:
+        counts: _Thread | None = getattr(self._local, "counts", None)
+        if counts is None:
+            counts = self._local.counts = _Thread()
+            with self._lock:
+                self._threads.append(counts)
+        return counts
+
+    def run(self, node: Any, read: Callable[[Any, Any], list[Any]], indices: Any) -> list[Any]:
+        counts = self._thread()
+        outer_child = counts.child_s
+        counts.child_s = 0.0
+        began = time.perf_counter()
+        try:
+            values = read(node, indices)
+        finally:
+            elapsed = time.perf_counter() - began
+            own = elapsed - counts.child_s
+            counts.child_s = outer_child + elapsed
+        # Holes (None: filtered out upstream) pass through every node but one that may
+        # discard: only such a node counts them (a C-level pass), the others inherit.
+        holes_in = counts.holes
+        if getattr(node, "_may_discard", False):
+            counts.holes = sum(map(operator.is_, values, itertools.repeat(None)))
+        entry = counts.ops.get(id(node))
+        if entry is None:
+            entry = counts.ops[id(node)] = [0.0, 0, 0, 0]
+        entry[0] += own
+        entry[1] += len(indices) - holes_in
+        entry[2] += len(values) - counts.holes
+        entry[3] += 1
+        return values
+
+    @property
+    def nodes(self) -> list[tuple[int, str]]:
+        """``(key, row name)`` of every node, upstream first."""
+        return list(self._names)
+
+    def snapshot(self, key: int, name: str, executor: str, concurrency: int) -> StageStatistics:
+        """Node ``key``'s counts, summed over the reading threads, as a part of the stage."""
+        with self._lock:
+            threads = list(self._threads)
+        busy, elements_in, elements_out, tasks = 0.0, 0, 0, 0
+        for counts in threads:
+            entry = counts.ops.get(key)
+            if entry is not None:
+                busy += entry[0]
+                elements_in += int(entry[1])
+                elements_out += int(entry[2])
+                tasks += int(entry[3])
+        wall = time.perf_counter() - self._started
+        return StageStatistics(
+            name=name,
+            executor=executor,
+            concurrency=concurrency,
+            elements_in=elements_in,
+            elements_out=elements_out,
+            tasks=tasks,
+            busy_s=busy,
+            mean_task_s=busy / tasks if tasks else 0.0,
+            p50_task_s=0.0,
+            p99_task_s=0.0,
+            mean_element_s=busy / elements_in if elements_in else 0.0,
+            starved_s=0.0,
+            blocked_s=0.0,
+            starved_waits=0,
+            blocked_waits=0,
+            buffer_size=0,
+            mean_buffer_occupancy=0.0,
+            wall_s=wall,
+            throughput=elements_out / wall if wall > 0 else 0.0,
+            part_of=self.stage,
+        )
+
+
+class _Reading:
+    __slots__ = ("_clock", "_outer")
+
+    def __init__(self, clock: OpClock) -> None:
+        self._clock = clock
+        self._outer: OpClock | None = None
+
+    def __enter__(self) -> None:
+        self._outer = getattr(_ACTIVE, "clock", None)
+        _ACTIVE.clock = self._clock
+        self._clock._thread().holes = 0  # a new chunk: its source has none
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.clock = self._outer
+
+
+def chain_nodes(ds: Any, name_of: Callable[[Any], str]) -> list[tuple[Any, str]]:
+    """Every node of the MapDataset graph ending at ``ds``, upstream first, each once."""
+    seen: set[int] = set()
+    order: list[tuple[Any, str]] = []
+
+    def visit(node: Any) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        for parent in getattr(node, "parents", ()):
+            visit(parent)
+        order.append((node, name_of(node)))
+
+    visit(ds)
+    return order

@@ -1,0 +1,171 @@
+"""statistics().bottleneck() names the stage that limits throughput, on pipelines built so
+that the slow stage is known: first, middle or last in a fused chain, after a filter, a
+filtered IterDataset op, in worker processes, an async stage, inline on the consumer's
+thread — and the consumer itself. Both dialects."""
+
+import asyncio
+import time
+
+import pytest
+
+import gristmill as gm
+from gristmill.pipeline import PipelineBuilder
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SLOW_S = 2e-3
+
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def slow(x):
+    spin(SLOW_S)
+    return x
+
+
+def cheap(x):
+    return x + 1
+
+
+def odd(x):
+    return x % 2 == 1
+
+
+def verdict_of(iterable, consumer_s=0.0):
+    it = iter(iterable)
+    for _ in it:
+        if consumer_s:
+            time.sleep(consumer_s)
+    try:
+        return it.statistics()
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def dataset_verdict(ds, threads=2, consumer_s=0.0):
+    stats = verdict_of(ds.to_iter_dataset(gm.ReadOptions(num_threads=threads)), consumer_s)
+    return stats, stats.bottleneck()
+
+
+@pytest.mark.parametrize(
+    ("build", "op"),
+    [
+        (lambda: gm.MapDataset.range(200).map(slow).map(cheap), "Map(slow)"),
+        (lambda: gm.MapDataset.range(200).map(cheap).map(slow).map(cheap), "Map(slow)"),
+        (lambda: gm.MapDataset.range(200).map(cheap).map(cheap).map(slow), "Map(slow)"),
+        (lambda: gm.MapDataset.range(400).filter(odd).map(slow), "Map(slow)"),
+    ],
+    ids=["first", "middle", "last", "after-a-filter"],
+)
+@pytest.mark.parametrize("threads", [0, 2])
+def test_the_slow_op_of_a_fused_chain_is_named(build, op, threads):
+    stats, verdict = dataset_verdict(build(), threads=threads)
+    assert verdict.startswith(f"op {op!r}"), (verdict, stats.table())
+    (stage,) = stats.stages
+    assert [row.part_of for row in stats.ops] == [stage.name] * len(stats.ops)
+    slow_row = next(row for row in stats.ops if row.name == op)
+    # its own time, not its parents': about SLOW_S per element it read
+    assert slow_row.busy_s >= 0.8 * slow_row.elements_out * SLOW_S
+    assert slow_row.busy_s >= 0.7 * stage.busy_s
+
+
+def test_the_parts_of_a_fused_stage_add_up_to_it_and_count_their_elements():
+    ds = gm.MapDataset.range(300).map(cheap).filter(odd).map(slow)
+    stats, _ = dataset_verdict(ds, threads=2)
+    rows = {row.name: row for row in stats.ops}
+    assert list(rows) == ["Range", "Map(cheap)", "Filter(odd)", "Map(slow)"]
+    assert rows["Filter(odd)"].elements_in == 300
+    assert rows["Filter(odd)"].elements_out == 150
+    assert rows["Map(slow)"].elements_out == 150
+    (stage,) = stats.stages
+    assert sum(row.busy_s for row in stats.ops) == pytest.approx(stage.busy_s, rel=0.2)
+
+
+def test_a_slow_read_in_worker_processes_is_named():
+    ds = (
+        gm.MapDataset.range(600)  # enough work that the workers' start is a small part
+        .map(slow)
+        .to_iter_dataset()
+        .mp_prefetch(gm.MultiprocessingOptions(num_workers=2))
+    )
+    stats = verdict_of(ds)
+    verdict = stats.bottleneck()
+    assert verdict.startswith("stage 'Range → Map(slow)'"), (verdict, stats.table())
+    assert "workers" in verdict
+
+
+def test_a_busy_consumer_is_named():
+    ds = gm.MapDataset.range(60).map(cheap)
+    stats, verdict = dataset_verdict(ds, threads=2, consumer_s=SLOW_S)
+    assert verdict.startswith("the consumer"), (verdict, stats.table())
+
+
+def test_the_table_shows_every_stage_and_op():
+    stats, _ = dataset_verdict(gm.MapDataset.range(50).map(cheap).map(slow), threads=0)
+    table = str(stats)
+    lines = table.splitlines()
+    assert lines[0].split()[:2] == ["stage", "where"]
+    assert [line.split()[0] for line in lines[2:]] == ["Range", "Map(cheap)", "Map(slow)", "Range"]
+    assert "inline x1" in lines[-1]
+
+
+# --- the SPDL dialect --------------------------------------------------------------------
+
+
+async def async_slow(x):
+    await asyncio.sleep(5 * SLOW_S)
+    return x
+
+
+def pipeline_verdict(build, consumer_s=0.0):
+    pipeline = build(PipelineBuilder().add_source(range(200))).add_sink(3).build(num_threads=2)
+    with pipeline.auto_stop():
+        for _ in pipeline:
+            if consumer_s:
+                time.sleep(consumer_s)
+    stats = pipeline.statistics()
+    return stats, stats.bottleneck()
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda b: b.pipe(slow).pipe(cheap).aggregate(10).pipe(sum),
+        lambda b: b.pipe(cheap).pipe(slow).aggregate(10).pipe(sum),
+        lambda b: b.pipe(cheap).aggregate(1).pipe(len).pipe(slow),
+        lambda b: b.pipe(cheap).pipe(slow, concurrency=2).pipe(cheap),
+    ],
+    ids=["first", "middle", "last", "two-threads"],
+)
+def test_the_slow_pipe_stage_is_named_not_the_sink(build):
+    stats, verdict = pipeline_verdict(build)
+    assert verdict.startswith("stage '"), (verdict, stats.table())
+    assert named(verdict).split(":")[2].startswith("slow"), (verdict, stats.table())
+
+
+def named(verdict):
+    return verdict.split("'")[1]
+
+
+def test_an_async_stage_that_waits_is_named():
+    stats, verdict = pipeline_verdict(
+        lambda b: b.pipe(cheap).pipe(async_slow, concurrency=2).pipe(cheap)
+    )
+    assert named(verdict).split(":")[2].startswith("async_slow"), (verdict, stats.table())
+
+
+def test_a_pipeline_consumer_that_trains_is_named():
+    stats, verdict = pipeline_verdict(lambda b: b.pipe(cheap).aggregate(4), consumer_s=SLOW_S)
+    assert verdict.startswith("the consumer"), (verdict, stats.table())
+
+
+def test_aggregate_counts_what_it_takes_in():
+    stats, _ = pipeline_verdict(lambda b: b.pipe(cheap).aggregate(10))
+    aggregate = next(s for s in stats.stages if "aggregate" in s.name)
+    assert (aggregate.elements_in, aggregate.elements_out) == (200, 20)

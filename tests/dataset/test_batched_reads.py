@@ -46,9 +46,11 @@ def test_iteration_reads_in_chunks():
     # The engine reads the first element alone to measure its cost, then reads chunks. On a
     # loaded machine that first read can look slow (>= 1 ms), and one more element is read
     # alone on a worker thread before the cheap cost is known: a handful at most.
-    assert source.single_reads <= 4
+    # (A read stage that times its ops reads that element as a batch of one.)
+    alone = source.single_reads + sum(len(r) == 1 for r in source.batched_reads)
+    assert alone <= 4
     assert source.single_reads + sum(len(r) for r in source.batched_reads) == 1000
-    assert len(source.batched_reads) < 20
+    assert sum(len(r) > 1 for r in source.batched_reads) < 20
 
 
 def test_mixed_and_concatenated_sources_are_read_per_chunk():

@@ -89,7 +89,7 @@ def test_a_dataset_plan_joins_the_parents_stages_before_a_prefetch_thread():
     it = iter(ds)
     assert [next(it) for _ in range(5)] == [x * x + 1 for x in range(5)]
     plan = it.plan()
-    assert roles(plan) == ["read", "prefetch"]
+    assert roles(plan) == ["read", "map", "prefetch"]  # the lambda runs on the prefetch thread
     assert [s.name for s in plan.stages] == [s.name for s in it.statistics().stages]
     assert list(plan.settings()) == [plan.stages[0].name]  # a prefetch thread has no knobs
     settings = plan.settings()

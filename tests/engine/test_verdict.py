@@ -87,6 +87,25 @@ def test_the_parts_of_a_fused_stage_add_up_to_it_and_count_their_elements():
     assert sum(row.busy_s for row in stats.ops) == pytest.approx(stage.busy_s, rel=0.2)
 
 
+def slow_keep(x):
+    spin(SLOW_S)
+    return x % 2 == 0
+
+
+def test_a_slow_filter_after_the_read_stage_is_named_and_ops_after_it_have_rows():
+    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=2))
+    stats = verdict_of(read.map(cheap).filter(slow_keep).batch(10))
+    verdict = stats.bottleneck()
+    assert verdict.startswith("stage 'filter(slow_keep)'"), (verdict, stats.table())
+    rows = {s.name: s for s in stats.stages}
+    assert (rows["map(cheap)"].elements_in, rows["map(cheap)"].elements_out) == (200, 200)
+    kept = rows["filter(slow_keep)"]
+    assert (kept.elements_in, kept.elements_out) == (200, 100)
+    assert kept.busy_s == pytest.approx(200 * SLOW_S, rel=0.5)  # one call in 8 timed
+    batch = rows["batch(10, drop_remainder=False)"]
+    assert (batch.elements_in, batch.elements_out) == (100, 10)
+
+
 def test_a_slow_read_in_worker_processes_is_named():
     ds = (
         gm.MapDataset.range(600)  # enough work that the workers' start is a small part

@@ -6,6 +6,7 @@ state; random_map records ``index_for_rng`` and map_with_index ``counter``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +16,9 @@ from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset import batching
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
 from gristmill._src.dataset.shuffle import resolve_seed
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _U64 = 2**64
 
@@ -68,9 +71,22 @@ class _MapIterator(_OneParentIterator):
     def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any]) -> None:
         super().__init__(parent)
         self._fn = fn
+        self._row = OpRow(self._describe())
 
     def __next__(self) -> Any:
-        return self._fn(next(self._parent))
+        element = next(self._parent)
+        row = self._row
+        row.calls += 1
+        if row.calls & SAMPLE_MASK:
+            return self._fn(element)
+        began = time.perf_counter()
+        element = self._fn(element)
+        row.sampled_s += time.perf_counter() - began
+        row.sampled += 1
+        return element
+
+    def plan(self) -> Plan:
+        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
 
     def _describe(self) -> str:
         return f"map({transforms.qualified_name(self._fn)})"
@@ -112,22 +128,35 @@ class _FilterIterator(_OneParentIterator):
         self._name = name
         # Made at the first element: the pipeline's options are final only then.
         self._check: FilterRatioCheck | None = _UNCHECKED
+        self._row = OpRow(self._describe())
+        self._row.elements_out = 0  # the kept ones
+
+    def plan(self) -> Plan:
+        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
 
     def _describe(self) -> str:
         return f"filter({transforms.qualified_name(self._fn)})"
 
     def __next__(self) -> Any:
-        parent, fn, check = self._parent, self._fn, self._check
+        parent, fn, check, row = self._parent, self._fn, self._check, self._row
         if check is _UNCHECKED:
             check = self._check = FilterRatioCheck.for_options(self._name, self._ctx.options)
         if check is None:
             while True:
                 element = next(parent)
-                if fn(element):
+                row.calls += 1
+                if row.calls & SAMPLE_MASK:
+                    if fn(element):
+                        row.elements_out += 1  # type: ignore[operator]
+                        return element
+                elif _kept_timed(row, fn, element):
+                    row.elements_out += 1  # type: ignore[operator]
                     return element
         while True:
             element = next(parent)
-            if fn(element):
+            row.calls += 1
+            if fn(element) if row.calls & SAMPLE_MASK else _kept_timed(row, fn, element):
+                row.elements_out += 1  # type: ignore[operator]
                 check.left -= 1
                 if not check.left:
                     check.close_window()
@@ -272,6 +301,15 @@ class MapWithIndexIterDataset(IterDataset[Any]):
         return f"MapWithIndexIterDataset(transform={transforms.describe(self._transform)})"
 
 
+def _kept_timed(row: OpRow, fn: Callable[[Any], Any], element: Any) -> Any:
+    """``fn(element)``, timed in ``row`` (one call in ``SAMPLE_MASK + 1`` is)."""
+    began = time.perf_counter()
+    kept = fn(element)
+    row.sampled_s += time.perf_counter() - began
+    row.sampled += 1
+    return kept
+
+
 class _BatchIterator(_OneParentIterator):
     def __init__(
         self,
@@ -284,6 +322,13 @@ class _BatchIterator(_OneParentIterator):
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._batch_fn = batch_fn
+        self._row = OpRow(self._describe())  # every call (a batch) timed
+        self._row.elements_in = 0
+
+    def plan(self) -> Plan:
+        return Plan.joined(
+            [super().plan()], PlannedStage(self._row.name, Role.AGGREGATE, self._row)
+        )
 
     def _describe(self) -> str:
         return f"batch({self._batch_size}, drop_remainder={self._drop_remainder})"
@@ -298,7 +343,14 @@ class _BatchIterator(_OneParentIterator):
                 break
         if not elements or (self._drop_remainder and len(elements) < self._batch_size):
             raise StopIteration
-        return self._batch_fn(elements)
+        row = self._row
+        began = time.perf_counter()
+        batch = self._batch_fn(elements)
+        row.sampled_s += time.perf_counter() - began
+        row.sampled += 1
+        row.calls += 1
+        row.elements_in += len(elements)  # type: ignore[operator]
+        return batch
 
     def _get_next_index(self) -> int:
         return -(-self._parent._get_next_index() // self._batch_size)

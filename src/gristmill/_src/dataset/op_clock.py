@@ -179,3 +179,64 @@ def chain_nodes(ds: Any, name_of: Callable[[Any], str]) -> list[tuple[Any, str]]
 
     visit(ds)
     return order
+
+
+SAMPLE_MASK = 7
+"""An IterDataset op outside a read stage times one call in ``SAMPLE_MASK + 1`` (when
+``calls & SAMPLE_MASK`` is 0): a call costs two clock reads, ~80 ns, and timing every
+element of a cheap op would cost more than the op."""
+
+
+class OpRow:
+    """The statistics row of an IterDataset op that runs on its puller's thread (a map or
+    filter outside a read stage, a batch). The iterator updates it on its own thread:
+    ``calls`` for every call of the op, ``sampled`` / ``sampled_s`` for the timed ones
+    (busy time is scaled from them), ``elements_in`` / ``elements_out`` where they are not
+    the calls (a filter's kept elements, a batch's inputs)."""
+
+    __slots__ = (
+        "_started",
+        "calls",
+        "elements_in",
+        "elements_out",
+        "name",
+        "sampled",
+        "sampled_s",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+        self.sampled = 0
+        self.sampled_s = 0.0
+        self.elements_in: int | None = None  # None: the calls
+        self.elements_out: int | None = None
+        self._started = time.perf_counter()
+
+    def statistics(self) -> StageStatistics:
+        calls = self.calls
+        busy = self.sampled_s * calls / self.sampled if self.sampled else 0.0
+        elements_in = calls if self.elements_in is None else self.elements_in
+        elements_out = calls if self.elements_out is None else self.elements_out
+        wall = time.perf_counter() - self._started
+        return StageStatistics(
+            name=self.name,
+            executor="inline",
+            concurrency=1,
+            elements_in=elements_in,
+            elements_out=elements_out,
+            tasks=calls,
+            busy_s=busy,
+            mean_task_s=busy / calls if calls else 0.0,
+            p50_task_s=0.0,
+            p99_task_s=0.0,
+            mean_element_s=busy / elements_in if elements_in else 0.0,
+            starved_s=0.0,
+            blocked_s=0.0,
+            starved_waits=0,
+            blocked_waits=0,
+            buffer_size=0,
+            mean_buffer_occupancy=0.0,
+            wall_s=wall,
+            throughput=elements_out / wall if wall > 0 else 0.0,
+        )

@@ -253,7 +253,9 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
-            if self._processes is None:  # in-process reads: each node's own time too
+            if self._processes is None and self._options.prefetch_buffer_size > 1:
+                # In-process reads in chunks: each node's own time too. (A synchronous read
+                # of one element per next(), a range's default, would pay ~5 µs for it.)
                 self._clock = OpClock(chain_nodes(self._dataset, node_name), self._stage_name)
             runner = OrderedChunkRunner(
                 _reader(self._dataset, self._clock),

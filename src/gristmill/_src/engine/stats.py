@@ -263,12 +263,14 @@ class PipelineStatistics:
                 "speed up the training step, not the data"
             )
         if top_load < BUSY_LOAD:
-            return (
-                f"stage {top.name!r}, the busiest: data was waited for {waited:.0%} of the "
-                f"time, yet its workers worked only {top_load:.0%} of it: they wait on each "
-                "other's GIL (Python work on threads: use processes) or on a bursty stage "
-                "upstream (raise the buffer sizes in front of it)"
+            reason = (
+                f"the busiest: data was waited for {waited:.0%} of the time, yet its workers "
+                f"worked only {top_load:.0%} of it: they wait on each other's GIL (Python "
+                "work on threads: use processes) or on a bursty stage upstream (raise the "
+                "buffer sizes in front of it)"
             )
+        else:
+            reason = _reason(top, top_load)
         op = max(parts, key=lambda s: s.busy_s) if parts else None
         # a fused stage: name the op its time goes to (unless most of it is in ops timed
         # as a whole: the IterDataset ops fused after the chain's nodes)
@@ -276,10 +278,9 @@ class PipelineStatistics:
             share = op.busy_s / top.busy_s if top.busy_s > 0 else 0.0
             return (
                 f"op {op.name!r} ({op.mean_element_s * 1e6:,.1f} µs per element, "
-                f"{share:.0%} of its stage's work) in stage {top.name!r}: "
-                f"{_reason(top, top_load)}"
+                f"{share:.0%} of its stage's work) in stage {top.name!r}: {reason}"
             )
-        return f"stage {top.name!r}: {_reason(top, top_load)}"
+        return f"stage {top.name!r}: {reason}"
 
     def table(self) -> str:
         """Every stage as a row of a table: ops of a fused stage indented under it."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -134,18 +135,34 @@ class _RangeReader:
         return self._dataset._read(np.arange(start, stop, dtype=np.int64))
 
 
+_TIMED_SINGLE_S = 100e-6
+"""A read of one element that took at least this long is costly enough that reading it as
+a chunk of one, every node timed (~5 µs more), is worth it."""
+
+
 class _TimedRangeReader:
     """``read(a, b)`` that times each node of the chain (:class:`OpClock`): in-process
-    reads only (a worker process reads with a plain :class:`_RangeReader`)."""
+    reads only (a worker process reads with a plain :class:`_RangeReader`).
 
-    __slots__ = ("_clock", "_dataset")
+    A chunk of one element is read as a plain ``_get`` (untimed per node) while such reads
+    are cheap: through ``_read`` it would cost ~5 µs more (numpy on a one-element index
+    array), and the engine's first, probing read would make cheap work look costly.
+    """
+
+    __slots__ = ("_clock", "_dataset", "_single_s")
 
     def __init__(self, dataset: MapDataset[Any], clock: OpClock) -> None:
         self._dataset = dataset
         self._clock = clock
+        self._single_s = 0.0  # how long the last plain read of one element took
 
     def __call__(self, start: int, stop: int) -> list[Any]:
-        with self._clock.reading():  # one element too goes through _read: every op timed
+        if stop - start == 1 and self._single_s < _TIMED_SINGLE_S:
+            began = time.perf_counter()
+            values = [self._dataset._get(start)]
+            self._single_s = time.perf_counter() - began
+            return values
+        with self._clock.reading():
             return self._dataset._read(np.arange(start, stop, dtype=np.int64))
 
 

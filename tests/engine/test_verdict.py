@@ -75,9 +75,10 @@ def test_the_slow_op_of_a_fused_chain_is_named(build, op, threads):
     assert slow_row.busy_s >= 0.7 * stage.busy_s
 
 
-def test_the_parts_of_a_fused_stage_add_up_to_it_and_count_their_elements():
+@pytest.mark.parametrize("threads", [0, 2])
+def test_the_parts_of_a_fused_stage_add_up_to_it_and_count_their_elements(threads):
     ds = gm.MapDataset.range(300).map(cheap).filter(odd).map(slow)
-    stats, _ = dataset_verdict(ds, threads=2)
+    stats, _ = dataset_verdict(ds, threads=threads)
     rows = {row.name: row for row in stats.ops}
     assert list(rows) == ["Range", "Map(cheap)", "Filter(odd)", "Map(slow)"]
     # the engine's first, probing read of one element is not timed per op (it may be cheap)
@@ -85,7 +86,12 @@ def test_the_parts_of_a_fused_stage_add_up_to_it_and_count_their_elements():
     assert rows["Filter(odd)"].elements_out in (149, 150)
     assert rows["Map(slow)"].elements_out == rows["Filter(odd)"].elements_out
     (stage,) = stats.stages
-    assert sum(row.busy_s for row in stats.ops) == pytest.approx(stage.busy_s, rel=0.2)
+    parts = sum(row.busy_s for row in stats.ops)
+    assert parts <= stage.busy_s * 1.02  # each node's own time, nothing counted twice
+    if threads == 0:  # one thread: the nodes' time is the stage's, but for bookkeeping
+        assert parts == pytest.approx(stage.busy_s, rel=0.2)
+    # (On threads, the time a worker waits for the GIL between two nodes is the stage's
+    # only: with two threads spinning in Python on a loaded machine, parts were 74 % of it.)
 
 
 def slow_keep(x):
@@ -94,7 +100,7 @@ def slow_keep(x):
 
 
 def test_a_slow_filter_after_the_read_stage_is_named_and_ops_after_it_have_rows():
-    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=2))
+    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=0))
     stats = verdict_of(read.map(cheap).filter(slow_keep).batch(10))
     verdict = stats.bottleneck()
     assert verdict.startswith("stage 'filter(slow_keep)'"), (verdict, stats.table())
@@ -102,7 +108,8 @@ def test_a_slow_filter_after_the_read_stage_is_named_and_ops_after_it_have_rows(
     assert (rows["map(cheap)"].elements_in, rows["map(cheap)"].elements_out) == (200, 200)
     kept = rows["filter(slow_keep)"]
     assert (kept.elements_in, kept.elements_out) == (200, 100)
-    assert kept.busy_s == pytest.approx(200 * SLOW_S, rel=0.5)  # one call in 8 timed
+    # one call in 8 timed, scaled up: at least the work done (a loaded machine adds to it)
+    assert kept.busy_s >= 0.5 * 200 * SLOW_S
     batch = rows["batch(10, drop_remainder=False)"]
     assert (batch.elements_in, batch.elements_out) == (100, 10)
 

@@ -6,10 +6,12 @@ on it. While a read stage reads with an :class:`OpClock` (on the thread that rea
 inline or a worker thread), each node's ``_read`` is timed, and its parent's time is taken
 out: what remains is the node's own work. Costs: one thread-local lookup per node and chunk
 when no clock is reading; two clock reads and a few additions per node and chunk when one
-is. A chunk of one element still reads through ``_read`` then, so that every op is timed.
+is. A chunk of one element is read untimed while such reads are cheap
+(``to_iter._TimedRangeReader``): a one-element ``_read`` costs ~5 µs more than ``_get``.
 
 Counts are kept per reading thread (no lock per chunk) and summed when a snapshot is
 taken. Reads in worker processes (``mp_prefetch``) are not timed per op: their stage is.
+:class:`OpRow` is the row of an IterDataset op outside a read stage (sampled timing).
 """
 
 from __future__ import annotations

@@ -126,26 +126,15 @@ class OpClock:
                 elements_out += int(entry[2])
                 tasks += int(entry[3])
         wall = time.perf_counter() - self._started
-        return StageStatistics(
-            name=name,
-            executor=executor,
-            concurrency=concurrency,
-            elements_in=elements_in,
-            elements_out=elements_out,
-            tasks=tasks,
-            busy_s=busy,
-            mean_task_s=busy / tasks if tasks else 0.0,
-            p50_task_s=0.0,
-            p99_task_s=0.0,
-            mean_element_s=busy / elements_in if elements_in else 0.0,
-            starved_s=0.0,
-            blocked_s=0.0,
-            starved_waits=0,
-            blocked_waits=0,
-            buffer_size=0,
-            mean_buffer_occupancy=0.0,
-            wall_s=wall,
-            throughput=elements_out / wall if wall > 0 else 0.0,
+        return op_row(
+            name,
+            executor,
+            concurrency,
+            elements_in,
+            elements_out,
+            tasks,
+            busy,
+            wall,
             part_of=self.stage,
         )
 
@@ -221,24 +210,42 @@ class OpRow:
         elements_in = calls if self.elements_in is None else self.elements_in
         elements_out = calls if self.elements_out is None else self.elements_out
         wall = time.perf_counter() - self._started
-        return StageStatistics(
-            name=self.name,
-            executor="inline",
-            concurrency=1,
-            elements_in=elements_in,
-            elements_out=elements_out,
-            tasks=calls,
-            busy_s=busy,
-            mean_task_s=busy / calls if calls else 0.0,
-            p50_task_s=0.0,
-            p99_task_s=0.0,
-            mean_element_s=busy / elements_in if elements_in else 0.0,
-            starved_s=0.0,
-            blocked_s=0.0,
-            starved_waits=0,
-            blocked_waits=0,
-            buffer_size=0,
-            mean_buffer_occupancy=0.0,
-            wall_s=wall,
-            throughput=elements_out / wall if wall > 0 else 0.0,
-        )
+        return op_row(self.name, "inline", 1, elements_in, elements_out, calls, busy, wall)
+
+
+def op_row(
+    name: str,
+    executor: str,
+    concurrency: int,
+    elements_in: int,
+    elements_out: int,
+    tasks: int,
+    busy_s: float,
+    wall_s: float,
+    *,
+    part_of: str = "",
+) -> StageStatistics:
+    """The statistics row of an op: its counts and busy time; no buffer and no waits of
+    its own (those are its stage's)."""
+    return StageStatistics(
+        name=name,
+        executor=executor,
+        concurrency=concurrency,
+        elements_in=elements_in,
+        elements_out=elements_out,
+        tasks=tasks,
+        busy_s=busy_s,
+        mean_task_s=busy_s / tasks if tasks else 0.0,
+        p50_task_s=0.0,
+        p99_task_s=0.0,
+        mean_element_s=busy_s / elements_in if elements_in else 0.0,
+        starved_s=0.0,
+        blocked_s=0.0,
+        starved_waits=0,
+        blocked_waits=0,
+        buffer_size=0,
+        mean_buffer_occupancy=0.0,
+        wall_s=wall_s,
+        throughput=elements_out / wall_s if wall_s > 0 else 0.0,
+        part_of=part_of,
+    )

@@ -9,6 +9,7 @@ import gristmill
 
 EXPECTED = {
     "gristmill": [
+        "AUTOTUNE",
         "MapDataset",
         "IterDataset",
         "DatasetIterator",
@@ -274,6 +275,7 @@ EXPECTED = {
         "ShapeDtypeStructProtocol",
         "TFRecordIterDataset",
         "ThreadPrefetchIterDataset",
+        "TuningBudget",
         "WindowShuffleIterDataset",
         "WindowShuffleMapDataset",
         "ZipIterDataset",

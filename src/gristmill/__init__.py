@@ -23,7 +23,7 @@ from gristmill import (
 )
 from gristmill._src import dataset as _dataset  # registers the transformations
 from gristmill._src.core.config import config
-from gristmill._src.core.options import MultiprocessingOptions, ReadOptions
+from gristmill._src.core.options import AUTOTUNE, MultiprocessingOptions, ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
@@ -47,6 +47,7 @@ __version__ = "0.1.0.dev0"
 __version_info__ = (0, 1, 0, "dev0")
 
 __all__ = [
+    "AUTOTUNE",
     "MapDataset",
     "IterDataset",
     "DatasetIterator",

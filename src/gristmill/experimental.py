@@ -31,6 +31,7 @@ from gristmill._src.dataset.window_shuffle import (
 from gristmill._src.dataset.with_options import WithOptionsIterDataset
 from gristmill._src.dataset.zipping import ZipIterDataset, ZipMapDataset
 from gristmill._src.engine.reporting import log_statistics_every
+from gristmill._src.engine.tuner import TuningBudget
 from gristmill._src.loader.elastic import ElasticIterator
 from gristmill._src.loader.pack_and_batch import PackAndBatchOperation
 from gristmill._src.public import export as _export
@@ -61,6 +62,7 @@ _export(
     ShapeDtypeStructProtocol,
     TFRecordIterDataset,
     ThreadPrefetchDatasetIterator,
+    TuningBudget,
     ThreadPrefetchIterDataset,
     WindowShuffleIterDataset,
     WindowShuffleMapDataset,
@@ -95,6 +97,7 @@ __all__ = [
     "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
+    "TuningBudget",
     "WindowShuffleIterDataset",
     "WindowShuffleMapDataset",
     "WithOptionsIterDataset",

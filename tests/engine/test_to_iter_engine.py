@@ -316,7 +316,7 @@ def test_periodic_statistics_log(caplog):
         gm.experimental.log_statistics_every(None)
     lines = [r.getMessage() for r in caplog.records if r.name == "gristmill.statistics"]
     assert lines
-    assert lines[0].startswith("stage 'Range → Map(<lambda>)' [inline x16]")
+    assert lines[0].startswith("stage 'Range → Map(<lambda>)' [inline x")
     with pytest.raises(ValueError, match="seconds must be > 0 or None"):
         gm.experimental.log_statistics_every(0)
 

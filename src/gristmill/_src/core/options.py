@@ -9,6 +9,39 @@ import logging
 _logger = logging.getLogger("gristmill")
 
 
+class _Autotune(int):
+    """The type of :data:`AUTOTUNE`: a marker, not the number -1 (which stays invalid)."""
+
+    def __repr__(self) -> str:
+        return "gristmill.AUTOTUNE"
+
+    def __reduce__(self) -> str:
+        return "AUTOTUNE"
+
+
+AUTOTUNE: int = _Autotune(-1)
+"""A worker count (``ReadOptions(num_threads=AUTOTUNE)``,
+``MultiprocessingOptions(num_workers=AUTOTUNE)``) or buffer size for the autotuner to choose
+and change while the pipeline runs (``gristmill.AUTOTUNE``; ``pipe(concurrency="auto")`` in
+the pipeline dialect). Output and checkpoints never depend on it."""
+
+
+class _Default(int):
+    """A number the user did not give (a field's default): the autotuner may change it.
+    It equals, prints and pickles as the plain number."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        return (_Default, (int(self),))
+
+
+def is_autotuned(value: int) -> bool:
+    """Whether a knob is the tuner's: ``AUTOTUNE``, or a default the user did not give."""
+    return value is AUTOTUNE or isinstance(value, _Default)
+
+
 class MultiprocessingOrder(enum.Enum):
     """The order in which ``mp_prefetch`` delivers what its worker processes compute.
 
@@ -30,21 +63,23 @@ class ReadOptions:
     """How ``to_iter_dataset`` reads a MapDataset.
 
     Attributes:
-      num_threads: threads reading and transforming elements concurrently.
-      prefetch_buffer_size: how many elements may be read ahead of the consumer.
+      num_threads: threads reading and transforming elements concurrently; ``AUTOTUNE``
+        (or leaving the default, 16) lets the autotuner choose and change it while reading.
+      prefetch_buffer_size: how many elements may be read ahead of the consumer; likewise.
     """
 
-    num_threads: int = 16
-    prefetch_buffer_size: int = 500
+    num_threads: int = _Default(16)
+    prefetch_buffer_size: int = _Default(500)
 
     def __post_init__(self) -> None:
         for name in ("num_threads", "prefetch_buffer_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int >= 0, got {value!r}")
-            if value < 0:
+                raise TypeError(f"{name} must be an int >= 0 or AUTOTUNE, got {value!r}")
+            if value < 0 and value is not AUTOTUNE:
                 raise ValueError(
-                    f"{name} must be non-negative, got {value!r}; use 0 to read inline"
+                    f"{name} must be non-negative or gristmill.AUTOTUNE, got {value!r}; use 0 "
+                    "to read inline"
                 )
         if 0 < self.prefetch_buffer_size < self.num_threads:
             # logged, as Grain does: a valid configuration, only a wasteful one
@@ -61,7 +96,8 @@ class MultiprocessingOptions:
     """Worker processes for ``mp_prefetch``.
 
     Attributes:
-      num_workers: worker processes; 0 runs in the main process.
+      num_workers: worker processes; 0 runs in the main process; ``AUTOTUNE``: one per core
+        this process may use.
       per_worker_buffer_size: elements each worker may produce ahead.
       enable_profiling: log the pipeline's per-stage statistics (the ``gristmill.statistics``
         logger, INFO) every 60 s and at the end of the data.
@@ -77,6 +113,8 @@ class MultiprocessingOptions:
     def __post_init__(self) -> None:
         for name, low in (("num_workers", 0), ("per_worker_buffer_size", 1)):
             value = getattr(self, name)
+            if value is AUTOTUNE and name == "num_workers":
+                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
             if value < low:

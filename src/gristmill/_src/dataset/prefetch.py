@@ -7,6 +7,7 @@ prefetched. ``set_state`` stops the thread, restores the parent and starts afres
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -16,6 +17,7 @@ from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.engine.tuner import available_cores
 
 
 class ThreadPrefetchIterDataset(IterDataset[Any]):
@@ -275,7 +277,7 @@ def mp_prefetch(
     (``backend.num_actors`` of them; ``options`` still gives the buffer sizes, and its
     ``num_workers`` is not used); ``worker_init_fn`` then runs on each actor.
     """
-    from gristmill._src.core.options import MultiprocessingOptions, MultiprocessingOrder
+    from gristmill._src.core.options import AUTOTUNE, MultiprocessingOptions, MultiprocessingOrder
     from gristmill._src.dataset.lowering import lower
     from gristmill._src.dataset.to_iter import WorkerStage
     from gristmill._src.engine.backends import ProcessBackend
@@ -293,6 +295,9 @@ def mp_prefetch(
         )
     validation.check_bool(sequential_slice, "sequential_slice")
     ray_backend = _check_backend(backend, options, mp_context)
+    if options.num_workers is AUTOTUNE:
+        # Processes start once: one per core, and the tuner changes their buffers only.
+        options = dataclasses.replace(options, num_workers=available_cores())
     if options.num_workers == 0 and ray_backend is None:
         return ds
     workers = options.num_workers if ray_backend is None else ray_backend.num_actors

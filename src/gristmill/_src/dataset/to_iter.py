@@ -18,7 +18,7 @@ import numpy as np
 
 from gristmill._src.core import specs
 from gristmill._src.core.dataset_options import WINDOW, FilterRatioCheck
-from gristmill._src.core.options import ReadOptions
+from gristmill._src.core.options import AUTOTUNE, ReadOptions, is_autotuned
 from gristmill._src.core.state import StateOutOfRangeError
 from gristmill._src.core.transforms import qualified_name
 from gristmill._src.dataset.base import MapDataset, register
@@ -30,6 +30,7 @@ from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.reporting import PeriodicReporter
 from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
+from gristmill._src.engine.tuner import available_cores
 
 
 @register("to_iter_dataset")
@@ -274,23 +275,40 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 # In-process reads in chunks: each node's own time too. (A synchronous read
                 # of one element per next(), a range's default, would pay ~5 µs for it.)
                 self._clock = OpClock(chain_nodes(self._dataset, node_name), self._stage_name)
+            workers, buffer_size = _start_knobs(self._options)
             runner = OrderedChunkRunner(
                 _reader(self._dataset, self._clock),
                 self._next_index,
                 self._length,
-                workers=self._options.num_threads,
-                buffer_size=self._options.prefetch_buffer_size,
+                workers=workers,
+                buffer_size=buffer_size,
                 name=self._stage_name,
                 fn=None if self._fused is None else self._fused.function(self._allow_nones),
                 **(self._processes.runner_options() if self._processes is not None else {}),
             )
             self._runner = runner
+            self._autotune(runner)
             # Bound to the runner, not to this iterator: no reference cycle, so dropping the
             # iterator frees it (and stops its threads) at once, without the cyclic GC.
             self._reporter = PeriodicReporter(
                 lambda: PipelineStatistics(stages=(runner.statistics(),))
             )
         return self._runner
+
+    def _autotune(self, runner: OrderedChunkRunner) -> None:
+        """Hands the knobs the user left to the autotuner (in-process reads that prefetch)."""
+        options = self._options
+        tune_workers = self._processes is None and is_autotuned(options.num_threads)
+        tune_buffer = is_autotuned(options.prefetch_buffer_size)
+        if runner.knobs["buffer_size"] > 1 and (tune_workers or tune_buffer):
+            runner.autotune(
+                tune_workers=tune_workers,
+                tune_buffer=tune_buffer,
+                freeze=lambda knobs: (
+                    f"ReadOptions(num_threads={knobs['workers']}, "
+                    f"prefetch_buffer_size={knobs['buffer_size']})"
+                ),
+            )
 
     def __next__(self) -> Any:
         self._check_open()
@@ -457,6 +475,14 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
 
     def __str__(self) -> str:
         return f"PrefetchDatasetIterator(next_index={self._next_index})"
+
+
+def _start_knobs(options: ReadOptions) -> tuple[int, int]:
+    """The workers and buffer a read starts with (``AUTOTUNE``: one thread per core, a
+    buffer of 500; the tuner changes them while reading)."""
+    workers = available_cores() if options.num_threads is AUTOTUNE else int(options.num_threads)
+    buffer = 500 if options.prefetch_buffer_size is AUTOTUNE else int(options.prefetch_buffer_size)
+    return workers, buffer
 
 
 class _NodeRow:

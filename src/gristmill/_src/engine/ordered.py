@@ -24,6 +24,7 @@ before ``lock`` (the bookkeeping); the consumer never holds ``lock`` while it ta
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import threading
 import time
 import weakref
@@ -43,6 +44,7 @@ from gristmill._src.engine.feeds import (
 )
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
+from gristmill._src.engine.tuner import StageTuner, TuningBudget
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
 
@@ -80,6 +82,7 @@ class Core:
         self.closed = False
         self.retiring = False
         self.threads: list[threading.Thread] = []
+        self.live_workers: set[int] = set()  # indices of the workers that still claim
         self.next_claim = 0  # sequence number of the next task to claim
         self.in_flight = 0  # positions claimed and not yet delivered
         self.tasks_out = 0  # tasks claimed and not yet delivered
@@ -165,49 +168,63 @@ class Core:
                 if self.waiting_for in (seq, _ANY):
                     self.result_ready.notify()
 
-    def work(self) -> None:
-        """A worker thread's loop."""
+    def work(self, index: int = 0) -> None:
+        """A worker thread's loop: worker ``index`` stays while the policy has more workers
+        than that (the autotuner or ``configure`` may lower it)."""
         run = self.feed.run
-        while (claimed := self.claim()) is not None:
-            began = time.perf_counter()
-            try:
-                chunk = run(claimed[2])
-            except BaseException as e:  # not an Exception (e.g. SystemExit): still report it
-                chunk = Chunk(claimed[2].start, [], e)
-            self.file(claimed, chunk, time.perf_counter() - began)
-            # Drop the references: an error re-raised by the consumer grows a traceback that
-            # reaches the iterator, and a live thread must not keep that alive.
-            del chunk, claimed
+        policy = self.policy
+        try:
+            while (claimed := self.claim(lambda: index < policy.workers)) is not None:
+                began = time.perf_counter()
+                try:
+                    chunk = run(claimed[2])
+                except BaseException as e:  # not an Exception (e.g. SystemExit): report it
+                    chunk = Chunk(claimed[2].start, [], e)
+                self.file(claimed, chunk, time.perf_counter() - began)
+                # Drop the references: an error re-raised by the consumer grows a traceback
+                # that reaches the iterator, and a live thread must not keep that alive.
+                del chunk, claimed
+        finally:
+            with self.lock:
+                self.live_workers.discard(index)
 
-    def spawn_then_work(self, names: list[str]) -> None:
-        """A worker's entry: start half of ``names`` each in two children, then work.
+    def spawn_then_work(self, indices: list[int], name: str) -> None:
+        """A worker's entry: start half of ``indices[1:]`` each in two children, then work
+        as worker ``indices[0]``.
 
         Starting threads in a tree overlaps their start-up (~0.1 ms each) with work.
         """
-        half = (len(names) + 1) // 2
-        for group in (names[:half], names[half:]):
+        rest = indices[1:]
+        half = (len(rest) + 1) // 2
+        for group in (rest[:half], rest[half:]):
             if not group:
                 continue
             with self.lock:
                 if self.closed or self.retiring:
-                    break
+                    self.live_workers.difference_update(group)
+                    continue
                 thread = threading.Thread(
-                    target=self.spawn_then_work, args=(group[1:],), name=group[0], daemon=True
+                    target=self.spawn_then_work,
+                    args=(group, name),
+                    name=f"gristmill[{name}]-{group[0]}",
+                    daemon=True,
                 )
                 self.threads.append(thread)
             thread.start()
-        self.work()
+        self.work(indices[0])
 
     def start_workers(self, count: int, name: str) -> None:
         """Starts workers up to ``count``. Call with the lock held."""
         self.threads = [t for t in self.threads if t.is_alive() or t.ident is None]
-        missing = count - len(self.threads)
-        if missing <= 0:
+        missing = [i for i in range(count) if i not in self.live_workers]
+        if not missing:
             return
-        first = len(self.threads)
-        names = [f"gristmill[{name}]-{first + i}" for i in range(missing)]
+        self.live_workers.update(missing)
         thread = threading.Thread(
-            target=self.spawn_then_work, args=(names[1:],), name=names[0], daemon=True
+            target=self.spawn_then_work,
+            args=(missing, name),
+            name=f"gristmill[{name}]-{missing[0]}",
+            daemon=True,
         )
         self.threads.append(thread)
         thread.start()
@@ -304,6 +321,7 @@ class ChunkRunner:
         # armed when the executor starts (`_enable_workers`): an inline-only stage holds no
         # thread, and its iterator should not start the reaper's
         self._finalizer = reaper.watch(self, self._core, armed=False)
+        self._tuner: StageTuner | None = None
 
     @property
     def name(self) -> str:
@@ -312,20 +330,66 @@ class ChunkRunner:
     # -- knobs (the autotuner's hooks; take effect at the next task) ---------------------
 
     def configure(self, *, workers: int | None = None, buffer_size: int | None = None) -> None:
-        """Changes concurrency and/or the buffer bound without a restart."""
+        """Changes concurrency and/or the buffer bound without a restart; a tuned stage is
+        no longer tuned (settings given by hand win)."""
+        if self._tuner is not None:
+            self._tuner.stop(frozen=True)
+        self._set_knobs(workers=workers, buffer_size=buffer_size)
+
+    def _set_knobs(self, *, workers: int | None = None, buffer_size: int | None = None) -> None:
         with self._core.lock:
             workers = self._policy.workers if workers is None else workers
             buffer_size = self._policy.buffer_size if buffer_size is None else buffer_size
             self._policy.configure(workers, buffer_size)
             self._counters.concurrency = max(workers, 1)
             self._counters.buffer_size = buffer_size
-            self._core.reconfigured()
+            core = self._core
+            if core.threaded and core.executor == Executor.THREADS.value:
+                core.start_workers(workers, self._name)  # more threads now (fewer leave)
+            core.reconfigured()
 
     def serve_idle_consumer(self) -> None:
         """From now on, with one worker, run on the consumer's thread while the consumer
         is idle between its calls (``ChunkPolicy.consumer_idle``): for a pipeline's last
         stage, whose consumer is the caller's loop. Call before the first chunk."""
         self._policy.serve_idle_consumer = True
+
+    def autotune(
+        self,
+        budget: TuningBudget | None = None,
+        *,
+        tune_workers: bool = True,
+        tune_buffer: bool = True,
+        max_workers: int | None = None,
+        buffer_follows: Callable[[int], int] | None = None,
+        freeze: Callable[[dict[str, int]], str] | None = None,
+    ) -> StageTuner:
+        """From now on the autotuner changes this stage's knobs (``engine/tuner.py``):
+        ``buffer_follows(workers)`` is the buffer a worker count needs, if the buffer is
+        not tuned on its own. Worker processes are started once: their count is not tuned."""
+        if self._core.executor in (Executor.PROCESSES.value, Executor.RAY.value):
+            tune_workers = False
+        # no reference cycle through the tuner: dropping the runner still stops its threads
+        runner = weakref.ref(self)
+        self._tuner = StageTuner(
+            self._name,
+            knobs=lambda: runner().knobs,  # type: ignore[union-attr]
+            configure=lambda **knobs: runner()._set_knobs(**knobs),  # type: ignore[union-attr]
+            counters=self._counters,
+            budget=budget,
+            tune_workers=tune_workers,
+            tune_buffer=tune_buffer,
+            max_workers=max_workers,
+            buffer_follows=buffer_follows,
+            buffer_for_threads=self._policy.buffer_for_threads,
+            freeze=freeze,
+        )
+        return self._tuner
+
+    @property
+    def tuner(self) -> StageTuner | None:
+        """The stage's autotuner, if it is tuned."""
+        return self._tuner
 
     @property
     def knobs(self) -> dict[str, int]:
@@ -354,6 +418,11 @@ class ChunkRunner:
         chunk = self._run_inline() if inline else self._take_from_workers()
         if chunk is not None and chunk.error is not None:
             self._mark_origin(chunk)
+        if self._tuner is not None:
+            if chunk is None:
+                self._tuner.stop()
+            else:
+                self._tuner.delivered(chunk.values)
         if serving:
             self._returned_at = time.perf_counter()
         return chunk
@@ -384,9 +453,14 @@ class ChunkRunner:
             task = core.feed.take(self._policy.inline_chunk())
         if task is None:
             return None
+        tuner = self._tuner
+        probe = tuner is not None and tuner.wants_probe
+        cpu_began = time.thread_time() if probe else 0.0
         began = time.perf_counter()
         chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
+        if probe:
+            tuner.probed(time.thread_time() - cpu_began, elapsed)  # type: ignore[union-attr]
         counters = self._counters
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
@@ -499,7 +573,10 @@ class ChunkRunner:
 
     def statistics(self) -> StageStatistics:
         with self._core.lock:
-            return self._counters.snapshot()
+            snapshot = self._counters.snapshot()
+        if self._tuner is not None:
+            snapshot = dataclasses.replace(snapshot, tuning=self._tuner.describe())
+        return snapshot
 
     @property
     def counters(self) -> StageCounters:

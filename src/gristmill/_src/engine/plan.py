@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
+from gristmill._src.engine.tuner import Change, TuningBudget
 
 
 class Role(enum.Enum):
@@ -124,9 +125,40 @@ class Plan:
         self.stage(name).configure(workers=workers, buffer_size=buffer_size)
 
     def apply(self, settings: Mapping[str, Mapping[str, int]]) -> None:
-        """Applies what :meth:`settings` returned (for every stage it names)."""
+        """Applies what :meth:`settings` returned (for every stage it names); those stages
+        are no longer autotuned."""
         for name, knobs in settings.items():
             self.configure(name, **knobs)
+
+    def autotune(self, budget: TuningBudget | None = None) -> None:
+        """Hands every tunable stage's workers and buffer to the autotuner
+        (``engine/tuner.py``), starting from their settings now; ``settings()`` then shows
+        what it chose, to freeze with ``apply()``. Output and state do not change.
+
+        Raises:
+          ValueError: no stage can be tuned yet (a dataset iterator builds its stages at
+            its first ``next()``).
+        """
+        tunable = [s for s in self._stages if s.tunable and hasattr(s.piece, "autotune")]
+        if not tunable:
+            raise ValueError(
+                "no stage of this plan can be tuned: a dataset iterator builds its stages at "
+                "its first next(), so call it.plan().autotune() after next(it); a stage "
+                "with no workers of ours (a source, a sink) is not tuned"
+            )
+        for stage in tunable:
+            stage.piece.autotune(
+                budget,
+                freeze=lambda knobs, name=stage.name: f"plan().apply({{{name!r}: {knobs}}})",
+            )
+
+    def changes(self) -> dict[str, list[Change]]:
+        """Every autotuned stage's changes so far, by name, oldest first."""
+        return {
+            stage.name: list(stage.piece.tuner.changes)
+            for stage in self._stages
+            if getattr(stage.piece, "tuner", None) is not None
+        }
 
     def statistics(self) -> PipelineStatistics:
         """Snapshots of every stage that keeps counters, upstream first."""

@@ -149,6 +149,14 @@ class ChunkPolicy:
             return False
         return not self.consumer_idle()
 
+    def buffer_for_threads(self) -> int | None:
+        """The smallest buffer whose tasks would pay a hand-off on every worker (None
+        before a measurement)."""
+        cost = self.cost
+        if cost is None or cost <= 0 or self.workers <= 0:
+            return None
+        return self.workers * math.ceil(self.handoff_s / (MAX_OVERHEAD * cost))
+
     def record_away(self, seconds: float) -> None:
         """How long the consumer was away (doing its own work) since its last call."""
         if self.serve_idle_consumer and self.workers == 1 and self._costs:

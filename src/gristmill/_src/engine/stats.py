@@ -71,6 +71,9 @@ class StageStatistics:
     its own work, part of that stage's)."""
     role: str = ""
     """What the stage does (``engine.plan.Role``'s value: ``"map"``, ``"sink"``, ...)."""
+    tuning: str = ""
+    """``"auto, N changes"`` when the autotuner sets its workers and buffer (``""``: the
+    settings given)."""
 
 
 class Waits(NamedTuple):
@@ -143,6 +146,11 @@ class StageCounters:
         self.elements_out += elements
         self._occupancy_sum += occupancy
         self._occupancy_samples += 1
+
+    @property
+    def blocked_now(self) -> bool:
+        """Whether finished, undelivered output fills the buffer now."""
+        return self._blocked_since is not None
 
     def set_blocked(self, blocked: bool, now: float) -> None:
         if blocked and self._blocked_since is None:
@@ -301,7 +309,7 @@ class PipelineStatistics:
             rows.append(
                 (
                     ("  " if s.part_of else "") + s.name,
-                    f"{s.executor} x{s.concurrency}",
+                    f"{s.executor} x{s.concurrency}" + (" auto" if s.tuning else ""),
                     f"{s.elements_in:,}",
                     f"{s.elements_out:,}",
                     f"{s.throughput:,.0f}",

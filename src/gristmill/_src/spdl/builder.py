@@ -329,6 +329,14 @@ class _Lowering:
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
             )
+            if stage.autotune:
+                order = stage.output_order
+                runner.autotune(
+                    tune_buffer=False,
+                    max_workers=None if own_threads else self.num_threads,
+                    buffer_follows=lambda workers: _read_ahead(workers, order),
+                    freeze=lambda knobs: f"pipe(..., concurrency={knobs['workers']})",
+                )
             self.last_runner = None if own_threads else runner
             return self._observed(info, runner, Role.MAP), chunk_keyed
         if isinstance(stage, defs.AggregateConfig):

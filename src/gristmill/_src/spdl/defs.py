@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.engine.tuner import available_cores
 from gristmill._src.spdl import config_repr
 from gristmill._src.spdl.executors import check_executor, is_ray_backend
 
@@ -106,6 +107,8 @@ class PipeConfig(Generic[T, U]):
     output_order: str = "completion"
     max_failures: int | fractions.Fraction | None = None
     executor: Any = None
+    autotune: bool = False
+    """``concurrency="auto"``: ``concurrency`` is where the autotuner starts."""
 
     def __repr__(self) -> str:
         return config_repr.pipe(
@@ -261,7 +264,8 @@ class MergeConfig:
 
 def _short(stage: Any) -> str:
     if isinstance(stage, PipeConfig):
-        return f"{stage.name}(concurrency={stage.concurrency})"
+        concurrency = "auto" if stage.autotune else stage.concurrency
+        return f"{stage.name}(concurrency={concurrency})"
     if isinstance(stage, (AggregateConfig, DisaggregateConfig)):
         return stage.name
     return repr(stage)
@@ -271,15 +275,20 @@ def Pipe(  # noqa: N802 (upstream's factory names)
     op: Any,
     /,
     *,
-    concurrency: int = 1,
+    concurrency: int | str = 1,
     executor: Any = None,
     name: str | None = None,
     output_order: str = "completion",
     max_failures: int | fractions.Fraction | None = None,
 ) -> PipeConfig:
-    """A stage applying ``op`` to every item (see ``PipelineBuilder.pipe``)."""
+    """A stage applying ``op`` to every item (see ``PipelineBuilder.pipe``);
+    ``concurrency="auto"`` lets the autotuner choose and change the number of concurrent
+    calls while running (it starts at one per core)."""
+    autotune = concurrency == "auto"
+    if autotune:
+        concurrency = available_cores()
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ValueError(f"`concurrency` value must be >= 1. Found: {concurrency!r}")
+        raise ValueError(f'`concurrency` value must be >= 1 or "auto". Found: {concurrency!r}')
     if output_order not in OUTPUT_ORDERS:
         raise ValueError(f'`output_order` must be "completion" or "input". Found: {output_order!r}')
     if hasattr(op, "__getitem__") and not callable(op):
@@ -302,6 +311,7 @@ def Pipe(  # noqa: N802 (upstream's factory names)
         output_order=output_order,
         max_failures=check_max_failures(max_failures, "max_failures"),
         executor=executor,
+        autotune=autotune,
     )
 
 

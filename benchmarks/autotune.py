@@ -1,0 +1,122 @@
+"""The autotuner against hand-tuned settings, side by side in one run.
+
+For each deliberately mis-configured pipeline, this script measures:
+
+- **hand-tuned**: the best steady rate over a sweep of fixed settings (each run for
+  ``--window`` seconds after a 0.5 s warm-up, the best kept);
+- **tuned**: the mis-configured pipeline with ``it.plan().autotune()`` after its first
+  element, iterated for ``--seconds``; its rate over each ``--window`` is recorded, and the
+  script prints when that rate first reached 90 % of hand-tuned and the rate over the
+  window that ends at 10 s.
+
+Run: ``python benchmarks/autotune.py`` (about 2 minutes). Every number is elements per
+second of a consumer that only iterates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gristmill as gm
+
+
+def cpu_work(x: int) -> int:
+    total = 0
+    for i in range(400):  # ~15 µs of Python: holds the GIL
+        total += i * x
+    return total
+
+
+def io_wait(x: int) -> int:
+    time.sleep(0.002)  # a 2 ms remote read: releases the GIL
+    return x
+
+
+def bursty(x: int) -> int:
+    time.sleep(0.02 if x % 50 == 0 else 0.0002)  # every 50th element is slow
+    return x
+
+
+CASES: dict[str, tuple[Callable[[int], int], gm.ReadOptions, list[gm.ReadOptions]]] = {
+    "16 threads on a CPU-bound read": (
+        cpu_work,
+        gm.ReadOptions(num_threads=16, prefetch_buffer_size=500),
+        [gm.ReadOptions(num_threads=n, prefetch_buffer_size=500) for n in (0, 1, 2, 4)],
+    ),
+    "1 thread on a 2 ms I/O read": (
+        io_wait,
+        gm.ReadOptions(num_threads=1, prefetch_buffer_size=500),
+        [gm.ReadOptions(num_threads=n, prefetch_buffer_size=500) for n in (16, 32, 64)],
+    ),
+    "a buffer of 2 in front of a bursty stage": (
+        bursty,
+        gm.ReadOptions(num_threads=8, prefetch_buffer_size=2),
+        [gm.ReadOptions(num_threads=8, prefetch_buffer_size=b) for b in (64, 256, 1024)],
+    ),
+}
+
+
+def _iterator(fn: Callable[[int], int], options: gm.ReadOptions) -> Any:
+    return iter(gm.MapDataset.range(10**8).map(fn).to_iter_dataset(options))
+
+
+def steady_rate(fn: Callable[[int], int], options: gm.ReadOptions, window: float) -> float:
+    it = _iterator(fn, options)
+    warm = time.perf_counter() + 0.5
+    while time.perf_counter() < warm:
+        next(it)
+    count, began = 0, time.perf_counter()
+    while time.perf_counter() - began < window:
+        next(it)
+        count += 1
+    rate = count / (time.perf_counter() - began)
+    it.close()
+    return rate
+
+
+def tuned_rates(
+    fn: Callable[[int], int], options: gm.ReadOptions, seconds: float, window: float
+) -> tuple[list[tuple[float, float]], dict[str, Any]]:
+    """(end of window in s since start, rate over the window) for each window."""
+    started = time.perf_counter()
+    it = _iterator(fn, options)
+    next(it)
+    it.plan().autotune()
+    rates, count, began = [], 0, time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds:
+        next(it)
+        count += 1
+        if now - began >= window:
+            rates.append((now - started, count / (now - began)))
+            count, began = 0, now
+    settings = it.plan().settings()
+    it.close()
+    return rates, settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--window", type=float, default=1.0)
+    args = parser.parse_args()
+    print(f"{'case':<42} {'hand-tuned':>11} {'tuned@10s':>10} {'ratio':>6} {'90% at':>7}  chosen")
+    for name, (fn, wrong, sweep) in CASES.items():
+        best_options, best = max(
+            ((o, steady_rate(fn, o, args.window)) for o in sweep), key=lambda pair: pair[1]
+        )
+        rates, settings = tuned_rates(fn, wrong, args.seconds, args.window)
+        at_10 = next((r for t, r in rates if t >= 10.0), rates[-1][1])
+        reached = next((t for t, r in rates if r >= 0.9 * best), None)
+        (chosen,) = settings.values()
+        print(
+            f"{name:<42} {best:>11,.0f} {at_10:>10,.0f} {at_10 / best:>6.2f} "
+            f"{'never' if reached is None else f'{reached:.1f} s':>7}  {chosen} "
+            f"(hand: {best_options})"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""The online autotuner: a stage's workers and buffer, from the rate it delivers at.
+
+A tuned stage's runner hands each chunk it delivers to its :class:`StageTuner`, on the
+consumer's thread (no thread of its own). The tuner measures the stage's delivery rate over
+windows of ``interval_s`` and climbs:
+
+1. **First guess.** The first chunk runs inline (the policy's probe); the share of its time
+   that was CPU time says how I/O-bound the work is: ``workers = budget_cores / cpu_share``
+   (a 2 ms read that sleeps 99 % of the time gets many threads, Python work one per core).
+2. **Trials.** From the current setting it tries, one at a time, half and twice the
+   workers, and four times the buffer when the consumer waited while finished work
+   filled the buffer (a slow element holds the others back). A trial that spends more
+   (workers, memory) is kept when the stage computes ``GAIN`` more elements per second; one
+   that spends less is kept unless it computes ``LOSS`` less (each judged on its second
+   window: in the first, threads start or leave and the buffer refills), and fewer workers
+   are tried first (unless more just paid). A stage that runs inline because its buffer is too
+   small for a task to pay its hand-off tries the buffer that would. Otherwise the previous
+   setting comes back. When no trial is kept, the setting stays for ``RETRY_WINDOWS``
+   windows, or until the rate drifts by ``DRIFT``.
+3. **Budgets.** More workers are tried only while the process used less than its CPU
+   budget; a larger buffer only while it fits the RAM budget (bytes in flight: the buffer
+   times the size of a delivered element).
+
+Output and state never depend on it: it only calls the runner's ``configure``, which the
+next task uses (``engine/plan.py``). Each change is logged on ``gristmill.autotune`` (INFO)
+and counted in the stage's statistics; ``Plan.settings()`` freezes them, and a stage
+configured by hand (``Plan.configure``) is no longer tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+_logger = logging.getLogger("gristmill.autotune")
+
+GAIN = 1.08
+"""A trial that spends more must deliver at least this much more."""
+LOSS = 0.97
+"""A trial that spends less may deliver this much less and is still kept."""
+DRIFT = 0.25
+"""A settled stage is tried again when its rate moves by this share, ..."""
+RETRY_WINDOWS = 8
+"""... or after this many windows (the work, or what else runs, may have changed)."""
+MIN_ELEMENTS = 16
+"""A window counts once it also delivered this many elements."""
+MAX_WORKERS = 64
+MAX_BUFFER = 4096
+MIN_CPU_SHARE = 1 / 64
+"""A first guess assumes at least this share of CPU time (a sleeping read gets 64 threads
+per core at most, then ``max_workers`` caps it)."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TuningBudget:
+    """What the autotuner may spend on one stage, and how often it decides.
+
+    Attributes:
+      cpu_cores: more workers are tried only while the process uses less CPU than this
+        (default: the cores it may run on).
+      ram_bytes: bytes a stage's buffer may hold (its bound times the size of one
+        delivered element); default 1 GiB.
+      interval_s: how long each measurement window lasts.
+      max_workers: the most workers a tuned stage gets.
+    """
+
+    cpu_cores: float = dataclasses.field(default_factory=lambda: float(available_cores()))
+    ram_bytes: int = 1 << 30
+    interval_s: float = 0.5
+    max_workers: int = MAX_WORKERS
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_cores", "ram_bytes", "interval_s", "max_workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(
+                    f"TuningBudget.{name} must be a positive number, got {value!r}; e.g. "
+                    "TuningBudget(cpu_cores=2, ram_bytes=1 << 30)"
+                )
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One decision of the tuner."""
+
+    at_s: float
+    """Seconds since the stage's tuner started."""
+    knob: str
+    """``"workers"`` or ``"buffer_size"``."""
+    old: int
+    new: int
+    rate_before: float
+    """Elements per second delivered before the change (0 for the first guess)."""
+    rate_after: float
+    """... and with it (0 for the first guess)."""
+
+
+@dataclasses.dataclass
+class _Window:
+    began: float
+    produced: int
+    cpu: float
+    starved: float
+    blocked_waits: int
+
+
+class StageTuner:
+    """Tunes one runner (see the module docstring). Called on its consumer's thread only.
+
+    ``knobs()`` and ``configure(workers=, buffer_size=)`` are the runner's; ``counters``
+    its live ``StageCounters`` (``elements_in``, ``starved_s``, ``blocked_waits``,
+    ``blocked_now`` and ``executor`` are read). ``freeze`` turns
+    the current knobs into the settings a user would write (for the log line).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        knobs: Callable[[], dict[str, int]],
+        configure: Callable[..., None],
+        counters: Any,
+        budget: TuningBudget | None = None,
+        tune_workers: bool = True,
+        tune_buffer: bool = True,
+        max_workers: int | None = None,
+        buffer_follows: Callable[[int], int] | None = None,
+        buffer_for_threads: Callable[[], int | None] | None = None,
+        freeze: Callable[[dict[str, int]], str] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ) -> None:
+        self.name = name
+        self.budget = budget if budget is not None else TuningBudget()
+        self.tune_workers = tune_workers
+        self.tune_buffer = tune_buffer
+        self.max_workers = min(
+            self.budget.max_workers, max_workers if max_workers is not None else MAX_WORKERS
+        )
+        self._buffer_follows = buffer_follows
+        self._buffer_for_threads = buffer_for_threads
+        self.changes: list[Change] = []
+        self.active = True
+        """False once the user configured the stage by hand, or the data ended."""
+        self.frozen = False
+        """True once the user configured the stage by hand (``stop(frozen=True)``)."""
+        self._knobs = knobs
+        self._configure = configure
+        self._counters = counters
+        self._freeze = freeze
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._started = clock()
+        self._probed = not tune_workers
+        self._window: _Window | None = None
+        self._base_rate = 0.0
+        self._base_knobs: dict[str, int] = {}
+        self._trial: tuple[str, int] | None = None  # (knob, value) on trial
+        self._trial_settled = False  # its first window is over (not measured)
+        self._candidates: list[tuple[str, int]] = []
+        self._settled = False
+        self._settled_windows = 0
+        self._element_bytes = 0
+        self._last_cpu_share = 0.0
+        self._last_starved_share = 0.0
+        self._last_filled = False
+
+    # -- the runner's calls -------------------------------------------------------------
+
+    @property
+    def wants_probe(self) -> bool:
+        """Whether the next inline chunk should be timed for :meth:`probed`."""
+        return not self._probed and self.active
+
+    def probed(self, cpu_s: float, wall_s: float) -> None:
+        """The first chunk ran inline in ``wall_s``, ``cpu_s`` of it on the CPU: the first
+        guess of the workers."""
+        if self._probed or not self.active:
+            return
+        self._probed = True
+        share = min(1.0, max(cpu_s / wall_s if wall_s > 0 else 1.0, MIN_CPU_SHARE))
+        guess = math.ceil(self.budget.cpu_cores / share)
+        workers = max(1, min(guess, self.max_workers))
+        old = self._knobs()["workers"]
+        if workers != old:
+            self._apply("workers", old, workers, 0.0, 0.0)
+
+    def delivered(self, values: list[Any]) -> None:
+        """A chunk was delivered (after the counters counted it)."""
+        if not self.active:
+            return
+        now = self._clock()
+        window = self._window
+        if window is None:  # the first chunk: it was the probe, or there is none
+            self._probed = True
+            self._window = self._open(now)
+            return
+        elapsed = now - window.began
+        counters = self._counters
+        # The rate the stage computes at (not delivers at: a change of workers first shows
+        # as the buffer filling or draining, and only then in deliveries).
+        count = counters.elements_in - window.produced
+        if elapsed < self.budget.interval_s or count < MIN_ELEMENTS:
+            return
+        if values and not self._element_bytes:
+            self._element_bytes = max(1, nbytes(values[0]))
+        rate = count / elapsed
+        self._last_cpu_share = (self._cpu_clock() - window.cpu) / elapsed
+        # A larger buffer helps only a consumer that waited while finished work filled the
+        # buffer (behind a slow element: a bursty stage).
+        self._last_starved_share = (counters.starved_s - window.starved) / elapsed
+        self._last_filled = counters.blocked_waits > window.blocked_waits or counters.blocked_now
+        self._step(rate, now)
+        self._window = self._open(self._clock())
+
+    def stop(self, *, frozen: bool = False) -> None:
+        """No more tuning: the data ended, or (``frozen``) the stage was configured by hand."""
+        self.active = False
+        self.frozen = self.frozen or frozen
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def _open(self, now: float) -> _Window:
+        counters = self._counters
+        return _Window(
+            now, counters.elements_in, self._cpu_clock(), counters.starved_s, counters.blocked_waits
+        )
+
+    def _step(self, rate: float, now: float) -> None:
+        if self._trial is not None:
+            if not self._trial_settled:  # threads start or leave, the buffer refills
+                self._trial_settled = True
+                return
+            knob, value = self._trial
+            self._trial = None
+            old = self._base_knobs[knob]
+            spends_more = value > old
+            kept = rate >= self._base_rate * (GAIN if spends_more else LOSS)
+            if kept:
+                self._record(knob, old, value, self._base_rate, rate, now)
+                self._base_rate = rate
+                self._base_knobs = dict(self._knobs())
+                # the same direction again first: it paid once
+                self._candidates = self._propose(first=(knob, spends_more))
+            else:
+                self._set(knob, old)
+            self._next_trial()
+            return
+        if self._settled:
+            self._settled_windows += 1
+            drifted = abs(rate - self._base_rate) > DRIFT * self._base_rate
+            if not drifted and self._settled_windows < RETRY_WINDOWS:
+                return
+            self._settled = False
+        self._base_rate = rate
+        self._base_knobs = dict(self._knobs())
+        self._candidates = self._propose()
+        self._next_trial()
+
+    def _propose(self, first: tuple[str, bool] | None = None) -> list[tuple[str, int]]:
+        knobs = self._base_knobs
+        workers, buffer = knobs["workers"], knobs["buffer_size"]
+        out: list[tuple[tuple[str, bool], tuple[str, int]]] = []
+        budget = self.budget
+        threaded = self._counters.executor != "inline"
+        if self.tune_workers and threaded:
+            if workers < self.max_workers and self._last_cpu_share < 0.9 * budget.cpu_cores:
+                out.append((("workers", True), ("workers", min(2 * workers, self.max_workers))))
+            if workers > 1:
+                out.append((("workers", False), ("workers", workers // 2)))
+        bigger = min(4 * buffer, MAX_BUFFER)
+        if not threaded and self._buffer_for_threads is not None:
+            # inline because a task of buffer / workers elements would not pay its hand-off
+            bigger = max(bigger, min(self._buffer_for_threads() or 0, MAX_BUFFER))
+        if (
+            self.tune_buffer
+            and (not threaded or (self._last_starved_share > 0.05 and self._last_filled))
+            and bigger > buffer
+            and bigger * self._element_bytes <= budget.ram_bytes
+        ):
+            out.append((("buffer_size", True), ("buffer_size", bigger)))
+        if (
+            self.tune_buffer
+            and self._element_bytes
+            and buffer * self._element_bytes > budget.ram_bytes
+        ):
+            fits = max(1, budget.ram_bytes // self._element_bytes)
+            return [("buffer_size", int(fits))]  # over the RAM budget: shrink first
+        if first is None:
+            first = ("workers", False)  # fewer first: spending less is the safer trial
+        out.sort(key=lambda item: item[0] != first)
+        return [candidate for _, candidate in out]
+
+    def _next_trial(self) -> None:
+        while self._candidates:
+            knob, value = self._candidates.pop(0)
+            if value != self._base_knobs[knob]:
+                self._trial = (knob, value)
+                self._trial_settled = False
+                self._set(knob, value)
+                return
+        self._settled = True
+        self._settled_windows = 0
+
+    def _record(
+        self, knob: str, old: int, new: int, before: float, after: float, now: float
+    ) -> None:
+        self.changes.append(Change(now - self._started, knob, old, new, before, after))
+        if _logger.isEnabledFor(logging.INFO):
+            hint = f"; to freeze it: {self._freeze(self._knobs())}" if self._freeze else ""
+            rates = f" ({before:,.0f} -> {after:,.0f} elements/s)" if before else " (first guess)"
+            _logger.info(
+                "autotune: stage %r: %s %d -> %d%s%s", self.name, knob, old, new, rates, hint
+            )
+
+    def _set(self, knob: str, value: int) -> None:
+        if knob == "workers" and self._buffer_follows is not None:
+            self._configure(workers=value, buffer_size=self._buffer_follows(value))
+        else:
+            self._configure(**{knob: value})
+
+    def _apply(self, knob: str, old: int, new: int, before: float, after: float) -> None:
+        self._set(knob, new)
+        self._record(knob, old, new, before, after, self._clock())
+
+    def describe(self) -> str:
+        """``"auto, 3 changes"`` (``"frozen, ..."`` once configured by hand) for the
+        statistics."""
+        count = len(self.changes)
+        return f"{'frozen' if self.frozen else 'auto'}, {count} change{'s' if count != 1 else ''}"
+
+
+def nbytes(value: Any, depth: int = 0) -> int:
+    """The approximate bytes a delivered element holds (arrays by their buffers)."""
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, bytes | bytearray | memoryview | str):
+        return len(value)
+    if depth < 3:
+        if isinstance(value, dict):
+            return sum(nbytes(v, depth + 1) for v in value.values()) + 64
+        if isinstance(value, list | tuple):
+            return sum(nbytes(v, depth + 1) for v in value[:64]) * max(1, len(value) // 64) + 56
+    return sys.getsizeof(value)

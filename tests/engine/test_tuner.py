@@ -1,0 +1,116 @@
+"""The tuner's decisions, on simulated stages whose rate per setting is known (a clock of
+its own: no timing of this machine is involved)."""
+
+import types
+
+import pytest
+
+from gristmill._src.engine.tuner import StageTuner
+from gristmill.experimental import TuningBudget
+
+
+class SimulatedStage:
+    """A stage that computes ``rate(workers, buffer)`` elements per second of simulated
+    time, and whose consumer waits ``starved`` of each second (the buffer fills when
+    ``fills``); each ``step`` is one delivered chunk 0.01 s after the last."""
+
+    def __init__(self, rate, *, workers, buffer, budget, starved=0.0, fills=False, cpu=0.0):
+        self.rate, self.starved_share, self.fills, self.cpu_share = rate, starved, fills, cpu
+        self.knobs = {"workers": workers, "buffer_size": buffer}
+        self.now = 0.0
+        self.cpu = 0.0
+        self.counters = types.SimpleNamespace(
+            elements_in=0, starved_s=0.0, blocked_waits=0, blocked_now=False, executor="threads"
+        )
+        self.tuner = StageTuner(
+            "sim",
+            knobs=lambda: dict(self.knobs),
+            configure=self.configure,
+            counters=self.counters,
+            budget=budget,
+            freeze=lambda knobs: f"ReadOptions(num_threads={knobs['workers']})",
+            clock=lambda: self.now,
+            cpu_clock=lambda: self.cpu,
+        )
+
+    def configure(self, workers=None, buffer_size=None):
+        if workers is not None:
+            self.knobs["workers"] = workers
+        if buffer_size is not None:
+            self.knobs["buffer_size"] = buffer_size
+
+    def run(self, seconds):
+        for _ in range(round(seconds / 0.01)):
+            self.now += 0.01
+            self.cpu += 0.01 * self.cpu_share
+            c = self.counters
+            c.elements_in += round(self.rate(**self.knobs) * 0.01)
+            c.starved_s += 0.01 * self.starved_share
+            c.blocked_waits += self.fills
+            self.tuner.delivered([b"x" * 1000])
+        return self.knobs
+
+
+BUDGET = TuningBudget(interval_s=0.1, cpu_cores=2, max_workers=64)
+
+
+def io_bound(workers, buffer_size):
+    return 500 * min(workers, 24)  # each worker waits 2 ms, until the device saturates
+
+
+def gil_bound(workers, buffer_size):
+    return 10_000 / (1 + 0.05 * (workers - 1))  # more threads only contend
+
+
+def test_an_io_bound_stage_climbs_to_where_more_workers_stop_paying():
+    stage = SimulatedStage(io_bound, workers=1, buffer=500, budget=BUDGET)
+    knobs = stage.run(10)
+    assert knobs["workers"] in (16, 32)  # 16 -> 32 gains 50 %: kept; 64 gains nothing
+    assert [c.new for c in stage.tuner.changes][:4] == [2, 4, 8, 16]
+
+
+def test_a_gil_bound_stage_sheds_the_workers_that_only_contend():
+    stage = SimulatedStage(gil_bound, workers=16, buffer=500, budget=BUDGET)
+    assert stage.run(10)["workers"] == 1
+    assert all(c.new < c.old for c in stage.tuner.changes)
+
+
+def test_no_more_workers_once_the_process_uses_its_cpu_budget():
+    stage = SimulatedStage(io_bound, workers=2, buffer=500, budget=BUDGET, cpu=1.9)
+    assert stage.run(5)["workers"] == 2  # halving loses half: not kept either
+
+
+def test_a_consumer_starved_behind_a_full_buffer_gets_a_bigger_one_within_the_ram_budget():
+    def bursty(workers, buffer_size):
+        return min(buffer_size, 400) * 10  # a slow element every so often holds the rest
+
+    budget = TuningBudget(interval_s=0.1, cpu_cores=2, ram_bytes=256_000, max_workers=4)
+    stage = SimulatedStage(
+        bursty, workers=4, buffer=8, budget=budget, starved=0.5, fills=True, cpu=0.2
+    )
+    knobs = stage.run(10)
+    assert knobs["buffer_size"] == 256  # 512 x 1000 bytes would not fit 256 kB
+    assert any(c.knob == "buffer_size" for c in stage.tuner.changes)
+
+
+def test_a_buffer_over_the_ram_budget_shrinks_to_fit():
+    budget = TuningBudget(interval_s=0.1, cpu_cores=2, ram_bytes=100_000)
+    stage = SimulatedStage(io_bound, workers=4, buffer=500, budget=budget, cpu=1.9)
+    assert stage.run(2)["buffer_size"] == 100
+
+
+def test_a_stage_configured_by_hand_is_not_tuned_any_more():
+    stage = SimulatedStage(io_bound, workers=1, buffer=500, budget=BUDGET)
+    stage.run(0.5)
+    stage.tuner.stop(frozen=True)
+    before = dict(stage.knobs)
+    stage.run(5)
+    assert stage.knobs == before
+    assert stage.tuner.describe().startswith("frozen, ")
+
+
+@pytest.mark.parametrize(("share", "expected"), [(1.0, 2), (0.5, 4), (0.01, 64)])
+def test_the_first_guess_is_the_cpu_budget_over_the_work_s_cpu_share(share, expected):
+    stage = SimulatedStage(io_bound, workers=16, buffer=500, budget=BUDGET)
+    stage.tuner.probed(cpu_s=share * 0.002, wall_s=0.002)
+    assert stage.knobs["workers"] == expected

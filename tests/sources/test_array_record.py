@@ -320,6 +320,16 @@ def test_truncated_file_names_the_file(tmp_path):
             list(Source(str(path)))
 
 
+def test_file_cut_at_a_block_boundary_says_it_is_truncated(tmp_path):
+    """array_record gives no reason for this one; the error still says what is wrong."""
+    path = tmp_path / "t.array_record"
+    write(path, [bytes([i]) * 100 for i in range(50)])
+    path.write_bytes(path.read_bytes()[: 1 << 16])
+    message = f"'{path}' is not a readable ArrayRecord file: its footer cannot be read"
+    with pytest.raises(ValueError, match=message):
+        Source(str(path))
+
+
 def test_file_truncated_after_opening_fails_on_read_naming_the_record(tmp_path):
     path = tmp_path / "t.array_record"
     rng = np.random.default_rng(1)

@@ -36,9 +36,14 @@ def test_version_prints_the_installed_version(capsys):
         (["demo", "--threads", "-1"], "gristmill demo: --threads must be at least 0, got -1"),
         (["demo", "--seed", "-1"], "gristmill demo: --seed must be at least 0, got -1"),
         (
+            ["inspect", "a.tfrecord", "--records", "-1"],
+            "gristmill inspect: --records must be at least 0, got -1",
+        ),
+        (
             ["demo", "--batch-size", "two"],
             "gristmill demo: argument --batch-size: invalid int value: 'two'",
         ),
+        (["inspect"], "gristmill inspect: the following arguments are required: PATH"),
         ([], "gristmill: the following arguments are required: command"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
@@ -120,6 +125,16 @@ def test_help_documents_the_exit_statuses_and_the_traceback_variable(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "exit status 2: a usage error, 1: a failure" in text
     assert "Set GRISTMILL_TRACEBACK=1 to see the traceback of a failure instead." in text
+
+
+def test_the_console_command_reports_a_failure_in_one_line(tmp_path):
+    missing = str(tmp_path / "missing.tfrecord")
+    command = [sys.executable, "-m", "gristmill.cli.main", "inspect", missing]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert (
+        result.stderr == f"gristmill inspect: cannot open '{missing}': No such file or directory\n"
+    )
 
 
 def test_the_console_command_reports_a_usage_error_in_one_line():

@@ -19,6 +19,9 @@ from typing import Any, NoReturn
 DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet", "array_record")
 """Where ``gristmill demo`` keeps its records (see ``cli/demo_files.py``)."""
 
+INSPECT_FORMATS = ("auto", "tfrecord", "parquet", "array_record")
+"""What ``gristmill inspect --format`` accepts (see ``cli/inspect.py``)."""
+
 TRACEBACK_VARIABLE = "GRISTMILL_TRACEBACK"
 
 _EPILOG = (
@@ -88,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         help="where the records live: auto (a TFRecord, Parquet or ArrayRecord file if that "
         "extra is installed, else memory), memory, tfrecord, parquet, array_record",
     )
+    _add_inspect(commands)
     return parser
 
 
@@ -97,6 +101,35 @@ def _add_count(
     """An int option of at least ``minimum``."""
     parser.add_argument(
         option, type=int, action=_AtLeast, minimum=minimum, default=default, help=help
+    )
+
+
+def _add_inspect(commands: Any) -> None:
+    inspect = commands.add_parser(
+        "inspect",
+        help="describe ArrayRecord, Parquet and TFRecord files: format, counts, sizes, "
+        "schema and the first records",
+        description="Describes each file: its format, record count and sizes, the schema "
+        "(Parquet) or what the records are (tf.train.Example features, a pickle, a .npy "
+        "array, bytes), and its first records. TFRecord and ArrayRecord files are read "
+        "whole, so a damaged record anywhere is reported (the file and the record's offset "
+        "or index).",
+        epilog=_EPILOG,
+    )
+    inspect.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="files or glob patterns (quoted, e.g. 'data/train-*'; expanded here, sorted; a "
+        "pattern skips the .gmidx index files TFRecordDataSource writes)",
+    )
+    _add_count(inspect, "--records", minimum=0, default=3, help="records to show of each file (3)")
+    inspect.add_argument(
+        "--format",
+        choices=INSPECT_FORMATS,
+        default="auto",
+        help="the files' format: auto (by the name: .tfrecord, .tfrecords, .parquet, "
+        ".array_record, also sharded as NAME-00000-of-00008; else by the first bytes)",
     )
 
 
@@ -153,6 +186,10 @@ def _run(args: argparse.Namespace) -> int:
             file_format=args.format,
         )
         return 0 if ok else 1
+    if args.command == "inspect":
+        from gristmill.cli.inspect import run_inspect
+
+        return run_inspect(args.paths, records=args.records, file_format=args.format)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from gristmill._src.core.extras import install_command
 from gristmill.cli.demo import run_demo
 from gristmill.cli.main import main
 
@@ -73,4 +74,7 @@ def test_demo_format_choice():
         demo_files.resolve("csv")
     out = io.StringIO()
     assert run_demo(records=64, batch_size=16, threads=1, seed=1, file_format="memory", out=out)
-    assert "records in memory (install gristmill[tfrecord], gristmill[parquet]," in out.getvalue()
+    hint = "records in memory (install a format extra to read the records from a file: "
+    assert hint + install_command("tfrecord") + " (or the parquet or array-record extra)" in (
+        out.getvalue()
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import threading
 import uuid
 
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gristmill as gm
+from gristmill._src.core.extras import install_command
 from gristmill._src.sources import files
 
 Parquet = gm.experimental.ParquetIterDataset
@@ -497,7 +499,7 @@ def test_missing_pyarrow_names_the_extra(small, monkeypatch):
 
     for name in ("pyarrow", "pyarrow.parquet"):
         monkeypatch.setitem(sys.modules, name, None)  # importing pyarrow fails
-    message = r"pyarrow is needed for Parquet files .*pip install 'gristmill\[parquet\]'"
+    message = r"pyarrow is needed for Parquet files .*" + re.escape(install_command("parquet"))
     with pytest.raises(ImportError, match=message):
         list(gm.experimental.ParquetIterDataset(small))
     with pytest.raises(ImportError, match=message):

@@ -1,12 +1,14 @@
 """gristmill.training.progress: batches/s and the share of the loop spent waiting for data."""
 
 import io
+import re
 import sys
 import time
 
 import pytest
 
 import gristmill as gm
+from gristmill._src.core.extras import install_command
 from gristmill.training import progress
 
 
@@ -63,7 +65,7 @@ def test_leaving_early_closes_the_bar():
 
 def test_without_tqdm_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)
-    with pytest.raises(ImportError, match=r"pip install 'gristmill\[progress\]'"):
+    with pytest.raises(ImportError, match=re.escape(install_command("progress"))):
         list(progress(range(3)))
     assert list(progress(range(3), show=False)) == [0, 1, 2]  # measuring needs no tqdm
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 import gristmill as gm
+from gristmill._src.core.extras import install_command
 from gristmill.cli.main import DEMO_FORMATS as FORMATS
 
 _NEEDS = {
@@ -38,8 +39,11 @@ def resolve(name: str) -> str:
 
 
 def install_hint() -> str:
-    extras = ", ".join(f"gristmill[{extra}]" for _, extra in _NEEDS.values())
-    return f"install {extras} to read the records from a file"
+    first, *others = (extra for _, extra in _NEEDS.values())
+    return (
+        f"install a format extra to read the records from a file: {install_command(first)} "
+        f"(or the {' or '.join(others)} extra)"
+    )
 
 
 def encode(record: dict[str, Any]) -> bytes:

@@ -11,6 +11,7 @@ import functools
 from typing import Any
 
 from gristmill._src.checkpoint.handler import CheckpointHandler
+from gristmill._src.core.extras import install_command
 
 ARG_NAMES = ("CheckpointSave", "CheckpointRestore")
 
@@ -23,7 +24,7 @@ def orbax_args() -> dict[str, type]:
     except ImportError:
         raise AttributeError(
             "gristmill.checkpoint.CheckpointSave / CheckpointRestore need Orbax: "
-            "pip install 'gristmill[orbax]' (or orbax-checkpoint)"
+            f"{install_command('orbax')} (or orbax-checkpoint)"
         ) from None
 
     @ocp.args.register_with_handler(CheckpointHandler, for_save=True)  # type: ignore[misc,unused-ignore]

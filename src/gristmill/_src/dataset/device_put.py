@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import extras, validation
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.prefetch import ThreadPrefetchIterDataset
 
@@ -14,7 +14,7 @@ def _import_jax() -> Any:
         import jax  # type: ignore[import-not-found,unused-ignore]
     except ImportError as error:
         raise ImportError(
-            "gristmill.experimental.device_put needs JAX: pip install 'gristmill[jax]' (or jax)"
+            extras.needs("gristmill.experimental.device_put", "JAX", "jax", alternative="jax")
         ) from error
     return jax
 

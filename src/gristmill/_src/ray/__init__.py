@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gristmill._src.core.extras import install_command
+
 
 def import_ray() -> Any:
     """The ``ray`` module; an ImportError naming the extra when it is not installed."""
@@ -15,7 +17,6 @@ def import_ray() -> Any:
         import ray
     except ImportError as error:
         raise ImportError(
-            "gristmill.ray.RayBackend needs Ray, which is not installed: "
-            "pip install 'gristmill[ray]'"
+            "gristmill.ray.RayBackend needs Ray, which is not installed: " + install_command("ray")
         ) from error
     return ray

@@ -75,8 +75,10 @@ def os_error_from(path: str, message: str) -> OSError | None:
 
 
 def _open_error(path: str, error: Exception) -> Exception:
-    return os_error_from(path, str(error)) or ValueError(
-        f"{path!r} is not a readable ArrayRecord file: {error}"
+    # array_record gives no reason for some truncated files (one cut at a block boundary).
+    reason = str(error) or "its footer cannot be read: the file is truncated or damaged"
+    return os_error_from(path, reason) or ValueError(
+        f"{path!r} is not a readable ArrayRecord file: {reason}"
     )
 
 

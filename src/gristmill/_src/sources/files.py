@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import IO, Any
 
+from gristmill._src.core.extras import install_command
+
 _LOCAL_PROTOCOLS = frozenset({"", "file", "local"})
 
 
@@ -32,8 +34,7 @@ def optional_import(module: str, *, extra: str, purpose: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as error:
         raise ImportError(
-            f"{module} is needed for {purpose} but is not installed: "
-            f"pip install 'gristmill[{extra}]'"
+            f"{module} is needed for {purpose} but is not installed: {install_command(extra)}"
         ) from error
 
 

@@ -195,6 +195,16 @@ class ParquetFile:
     def num_row_groups(self) -> int:
         return len(self.row_counts)
 
+    @property
+    def metadata(self) -> Any:
+        """The footer: a ``pyarrow.parquet.FileMetaData`` (row groups, their sizes, the writer)."""
+        return self._file.metadata
+
+    @property
+    def schema(self) -> Any:
+        """The Arrow schema of the file's columns (a ``pyarrow.Schema``)."""
+        return self._file.schema_arrow
+
     def read_row_group(self, index: int) -> tuple[list[str], list[np.ndarray], int]:
         """Row group ``index`` as ``(names, numpy columns, decoded Arrow bytes)``."""
         try:

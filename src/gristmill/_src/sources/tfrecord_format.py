@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import IO, Any
 
 from gristmill._src.core import validation
+from gristmill._src.core.extras import install_command
 from gristmill._src.sources import files
 
 logger = logging.getLogger("gristmill.source")
@@ -74,8 +75,9 @@ def resolve_verify_crc(verify_crc: Any) -> bool:
             logger.warning(
                 "TFRecord records are read without checking their CRC-32C checksums, so "
                 "damaged data is not detected: google_crc32c is not installed. Install it "
-                "(pip install 'gristmill[tfrecord]') to verify them, or pass verify_crc=False "
-                "to read unchecked without this notice."
+                "(%s) to verify them, or pass verify_crc=False to read unchecked without "
+                "this notice.",
+                install_command("tfrecord"),
             )
         return False
     return True

@@ -18,6 +18,7 @@ from multiprocessing.shared_memory import SharedMemory
 from types import ModuleType
 from typing import Any, TypeVar
 
+from gristmill._src.core.extras import install_command
 from gristmill._src.spdl.builder import PipelineBuilder
 
 V = TypeVar("V")
@@ -32,7 +33,7 @@ def _torch(module: str = "torch") -> ModuleType:
     except ImportError as error:
         raise ImportError(
             "torch is needed for gristmill.dataloader.get_pytorch_dataloader but is not "
-            "installed: pip install torch"
+            f"installed: {install_command('torch')} (or pip install torch)"
         ) from error
 
 

@@ -1,0 +1,73 @@
+"""Fixtures of the ``gristmill`` command's tests: a real ``tf.train.Example`` message class."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def example_class():
+    """``tf.train.Example`` built by protobuf from its schema (tensorflow/core/example
+    /feature.proto, example.proto), so that records are encoded by protobuf itself."""
+    pytest.importorskip("google.protobuf")
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(
+        name="gristmill_test_example.proto", package="gmtest", syntax="proto3"
+    )
+
+    def message(name, *fields):
+        added = file.message_type.add(name=name)
+        for spec in fields:
+            added.field.add(**spec)
+        return added
+
+    def member(name, number, type_name, label=field.LABEL_OPTIONAL, **more):
+        kind = {"bytes": field.TYPE_BYTES, "float": field.TYPE_FLOAT, "int64": field.TYPE_INT64}
+        if type_name in kind:
+            return dict(name=name, number=number, type=kind[type_name], label=label, **more)
+        return dict(
+            name=name,
+            number=number,
+            type=field.TYPE_MESSAGE,
+            type_name=f".gmtest.{type_name}",
+            label=label,
+            **more,
+        )
+
+    repeated = field.LABEL_REPEATED
+    message("BytesList", member("value", 1, "bytes", repeated))
+    message("FloatList", member("value", 1, "float", repeated))
+    message("Int64List", member("value", 1, "int64", repeated))
+    kinds = [("bytes_list", "BytesList"), ("float_list", "FloatList"), ("int64_list", "Int64List")]
+    feature = message(
+        "Feature", *(member(n, i, t, oneof_index=0) for i, (n, t) in enumerate(kinds, 1))
+    )
+    feature.oneof_decl.add(name="kind")
+    features = message("Features", member("feature", 1, "Features.FeatureEntry", repeated))
+    entry = features.nested_type.add(name="FeatureEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    entry.field.add(**member("value", 2, "Feature"))
+    message("Example", member("features", 1, "Features"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("gmtest.Example"))
+
+
+@pytest.fixture
+def make_example(example_class):
+    """``make_example(label=[7], image=[b"..."], weight=[0.5])``: serialized bytes; the type
+    of the first value picks the list (int: int64_list, float: float_list, bytes:
+    bytes_list); an empty list sets no kind."""
+
+    def make(**features):
+        example = example_class()
+        for name, values in features.items():
+            feature = example.features.feature[name]
+            if not values:
+                continue
+            kind = {int: "int64_list", float: "float_list", bytes: "bytes_list"}[type(values[0])]
+            getattr(feature, kind).value.extend(values)
+        return example.SerializeToString(deterministic=True)
+
+    return make

@@ -71,6 +71,9 @@ class StageStatistics:
     its own work, part of that stage's)."""
     role: str = ""
     """What the stage does (``engine.plan.Role``'s value: ``"map"``, ``"sink"``, ...)."""
+    buffer_occupancy: int = 0
+    """Elements in flight or ready when the consumer last took a chunk: the latest of the
+    samples that ``mean_buffer_occupancy`` averages (a profile's fill over time)."""
 
 
 class Waits(NamedTuple):
@@ -91,6 +94,7 @@ class StageCounters:
     __slots__ = (
         "_blocked_since",
         "_blocked_times",
+        "_occupancy_last",
         "_occupancy_samples",
         "_occupancy_sum",
         "_started",
@@ -131,6 +135,7 @@ class StageCounters:
         self._task_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
         self._occupancy_sum = 0
         self._occupancy_samples = 0
+        self._occupancy_last = 0
         self._started = time.perf_counter()
 
     def task_done(self, elements: int, seconds: float) -> None:
@@ -143,6 +148,7 @@ class StageCounters:
         self.elements_out += elements
         self._occupancy_sum += occupancy
         self._occupancy_samples += 1
+        self._occupancy_last = occupancy
 
     def set_blocked(self, blocked: bool, now: float) -> None:
         if blocked and self._blocked_since is None:
@@ -214,6 +220,7 @@ class StageCounters:
             throughput=self.elements_out / wall if wall > 0 else 0.0,
             recent_starved_s=waits.recent_starved_s,
             recent_blocked_s=waits.recent_blocked_s,
+            buffer_occupancy=self._occupancy_last,
         )
 
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gristmill.cli import profile
+
 DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet", "array_record")
 """Where ``gristmill demo`` keeps its records (see ``cli/demo_files.py``)."""
 
@@ -29,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         help="where the records live: auto (a TFRecord, Parquet or ArrayRecord file if that "
         "extra is installed, else memory), memory, tfrecord, parquet, array_record",
     )
+    profile.add_parser(commands)
     return parser
 
 
@@ -53,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             file_format=args.format,
         )
         return 0 if ok else 1
+    if args.command == "profile":
+        return profile.run(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

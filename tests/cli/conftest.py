@@ -78,6 +78,12 @@ PIPELINES = textwrap.dedent(
 )
 
 
+@pytest.fixture(scope="session")
+def pipelines_source():
+    """The text of the module of pipelines (for a test that runs it its own way)."""
+    return PIPELINES
+
+
 @pytest.fixture
 def pipelines_module(tmp_path, monkeypatch):
     """The path of a fresh copy of PIPELINES (a unique module name: each test imports its

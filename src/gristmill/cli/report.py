@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install 'gristmill[report]'"
 TICK_WIDTH = 32
 """Characters per line of a stage name on the shares plot's axis (longer ones wrap)."""
+LEGEND_DROP_IN = 0.5
+"""Inches from an axes' bottom to its legend's top (room for the ticks and the x label)."""
 SHARE_COLORS = {"busy": "#1f77b4", "starved": "#ff7f0e", "blocked": "#7f7f7f"}
 
 
@@ -68,7 +70,7 @@ def write_report(profile: Profile, directory: Path) -> tuple[Path, Path]:
     prepare(directory)
     html_path, png_path = directory / "report.html", directory / "report.png"
     html_path.write_text(render_html(profile), encoding="utf-8")
-    figure = _figure(profile, PLOTS, size=(11, 5 * len(PLOTS)))
+    figure = _figure(profile, PLOTS, width=11)
     figure.suptitle(f"gristmill profile: {_label(profile.target)}", fontsize="x-large")
     figure.savefig(png_path, format="png", dpi=100, bbox_inches="tight")
     return html_path, png_path
@@ -91,9 +93,19 @@ def _colors(profile: Profile) -> dict[str, Any]:
 
 
 def _legend_below(ax: Axes) -> None:
+    """The legend under the x axis's label, the same distance below it in every plot."""
+    from matplotlib.transforms import ScaledTranslation
+
     if not ax.get_legend_handles_labels()[0]:
         return  # nothing plotted (matplotlib would warn)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.15), fontsize="small", frameon=False)
+    below = ScaledTranslation(0, -LEGEND_DROP_IN, ax.get_figure().dpi_scale_trans)  # type: ignore[union-attr]
+    ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(0.0, 0.0),
+        bbox_transform=ax.transAxes + below,
+        fontsize="small",
+        frameon=False,
+    )
 
 
 def plot_throughput(ax: Axes, profile: Profile) -> None:
@@ -166,13 +178,21 @@ PLOTS: tuple[tuple[str, Plot], ...] = (
 """The plots, in report order: an id (the HTML figure's) and the function that draws it."""
 
 
-def _figure(profile: Profile, plots: Sequence[tuple[str, Plot]], size: tuple[float, float]) -> Any:
+def _height(profile: Profile, plot: tuple[str, Plot]) -> float:
+    """Inches for one plot: the shares plot grows with the stages (a bar each)."""
+    if plot[0] == "shares":
+        return 2.0 + 0.55 * len(profile.statistics.stages)
+    return 5.0
+
+
+def _figure(profile: Profile, plots: Sequence[tuple[str, Plot]], width: float) -> Any:
+    """The ``plots`` stacked in one figure, each at its :func:`_height`."""
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=size, layout="constrained")
-    for ax, (_, draw) in zip(
-        figure.subplots(len(plots), 1, squeeze=False)[:, 0], plots, strict=True
-    ):
+    heights = [_height(profile, plot) for plot in plots]
+    figure = Figure(figsize=(width, sum(heights)), layout="constrained")
+    axes = figure.subplots(len(plots), 1, squeeze=False, height_ratios=heights)[:, 0]
+    for ax, (_, draw) in zip(axes, plots, strict=True):
         draw(ax, profile)
     return figure
 
@@ -182,7 +202,7 @@ def plot_svg(profile: Profile, plot: tuple[str, Plot]) -> str:
     prefixed with the plot's (matplotlib numbers them per file: ``axes_1`` in every plot)."""
     import matplotlib
 
-    figure = _figure(profile, [plot], size=(10, 5))
+    figure = _figure(profile, [plot], width=10)
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         figure.savefig(buffer, format="svg", bbox_inches="tight")
@@ -203,8 +223,9 @@ h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 1.6em; }
 dl.summary { display: grid; grid-template-columns: max-content auto; gap: 0.3em 1.2em; }
 dl.summary dt { font-weight: 600; } dl.summary dd { margin: 0; }
 table { border-collapse: collapse; font-size: 0.9em; }
-th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #ddd; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
+th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #ddd; text-align: right;
+  white-space: nowrap; }
+th:first-child, td:first-child { text-align: left; white-space: normal; }
 tr.op td { color: #555; } tr.op td:first-child { padding-left: 2em; }
 figure { margin: 1.5em 0; } figure svg { max-width: 100%; height: auto; }
 figcaption { color: #555; font-size: 0.9em; }
@@ -292,7 +313,7 @@ def _row(s: StageStatistics) -> str:
     cells = (
         s.name,
         f"{s.executor} x{s.concurrency}",
-        f"op of {s.part_of}" if fused else s.role,
+        "fused op" if fused else s.role,
         f"{s.elements_in:,}",
         f"{s.elements_out:,}",
         f"{s.throughput:,.0f}",
@@ -302,5 +323,5 @@ def _row(s: StageStatistics) -> str:
         "" if fused else f"{s.blocked_s:.3f}",
         "" if fused else f"{s.mean_buffer_occupancy:.1f}/{s.buffer_size}",
     )
-    cls = ' class="op"' if fused else ""
+    cls = f' class="op" title="{html.escape(f"runs fused in stage {s.part_of}")}"' if fused else ""
     return f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"

@@ -3,14 +3,16 @@ of pipeline a function may return; and the one-line usage errors."""
 
 import html
 import itertools
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import gristmill
 from gristmill.cli.main import main
 from gristmill.cli.profile import Kind, profile_function
-
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -137,6 +139,30 @@ def test_a_dotted_module_imports_from_the_current_directory(pipelines_module, mo
     assert verdict_of(out).startswith("op 'Map(slow)'")
     assert "report:" not in out
     assert not (pipelines_module.parent / "gristmill-profile").exists()
+
+
+def test_the_console_command_profiles_a_module_of_the_current_directory(pipelines_module):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gristmill.cli.main",
+            "profile",
+            f"{pipelines_module.stem}:pipeline",
+            "--count",
+            "10",
+            "--no-report",
+        ],
+        cwd=pipelines_module.parent,
+        env={**os.environ, "PYTHONPATH": str(Path(gristmill.__file__).parents[1])},  # this one
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "10 elements in" in result.stdout
+    assert "stopped by --count 10" in result.stdout
+    assert verdict_of(result.stdout).startswith("stage '0:2:slow'")
 
 
 def test_the_report_goes_to_gristmill_profile_by_default(pipelines_module, monkeypatch, capsys):

@@ -27,14 +27,11 @@ FLAGS = (
 )
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium; "
-        ".ci/run installs it)",
-    ),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-]
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium; "
+    ".ci/run installs it)",
+)
 
 
 def chromium(tmp_path, *args):

@@ -300,6 +300,16 @@ def test_statistics_snapshot_and_bottleneck():
         stage.elements_out = 0  # type: ignore[misc]
 
 
+def test_buffer_occupancy_is_the_latest_fill_a_slow_consumer_leaves_it_full():
+    it = iter(M.range(400).map(lambda x: x).to_iter_dataset(gm.ReadOptions(2, 20)))
+    for _ in range(30):
+        next(it)
+        time.sleep(0.003)  # a slow training step: the workers fill the buffer meanwhile
+    (stage,) = it.statistics().stages
+    assert stage.buffer_size // 2 <= stage.buffer_occupancy <= stage.buffer_size
+    it.close()
+
+
 def test_bottleneck_names_the_consumer_when_data_is_ready():
     it = iter(M.range(50).map(lambda x: x).to_iter_dataset(gm.ReadOptions(2, 50)))
     for _ in it:

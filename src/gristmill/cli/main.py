@@ -16,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from gristmill.cli import profile
+
 DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet", "array_record")
 """Where ``gristmill demo`` keeps its records (see ``cli/demo_files.py``)."""
 
@@ -92,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         "extra is installed, else memory), memory, tfrecord, parquet, array_record",
     )
     _add_inspect(commands)
+    profile.add_parser(commands)
     return parser
 
 
@@ -190,6 +193,8 @@ def _run(args: argparse.Namespace) -> int:
         from gristmill.cli.inspect import run_inspect
 
         return run_inspect(args.paths, records=args.records, file_format=args.format)
+    if args.command == "profile":
+        return profile.run(args)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

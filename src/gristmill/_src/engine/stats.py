@@ -74,6 +74,9 @@ class StageStatistics:
     tuning: str = ""
     """``"auto, N changes"`` when the autotuner sets its workers and buffer (``""``: the
     settings given)."""
+    buffer_occupancy: int = 0
+    """Elements in flight or ready when the consumer last took a chunk: the latest of the
+    samples that ``mean_buffer_occupancy`` averages (a profile's fill over time)."""
 
 
 class Waits(NamedTuple):
@@ -94,6 +97,7 @@ class StageCounters:
     __slots__ = (
         "_blocked_since",
         "_blocked_times",
+        "_occupancy_last",
         "_occupancy_samples",
         "_occupancy_sum",
         "_started",
@@ -134,6 +138,7 @@ class StageCounters:
         self._task_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
         self._occupancy_sum = 0
         self._occupancy_samples = 0
+        self._occupancy_last = 0
         self._started = time.perf_counter()
 
     def task_done(self, elements: int, seconds: float) -> None:
@@ -146,6 +151,7 @@ class StageCounters:
         self.elements_out += elements
         self._occupancy_sum += occupancy
         self._occupancy_samples += 1
+        self._occupancy_last = occupancy
 
     @property
     def blocked_now(self) -> bool:
@@ -222,6 +228,7 @@ class StageCounters:
             throughput=self.elements_out / wall if wall > 0 else 0.0,
             recent_starved_s=waits.recent_starved_s,
             recent_blocked_s=waits.recent_blocked_s,
+            buffer_occupancy=self._occupancy_last,
         )
 
 

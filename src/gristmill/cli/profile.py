@@ -1,0 +1,465 @@
+"""``gristmill profile MODULE:FUNCTION``: reads a pipeline for a while, sampling its per-stage
+statistics, then prints the table and the bottleneck and writes a report (``cli/report.py``).
+
+FUNCTION is called with no arguments and returns what a training loop would read:
+
+* a :class:`gristmill.MapDataset`, read as ``ds.to_iter_dataset()`` reads it (its default
+  ``ReadOptions``: 16 threads, 500 elements ahead); to profile other read options, return
+  ``ds.to_iter_dataset(gm.ReadOptions(...))`` instead;
+* a :class:`gristmill.IterDataset`, read as ``iter(ds)``;
+* a :class:`gristmill.DatasetIterator`, read as it is;
+* a :class:`gristmill.pipeline.Pipeline`, started here unless it already was.
+
+Elements are taken as fast as they come (no training step) until ``--seconds`` pass,
+``--count`` elements arrive or the data ends, whichever is first; the reader is closed (a
+pipeline stopped) at the end. The clock is read between elements: statistics are sampled
+every :data:`SAMPLE_INTERVAL_S` from the consuming loop itself, so no thread is started, and
+a slow element only makes one sample interval (or the run) longer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import enum
+import importlib
+import importlib.util
+import itertools
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import gristmill as gm
+from gristmill._src.engine.stats import PipelineStatistics
+
+SAMPLE_INTERVAL_S = 0.2
+"""Seconds between two statistics samples (at least: the clock is read between elements)."""
+DEFAULT_REPORT_DIR = "gristmill-profile"
+ACCEPTED = (
+    "a gristmill.MapDataset, IterDataset or DatasetIterator, or a gristmill.pipeline.Pipeline"
+)
+
+
+class ProfileError(Exception):
+    """A usage error: ``run`` prints its message as one line and exits with status 2."""
+
+
+class Kind(enum.Enum):
+    """What FUNCTION returned, and so how it is read."""
+
+    MAP_DATASET = "a MapDataset, read with to_iter_dataset() (default ReadOptions)"
+    ITER_DATASET = "an IterDataset, read with iter()"
+    ITERATOR = "a DatasetIterator"
+    PIPELINE = "an SPDL-style Pipeline"
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePoint:
+    """One stage's counters at one sample (what the plots over time need)."""
+
+    name: str
+    executor: str
+    elements_out: int
+    buffer_occupancy: int
+    buffer_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """Every stage's counters ``t_s`` seconds after the profile started."""
+
+    t_s: float
+    stages: tuple[StagePoint, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """The outcome of one profiling run."""
+
+    target: str
+    """``MODULE:FUNCTION`` as given."""
+    kind: Kind
+    elements: int
+    """Elements the loop took."""
+    seconds: float
+    """Seconds from the first request to the last element."""
+    stopped_by: str
+    """What ended the run: ``"--seconds 10"``, ``"--count 100"`` or ``"the end of the data"``."""
+    statistics: PipelineStatistics
+    """The last snapshot, taken after the last element."""
+    samples: tuple[Sample, ...]
+    """Snapshots over time, the first at 0 s, the last with :attr:`statistics`."""
+    tuned: dict[str, dict[str, int]] | None = None
+    """With ``--tune``: the settings the autotuner chose, by stage (``plan().settings()``),
+    to freeze with ``plan().apply(...)``; None without it."""
+    changes: int = 0
+    """With ``--tune``: how many changes the autotuner made."""
+
+    @property
+    def elements_per_s(self) -> float:
+        return self.elements / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Registers ``profile`` on ``commands`` (``ArgumentParser.add_subparsers()``'s result)."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "profile",
+        help="read a pipeline for a while and report which stage limits it (table, verdict, "
+        "HTML + PNG report)",
+        description="Calls FUNCTION() from MODULE, reads what it returns ("
+        + ACCEPTED
+        + ") and reports each stage's statistics and the bottleneck.",
+    )
+    parser.add_argument(
+        "target",
+        metavar="MODULE:FUNCTION",
+        help="a module importable from the current directory (pkg.data) or a .py file, and "
+        "a function of it that takes no arguments",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="stop after this many seconds (10)"
+    )
+    parser.add_argument("--count", type=int, default=None, help="stop after this many elements")
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        default=DEFAULT_REPORT_DIR,
+        help=f"write report.html and report.png here (./{DEFAULT_REPORT_DIR})",
+    )
+    parser.add_argument("--no-report", action="store_true", help="print only; write no files")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="run the autotuner from the first element on (plan().autotune()) and print the "
+        "settings it chose",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Runs ``gristmill profile`` with parsed ``args``; returns the exit status."""
+    from gristmill.cli import report  # matplotlib itself is imported only to draw
+
+    out = sys.stdout if out is None else out
+    directory = None if args.no_report else Path(args.report)
+    try:
+        check_limits(args.seconds, args.count)
+        if directory is not None:
+            report.require_matplotlib()
+        function = load_function(args.target)
+        if directory is not None:
+            report.prepare(directory)  # before the run: a 10 s profile is not lost to it
+        profile = profile_function(
+            function, args.target, seconds=args.seconds, count=args.count, tune=args.tune
+        )
+    except ProfileError as error:
+        print(f"gristmill profile: {error}", file=sys.stderr)
+        return 2
+    print_profile(profile, out)
+    if directory is not None:
+        html, png = report.write_report(profile, directory)
+        out.write(f"report: {html}\n        {png}\n")
+    return 0
+
+
+def check_limits(seconds: float, count: int | None) -> None:
+    """Raises ProfileError naming the flag when ``--seconds`` or ``--count`` is not positive."""
+    if not seconds > 0:  # NaN too
+        raise ProfileError(f"--seconds must be > 0, got {seconds!r}; e.g. --seconds 10")
+    if count is not None and count < 1:
+        raise ProfileError(f"--count must be >= 1, got {count!r}; e.g. --count 1000")
+
+
+# -- finding FUNCTION ------------------------------------------------------------------------
+
+
+def load_function(spec: str) -> Callable[[], Any]:
+    """The function ``spec`` (``MODULE:FUNCTION``) names, its module imported."""
+    module_name, sep, function_name = spec.rpartition(":")
+    if not sep or not module_name or not function_name.isidentifier():
+        raise ProfileError(
+            f"expected MODULE:FUNCTION (e.g. mypkg.data:build or data.py:build), got {spec!r}"
+        )
+    module = import_module(module_name)
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise ProfileError(f"module {module_name!r} has no function {function_name!r}")
+    if not callable(function):
+        raise ProfileError(
+            f"{spec} is a {type(function).__name__}, not a function; name a function that "
+            "takes no arguments and returns the pipeline"
+        )
+    return function  # type: ignore[no-any-return]
+
+
+def import_module(name: str) -> Any:
+    """A dotted module importable from the current directory, or a ``.py`` file."""
+    if name.endswith(".py") or os.sep in name or "/" in name:
+        return _import_file(Path(name))
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m`: the current directory's modules
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (name == error.name or name.startswith(error.name + ".")):
+            raise ProfileError(
+                f"no module named {name!r} from {os.getcwd()}; give a module importable "
+                "from the current directory, or a path to a .py file"
+            ) from None
+        raise  # the module itself failed to import something: its traceback helps
+
+
+def _import_file(path: Path) -> Any:
+    """Imports ``path`` as the module of its stem, its folder first on ``sys.path`` (as
+    ``python path.py`` does, so its siblings import and worker processes find it)."""
+    if not path.is_file():
+        raise ProfileError(f"no such file: {str(path)!r} (MODULE ending in .py is a file path)")
+    path = path.resolve()
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+            return loaded
+        raise ProfileError(
+            f"{str(path)!r} would be imported as {name!r}, which is already the module "
+            f"{getattr(loaded, '__file__', None) or name!r}; rename the file"
+        )
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None  # a .py file always has a spec and a loader
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def classify(value: Any) -> Kind:
+    """What FUNCTION returned; ProfileError for anything that is not read here."""
+    from gristmill.pipeline import Pipeline  # on use: it adds to every command's start
+
+    if isinstance(value, gm.MapDataset):
+        return Kind.MAP_DATASET
+    if isinstance(value, gm.IterDataset):
+        return Kind.ITER_DATASET
+    if isinstance(value, gm.DatasetIterator):
+        return Kind.ITERATOR
+    if isinstance(value, Pipeline):
+        return Kind.PIPELINE
+    raise ProfileError(
+        f"the function returned {_describe(value)}; expected {ACCEPTED} (an SPDL-style "
+        "pipeline: PipelineBuilder()...build(num_threads=...))"
+    )
+
+
+def _describe(value: Any) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}" if value is not None else "None"
+
+
+@contextlib.contextmanager
+def reader(value: Any, kind: Kind) -> Iterator[tuple[Iterator[Any], Any]]:
+    """``(iterator, the object whose statistics() describe it)``; closed (stopped) on exit."""
+    with contextlib.ExitStack() as stack:
+        if kind is Kind.PIPELINE:
+            if not value.started:
+                stack.enter_context(value.auto_stop())
+            else:
+                stack.callback(value.stop)
+            yield value.get_iterator(), value
+            return
+        if kind is Kind.MAP_DATASET:
+            value = value.to_iter_dataset()
+        iterator = value if kind is Kind.ITERATOR else iter(value)
+        stack.enter_context(contextlib.closing(iterator))
+        yield iterator, iterator
+
+
+def profile_function(
+    function: Callable[[], Any],
+    target: str,
+    *,
+    seconds: float,
+    count: int | None = None,
+    interval_s: float = SAMPLE_INTERVAL_S,
+    tune: bool = False,
+) -> Profile:
+    """Calls ``function()`` and reads what it returns (see the module docstring); with
+    ``tune``, the autotuner tunes every stage it can from the first element on."""
+    value = function()
+    kind = classify(value)
+    with reader(value, kind) as (iterator, observed):
+        profile = consume(
+            iterator,
+            observed.statistics,
+            target=target,
+            kind=kind,
+            seconds=seconds,
+            count=count,
+            interval_s=interval_s,
+            after_first=(lambda: _autotune(observed)) if tune else None,
+        )
+        if tune:
+            plan = observed.plan()
+            changes = sum(len(c) for c in plan.changes().values())
+            profile = dataclasses.replace(profile, tuned=plan.settings(), changes=changes)
+        return profile
+
+
+def _autotune(observed: Any) -> None:
+    """Hands what ``observed`` runs to the autotuner (nothing, if no stage can be tuned)."""
+    with contextlib.suppress(ValueError):
+        observed.plan().autotune()
+
+
+def consume(
+    iterator: Iterator[Any],
+    statistics: Callable[[], PipelineStatistics],
+    *,
+    target: str,
+    kind: Kind,
+    seconds: float,
+    count: int | None = None,
+    interval_s: float = SAMPLE_INTERVAL_S,
+    after_first: Callable[[], None] | None = None,
+) -> Profile:
+    """Takes elements until ``seconds``, ``count`` or the end, sampling ``statistics()``
+    whenever ``interval_s`` passed since the last sample (checked between elements);
+    ``after_first()`` runs once, after the first element."""
+    limit = math.inf if count is None else count
+    started = time.perf_counter()
+    samples = [sample(0.0, statistics())]
+    due = started + interval_s
+    elements = 0
+    stopped_by = "the end of the data"
+    for _ in iterator:
+        elements += 1
+        if elements == 1 and after_first is not None:
+            after_first()
+        now = time.perf_counter()
+        if elements >= limit:
+            stopped_by = f"--count {count}"
+            break
+        if now - started >= seconds:
+            stopped_by = f"--seconds {seconds:g}"
+            break
+        if now >= due:
+            samples.append(sample(now - started, statistics()))
+            due = now + interval_s
+    elapsed = time.perf_counter() - started
+    final = statistics()
+    if len(samples) > 1 and elapsed - samples[-1].t_s < interval_s / 2:
+        samples.pop()  # the final snapshot replaces it: no rate over a sliver of time
+    samples.append(sample(elapsed, final))
+    return Profile(target, kind, elements, elapsed, stopped_by, final, tuple(samples))
+
+
+def sample(t_s: float, stats: PipelineStatistics) -> Sample:
+    """What the plots over time keep of a snapshot (its stages, not their fused ops)."""
+    return Sample(
+        t_s,
+        tuple(
+            StagePoint(s.name, s.executor, s.elements_out, s.buffer_occupancy, s.buffer_size)
+            for s in stats.stages
+        ),
+    )
+
+
+# -- the time series and shares the report plots --------------------------------------------
+
+
+Series = dict[str, tuple[list[float], list[float]]]
+"""Per stage name (pipeline order): the times (s) and the values at them."""
+
+
+def throughput_series(samples: tuple[Sample, ...]) -> Series:
+    """Each stage's elements delivered per second over each sample interval, at its end (a
+    stage not built yet at the interval's start, on the first request, had delivered 0)."""
+    series: Series = {}
+    for before, after in itertools.pairwise(samples):
+        dt = after.t_s - before.t_s
+        if dt <= 0:
+            continue
+        previous = {p.name: p.elements_out for p in before.stages}
+        for point in after.stages:
+            times, rates = series.setdefault(point.name, ([], []))
+            times.append(after.t_s)
+            rates.append((point.elements_out - previous.get(point.name, 0)) / dt)
+    return series
+
+
+def fill_series(samples: tuple[Sample, ...]) -> Series:
+    """Each stage's buffer fill (occupancy / buffer size) at each sample where it ran on
+    workers: a stage run inline has no buffer of its own (its occupancy is its chunk)."""
+    series: Series = {}
+    for s in samples:
+        for point in s.stages:
+            if point.buffer_size > 0 and point.executor != "inline":
+                times, fills = series.setdefault(point.name, ([], []))
+                times.append(s.t_s)
+                fills.append(point.buffer_occupancy / point.buffer_size)
+    return series
+
+
+@dataclasses.dataclass(frozen=True)
+class Shares:
+    """Shares of a stage's wall time: its workers' work, its consumer's waits for it, and
+    its output waiting on a full buffer (each measured on its own: they need not add to 1)."""
+
+    name: str
+    busy: float
+    """busy_s / (wall_s x concurrency)."""
+    starved: float
+    """starved_s / wall_s."""
+    blocked: float
+    """blocked_s / wall_s."""
+
+
+def shares(stats: PipelineStatistics) -> list[Shares]:
+    """:class:`Shares` of every stage, upstream first."""
+    return [
+        Shares(
+            s.name,
+            s.busy_s / (s.wall_s * max(s.concurrency, 1)) if s.wall_s > 0 else 0.0,
+            s.starved_s / s.wall_s if s.wall_s > 0 else 0.0,
+            s.blocked_s / s.wall_s if s.wall_s > 0 else 0.0,
+        )
+        for s in stats.stages
+    ]
+
+
+# -- printing -------------------------------------------------------------------------------
+
+
+def print_profile(profile: Profile, out: TextIO) -> None:
+    """The summary, the per-stage table and the verdict (its suggestions included)."""
+    out.write(f"gristmill profile: {profile.target} returned {profile.kind.value}\n")
+    out.write(
+        f"  {profile.elements:,} elements in {profile.seconds:.2f} s "
+        f"({profile.elements_per_s:,.0f} elements/s), stopped by {profile.stopped_by}\n\n"
+    )
+    out.write("per-stage statistics:\n")
+    for line in profile.statistics.table().splitlines():
+        out.write(f"  {line}\n")
+    out.write(f"bottleneck: {profile.statistics.bottleneck()}\n")
+    if profile.tuned is not None:
+        out.write(
+            f"autotuned ({profile.changes} changes; paste back with plan().apply(...) to "
+            f"freeze): {profile.tuned}\n"
+        )

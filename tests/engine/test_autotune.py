@@ -228,3 +228,16 @@ def test_autotuned_worker_processes_are_one_per_core():
 def test_a_budget_must_be_positive(field, value):
     with pytest.raises(ValueError, match=f"TuningBudget.{field} must be a positive number"):
         TuningBudget(**{field: value})
+
+
+def test_autotuned_worker_processes_can_be_fewer_while_running_and_the_output_stays():
+    ds = gm.MapDataset.range(300).map(sleepy).to_iter_dataset()
+    it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=gm.AUTOTUNE)))
+    out = [next(it) for _ in range(50)]
+    (name,) = it.plan().settings()
+    it.plan().configure(name, workers=1)  # one process idles, waiting to be used again
+    out += [next(it) for _ in range(100)]
+    it.plan().configure(name, workers=2)
+    out += list(it)
+    assert out == list(range(300))
+    assert it.plan().settings()[name]["workers"] == 2

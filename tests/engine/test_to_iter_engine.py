@@ -326,7 +326,8 @@ def test_periodic_statistics_log(caplog):
         gm.experimental.log_statistics_every(None)
     lines = [r.getMessage() for r in caplog.records if r.name == "gristmill.statistics"]
     assert lines
-    assert lines[0].startswith("stage 'Range → Map(<lambda>)' [inline x")
+    assert lines[0].startswith("stage 'Range' [inline x")  # an op's row before its stage's
+    assert lines[2].startswith("stage 'Range → Map(<lambda>)' [inline x")
     with pytest.raises(ValueError, match="seconds must be > 0 or None"):
         gm.experimental.log_statistics_every(0)
 
@@ -398,3 +399,17 @@ def test_after_a_slow_first_element_the_threads_read_ahead_in_the_background():
     assert len(reads) >= 5
     assert list(it) == list(range(1, 64))
     it.close()
+
+
+def test_periodic_statistics_print_the_table_where_logging_is_not_set_up(capsys, monkeypatch):
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a script: no set-up
+    gm.experimental.log_statistics_every(1e-9)
+    try:
+        list(M.range(300).map(slow).to_iter_dataset(gm.ReadOptions(num_threads=2)))
+    finally:
+        gm.experimental.log_statistics_every(None)
+    err = capsys.readouterr().err
+    assert "gristmill statistics:\nstage " in err
+    assert "  Map(slow)" in err  # the read stage's ops have their rows
+    assert "Range → Map(slow)" in err
+    assert "bottleneck: " in err

@@ -14,13 +14,21 @@ class SimulatedStage:
     time, and whose consumer waits ``starved`` of each second (the buffer fills when
     ``fills``); each ``step`` is one delivered chunk 0.01 s after the last."""
 
-    def __init__(self, rate, *, workers, buffer, budget, starved=0.0, fills=False, cpu=0.0):
+    def __init__(
+        self, rate, *, workers, buffer, budget, starved=0.0, fills=False, occupied=0.0, cpu=0.0
+    ):
         self.rate, self.starved_share, self.fills, self.cpu_share = rate, starved, fills, cpu
+        self.occupied = occupied  # the share of the buffer that work in flight holds
         self.knobs = {"workers": workers, "buffer_size": buffer}
         self.now = 0.0
         self.cpu = 0.0
         self.counters = types.SimpleNamespace(
-            elements_in=0, starved_s=0.0, blocked_waits=0, blocked_now=False, executor="threads"
+            elements_in=0,
+            starved_s=0.0,
+            blocked_waits=0,
+            blocked_now=False,
+            occupancy_totals=(0, 0),
+            executor="threads",
         )
         self.tuner = StageTuner(
             "sim",
@@ -47,6 +55,8 @@ class SimulatedStage:
             c.elements_in += round(self.rate(**self.knobs) * 0.01)
             c.starved_s += 0.01 * self.starved_share
             c.blocked_waits += self.fills
+            total, samples = c.occupancy_totals
+            c.occupancy_totals = (total + self.occupied * self.knobs["buffer_size"], samples + 1)
             self.tuner.delivered([b"x" * 1000])
         return self.knobs
 
@@ -91,6 +101,16 @@ def test_a_consumer_starved_behind_a_full_buffer_gets_a_bigger_one_within_the_ra
     knobs = stage.run(10)
     assert knobs["buffer_size"] == 128  # 8 -> 32 -> 128; 512 x 1000 bytes would not fit 256 kB
     assert any(c.knob == "buffer_size" for c in stage.tuner.changes)
+
+
+def test_a_buffer_held_by_work_in_flight_behind_a_slow_element_grows_too():
+    def in_order_behind_slow(workers, buffer_size):
+        return min(buffer_size, 1000) * 10
+
+    stage = SimulatedStage(
+        in_order_behind_slow, workers=8, buffer=24, budget=BUDGET, starved=0.5, occupied=0.95
+    )
+    assert stage.run(10)["buffer_size"] == 1536  # 24 -> 96 -> 384 -> 1536 (+50 %: kept)
 
 
 def test_a_buffer_over_the_ram_budget_shrinks_to_fit():

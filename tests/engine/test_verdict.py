@@ -114,6 +114,23 @@ def test_a_slow_filter_after_the_read_stage_is_named_and_ops_after_it_have_rows(
     assert (batch.elements_in, batch.elements_out) == (100, 10)
 
 
+def element_only(index, x):
+    return x
+
+
+def slow_random(x, rng):
+    return slow(x)
+
+
+def test_a_slow_random_map_after_a_map_with_index_is_named_and_both_have_rows():
+    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=0))
+    stats = verdict_of(read.map_with_index(element_only).random_map(slow_random, seed=3))
+    assert stats.bottleneck().startswith("stage 'random_map(slow_random, seed=3)'"), stats.table()
+    rows = {s.name: s for s in stats.stages}
+    assert rows["map_with_index(element_only)"].elements_out == 200
+    assert rows["random_map(slow_random, seed=3)"].busy_s >= 0.5 * 200 * SLOW_S
+
+
 def test_a_slow_read_in_worker_processes_is_named():
     ds = (
         gm.MapDataset.range(600)  # enough work that the workers' start is a small part

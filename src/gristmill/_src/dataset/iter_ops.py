@@ -203,12 +203,16 @@ class _CountingIterator(DatasetIterator[Any]):
         self._key = key
         self._description = description
         self._count = 0
+        self._row = OpRow(description)
 
     def __next__(self) -> Any:
         element = next(self._parent)
         count = self._count
         self._count += 1
-        return self._apply(count, element)
+        return _call_sampled(self._row, self._apply, count, element)
+
+    def plan(self) -> Plan:
+        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
 
     def get_state(self) -> dict[str, Any]:
         return self._export_state({"parent": self._parent.get_state(), self._key: self._count})
@@ -251,7 +255,7 @@ class _RandomMapIterator(_CountingIterator):
         # Read per element: a worker process sets its context after the tree is built.
         worker = self._ctx.mp_context
         index = worker.process_index + count * worker.process_count
-        return self._apply(element, self._rng.at(index % _U64))
+        return _call_sampled(self._row, self._apply, element, self._rng.at(index % _U64))
 
 
 @register("iter.random_map")
@@ -299,6 +303,18 @@ class MapWithIndexIterDataset(IterDataset[Any]):
 
     def __str__(self) -> str:
         return f"MapWithIndexIterDataset(transform={transforms.describe(self._transform)})"
+
+
+def _call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, counted in ``row`` and timed one call in ``SAMPLE_MASK + 1``."""
+    row.calls += 1
+    if row.calls & SAMPLE_MASK:
+        return fn(*args)
+    began = time.perf_counter()
+    out = fn(*args)
+    row.sampled_s += time.perf_counter() - began
+    row.sampled += 1
+    return out
 
 
 def _kept_timed(row: OpRow, fn: Callable[[Any], Any], element: Any) -> Any:

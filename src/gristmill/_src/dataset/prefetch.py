@@ -295,8 +295,9 @@ def mp_prefetch(
         )
     validation.check_bool(sequential_slice, "sequential_slice")
     ray_backend = _check_backend(backend, options, mp_context)
-    if options.num_workers is AUTOTUNE:
-        # Processes start once: one per core, and the tuner changes their buffers only.
+    autotune = options.num_workers is AUTOTUNE
+    if autotune:
+        # Processes start once: one per core; the tuner may use fewer, and their buffer.
         options = dataclasses.replace(options, num_workers=available_cores())
     if options.num_workers == 0 and ray_backend is None:
         return ds
@@ -313,6 +314,7 @@ def mp_prefetch(
         ProcessBackend(worker_init_fn, mp_context)
         if ray_backend is None
         else ray_backend.stage(worker_init_fn),
+        autotune=autotune and ray_backend is None,
     )
     lowered = lower(ds, workers, buffer_size, stage)
     if lowered is ds:

@@ -29,7 +29,7 @@ from gristmill._src.engine.backends import Backend
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.reporting import PeriodicReporter
-from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
+from gristmill._src.engine.stats import StageStatistics
 from gristmill._src.engine.tuner import available_cores
 
 
@@ -190,6 +190,8 @@ class WorkerStage:
 
     num_workers: int
     backend: Backend
+    autotune: bool = False
+    """``MultiprocessingOptions(num_workers=AUTOTUNE)``: the tuner may use fewer of them."""
 
     def runner_options(self) -> dict[str, Any]:
         return {"executor": self.backend}
@@ -290,24 +292,27 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             self._autotune(runner)
             # Bound to the runner, not to this iterator: no reference cycle, so dropping the
             # iterator frees it (and stops its threads) at once, without the cyclic GC.
-            self._reporter = PeriodicReporter(
-                lambda: PipelineStatistics(stages=(runner.statistics(),))
-            )
+            clock = self._clock
+            self._reporter = PeriodicReporter(lambda: _read_plan(runner, clock).statistics())
         return self._runner
 
     def _autotune(self, runner: OrderedChunkRunner) -> None:
-        """Hands the knobs the user left to the autotuner (in-process reads that prefetch)."""
-        options = self._options
-        tune_workers = self._processes is None and is_autotuned(options.num_threads)
-        tune_buffer = is_autotuned(options.prefetch_buffer_size)
+        """Hands the knobs the user left to the autotuner: an in-process read's threads and
+        buffer, or the worker processes of ``num_workers=AUTOTUNE`` (as many as started, at
+        most) and their buffer."""
+        options, processes = self._options, self._processes
+        if processes is None:
+            tune_workers = is_autotuned(options.num_threads)
+            tune_buffer = is_autotuned(options.prefetch_buffer_size)
+            freeze = "ReadOptions(num_threads={workers}, prefetch_buffer_size={buffer_size})"
+        else:
+            tune_workers = tune_buffer = processes.autotune
+            freeze = "MultiprocessingOptions(num_workers={workers}) (buffer {buffer_size})"
         if runner.knobs["buffer_size"] > 1 and (tune_workers or tune_buffer):
             runner.autotune(
                 tune_workers=tune_workers,
                 tune_buffer=tune_buffer,
-                freeze=lambda knobs: (
-                    f"ReadOptions(num_threads={knobs['workers']}, "
-                    f"prefetch_buffer_size={knobs['buffer_size']})"
-                ),
+                freeze=lambda knobs: freeze.format(**knobs),
             )
 
     def __next__(self) -> Any:
@@ -462,11 +467,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         """Its read stage (once the first element is asked for, or ``start_prefetch``)."""
         if self._runner is None:
             return Plan()
-        nodes: tuple[_NodeRow, ...] = ()
-        if self._clock is not None:
-            clock, runner = self._clock, self._runner
-            nodes = tuple(_NodeRow(clock, key, name, runner) for key, name in clock.nodes)
-        return Plan([PlannedStage(self._runner.name, Role.READ, self._runner, nodes)])
+        return _read_plan(self._runner, self._clock)
 
     def close(self) -> None:
         if self._runner is not None:
@@ -475,6 +476,14 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
 
     def __str__(self) -> str:
         return f"PrefetchDatasetIterator(next_index={self._next_index})"
+
+
+def _read_plan(runner: OrderedChunkRunner, clock: OpClock | None) -> Plan:
+    """A read stage's plan: the runner, with a row per MapDataset node it reads."""
+    nodes: tuple[_NodeRow, ...] = ()
+    if clock is not None:
+        nodes = tuple(_NodeRow(clock, key, name, runner) for key, name in clock.nodes)
+    return Plan([PlannedStage(runner.name, Role.READ, runner, nodes)])
 
 
 def _start_knobs(options: ReadOptions) -> tuple[int, int]:

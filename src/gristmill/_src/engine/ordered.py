@@ -366,11 +366,16 @@ class ChunkRunner:
     ) -> StageTuner:
         """From now on the autotuner changes this stage's knobs (``engine/tuner.py``):
         ``buffer_follows(workers)`` is the buffer a worker count needs, if the buffer is
-        not tuned on its own. Worker processes are started once: their count is not tuned."""
-        if self._core.executor in (Executor.PROCESSES.value, Executor.RAY.value):
+        not tuned on its own. Worker processes are started once: the tuner may use fewer of
+        them (an idle one waits for its index to be used again); Ray actors are not tuned."""
+        if self._core.executor == Executor.RAY.value:
             tune_workers = False
+        elif self._core.executor == Executor.PROCESSES.value:  # started once: no more
+            started = self._policy.workers
+            max_workers = started if max_workers is None else min(max_workers, started)
         # no reference cycle through the tuner: dropping the runner still stops its threads
         runner = weakref.ref(self)
+        earlier = self._tuner  # tuned already (a default setting): its changes stay listed
         self._tuner = StageTuner(
             self._name,
             knobs=lambda: runner().knobs,  # type: ignore[union-attr]
@@ -384,6 +389,8 @@ class ChunkRunner:
             buffer_for_threads=self._policy.buffer_for_threads,
             freeze=freeze,
         )
+        if earlier is not None:
+            self._tuner.changes[:0] = earlier.changes
         return self._tuner
 
     @property

@@ -308,7 +308,20 @@ class ProcessCore(Core):
         # Input values sent to the worker: their large buffers go in segments of our own.
         prefix = None if self._shm_prefix is None else f"{self._shm_prefix}-in{index}"
         segments = shm.counter()
-        while (claimed := self.claim()) is not None:
+        policy = self.policy
+
+        def used() -> bool:  # the tuner (or configure) may use fewer workers than started
+            return index < policy.workers
+
+        while True:
+            claimed = self.claim(used)
+            if claimed is None:
+                with self.lock:  # not used now: wait until it is again, or the stage closes
+                    while not self.closed and not self.retiring and not used():
+                        self.work_ready.wait()
+                    if self.closed or self.retiring:
+                        return
+                continue
             began = time.perf_counter()
             chunk = self._run_remote(conn, process, index, claimed, prefix, segments)
             self.file(claimed, chunk, time.perf_counter() - began)

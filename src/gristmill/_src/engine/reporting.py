@@ -1,8 +1,10 @@
-"""Optional periodic one-line-per-stage statistics logs through :mod:`logging`."""
+"""Optional periodic statistics: one line per stage through :mod:`logging` where logging is
+set up, else the table on stderr (no set-up needed)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 
@@ -14,10 +16,13 @@ _interval_s: float | None = None
 
 
 def log_statistics_every(seconds: float | None) -> None:
-    """Logs every iterator's per-stage statistics at most every ``seconds`` (None: off).
+    """Reports every read stage's statistics at most every ``seconds`` (None: off).
 
-    Lines go to the ``gristmill.statistics`` logger at INFO level, one per stage, written by
-    the consumer's thread when it takes new data (no extra thread).
+    Written by the consumer's thread when it takes new data (no extra thread). Where logging
+    is set up (the ``gristmill.statistics`` logger or one above it has a handler), one line
+    per stage and op goes to that logger at INFO level; otherwise the table
+    (``PipelineStatistics.table()``) and its verdict are printed to stderr, so that
+    ``log_statistics_every(10)`` alone shows them.
     """
     global _interval_s
     if seconds is not None and not seconds > 0:
@@ -55,7 +60,14 @@ class PeriodicReporter:
         self.report()
 
     def report(self) -> None:
-        """Logs one line per stage now."""
+        """Reports now: a line per stage and op to the logger, or the table to stderr."""
         self._last = time.monotonic()
-        for stage in self._snapshot().stages:
+        stats = self._snapshot()
+        if not logger.hasHandlers():
+            print(
+                f"gristmill statistics:\n{stats.table()}\nbottleneck: {stats.bottleneck()}",
+                file=sys.stderr,
+            )
+            return
+        for stage in stats.rows():
             logger.info(format_line(stage))

@@ -154,6 +154,12 @@ class StageCounters:
         self._occupancy_last = occupancy
 
     @property
+    def occupancy_totals(self) -> tuple[int, int]:
+        """``(sum, samples)`` of the buffer occupancy sampled at each delivery (a window's
+        mean is the difference of two readings)."""
+        return self._occupancy_sum, self._occupancy_samples
+
+    @property
     def blocked_now(self) -> bool:
         """Whether finished, undelivered output fills the buffer now."""
         return self._blocked_since is not None
@@ -312,7 +318,7 @@ class PipelineStatistics:
             "buffer",
         )
         rows = [header]
-        for s in self._rows():
+        for s in self.rows():
             rows.append(
                 (
                     ("  " if s.part_of else "") + s.name,
@@ -339,7 +345,7 @@ class PipelineStatistics:
                 lines.append("  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
-    def _rows(self) -> list[StageStatistics]:
+    def rows(self) -> list[StageStatistics]:
         """The stages in order, each preceded by the ops it runs fused."""
         rows: list[StageStatistics] = []
         for stage in self.stages:

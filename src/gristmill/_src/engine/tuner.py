@@ -8,9 +8,9 @@ windows of ``interval_s`` and climbs:
    that was CPU time says how I/O-bound the work is: ``workers = budget_cores / cpu_share``
    (a 2 ms read that sleeps 99 % of the time gets many threads, Python work one per core).
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
-   workers, and four times the buffer when the consumer waited while finished work
-   filled the buffer (a slow element holds the others back). A trial that spends more
-   (workers, memory) is kept when the stage computes ``GAIN`` more elements per second; one
+   workers, and four times the buffer when the consumer waited while finished work, or the
+   work in flight, filled the buffer (a slow element holds the others back). A trial that
+   spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements per second; one
    that spends less is kept unless it computes ``LOSS`` less (each judged on its second
    window: in the first, threads start or leave and the buffer refills), and fewer workers
    are tried first (unless more just paid). A stage that runs inline because its buffer is too
@@ -50,6 +50,9 @@ DRIFT = 0.25
 """A settled stage is tried again when its rate moves by this share, ..."""
 RETRY_WINDOWS = 8
 """... or after this many windows (the work, or what else runs, may have changed)."""
+FULL = 0.8
+"""A buffer whose mean occupancy (work in flight or ready) is this share of its bound holds
+its workers back."""
 MIN_ELEMENTS = 16
 """A window counts once it also delivered this many elements."""
 MAX_WORKERS = 64
@@ -118,6 +121,7 @@ class _Window:
     cpu: float
     starved: float
     blocked_waits: int
+    occupancy: tuple[int, int]
 
 
 class StageTuner:
@@ -125,7 +129,7 @@ class StageTuner:
 
     ``knobs()`` and ``configure(workers=, buffer_size=)`` are the runner's; ``counters``
     its live ``StageCounters`` (``elements_in``, ``starved_s``, ``blocked_waits``,
-    ``blocked_now`` and ``executor`` are read). ``freeze`` turns
+    ``blocked_now``, ``occupancy_totals`` and ``executor`` are read). ``freeze`` turns
     the current knobs into the settings a user would write (for the log line).
     """
 
@@ -225,7 +229,16 @@ class StageTuner:
         # A larger buffer helps only a consumer that waited while finished work filled the
         # buffer (behind a slow element: a bursty stage).
         self._last_starved_share = (counters.starved_s - window.starved) / elapsed
-        self._last_filled = counters.blocked_waits > window.blocked_waits or counters.blocked_now
+        # ... or while the work in flight filled it (workers waited for room to claim)
+        total, samples = counters.occupancy_totals
+        samples -= window.occupancy[1]
+        occupancy = (total - window.occupancy[0]) / samples if samples > 0 else 0.0
+        buffer = self._knobs()["buffer_size"]
+        self._last_filled = (
+            counters.blocked_waits > window.blocked_waits
+            or counters.blocked_now
+            or occupancy >= FULL * buffer
+        )
         self._step(rate, now)
         self._window = self._open(self._clock())
 
@@ -239,7 +252,12 @@ class StageTuner:
     def _open(self, now: float) -> _Window:
         counters = self._counters
         return _Window(
-            now, counters.elements_in, self._cpu_clock(), counters.starved_s, counters.blocked_waits
+            now,
+            counters.elements_in,
+            self._cpu_clock(),
+            counters.starved_s,
+            counters.blocked_waits,
+            counters.occupancy_totals,
         )
 
     def _step(self, rate: float, now: float) -> None:
@@ -252,6 +270,16 @@ class StageTuner:
             old = self._base_knobs[knob]
             spends_more = value > old
             kept = rate >= self._base_rate * (GAIN if spends_more else LOSS)
+            _logger.debug(
+                "autotune: stage %r: tried %s %d -> %d: %.0f -> %.0f elements/s, %s",
+                self.name,
+                knob,
+                old,
+                value,
+                self._base_rate,
+                rate,
+                "kept" if kept else "reverted",
+            )
             if kept:
                 self._record(knob, old, value, self._base_rate, rate, now)
                 self._base_rate = rate

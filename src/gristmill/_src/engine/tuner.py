@@ -10,13 +10,13 @@ windows of ``interval_s`` and climbs:
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
    workers, and four times the buffer when the consumer waited while finished work, or the
    work in flight, filled the buffer (a slow element holds the others back). A trial that
-   spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements per second; one
-   that spends less is kept unless it computes ``LOSS`` less (each judged on its second
-   window: in the first, threads start or leave and the buffer refills), and fewer workers
-   are tried first (unless more just paid). A stage that runs inline because its buffer is too
-   small for a task to pay its hand-off tries the buffer that would. Otherwise the previous
-   setting comes back. When no trial is kept, the setting stays for ``RETRY_WINDOWS``
-   windows, or until the rate drifts by ``DRIFT``.
+   spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
+   per second; one that spends less is kept unless it computes ``LOSS`` less (each judged
+   on its second window: in the first, threads start or leave and the buffer refills).
+   Fewer workers are tried first (unless more just paid). A stage that runs inline because
+   its buffer is too small for a task to pay its hand-off tries the buffer that would.
+   Otherwise the previous setting comes back. When no trial is kept, the setting stays for
+   ``RETRY_WINDOWS`` windows, or until the rate drifts by ``DRIFT``.
 3. **Budgets.** More workers are tried only while the process used less than its CPU
    budget; a larger buffer only while it fits the RAM budget (bytes in flight: the buffer
    times the size of a delivered element).

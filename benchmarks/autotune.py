@@ -54,7 +54,11 @@ CASES: dict[str, tuple[Callable[[int], int], gm.ReadOptions, list[gm.ReadOptions
     "a buffer of 2 in front of a bursty stage": (
         bursty,
         gm.ReadOptions(num_threads=8, prefetch_buffer_size=2),
-        [gm.ReadOptions(num_threads=8, prefetch_buffer_size=b) for b in (64, 256, 1024)],
+        [
+            gm.ReadOptions(num_threads=n, prefetch_buffer_size=b)
+            for n in (8, 32)
+            for b in (256, 1024, 4096)
+        ],
     ),
 }
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gristmill.cli import profile
+from gristmill.cli import bench, profile
 
 DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet", "array_record")
 """Where ``gristmill demo`` keeps its records (see ``cli/demo_files.py``)."""
@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_inspect(commands)
     profile.add_parser(commands)
+    bench.add_parser(commands)
     return parser
 
 
@@ -195,6 +196,8 @@ def _run(args: argparse.Namespace) -> int:
         return run_inspect(args.paths, records=args.records, file_format=args.format)
     if args.command == "profile":
         return profile.run(args)
+    if args.command == "bench":
+        return bench.run(args.arguments)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

@@ -50,9 +50,9 @@ DRIFT = 0.25
 """A settled stage is tried again when its rate moves by this share, ..."""
 RETRY_WINDOWS = 8
 """... or after this many windows (the work, or what else runs, may have changed)."""
-FULL = 0.8
-"""A buffer whose mean occupancy (work in flight or ready) is this share of its bound holds
-its workers back."""
+FULL = 0.5
+"""A buffer whose mean occupancy (work in flight or ready, sampled as the consumer takes
+from it, so while it drains too) is this share of its bound holds its workers back."""
 MIN_ELEMENTS = 16
 """A window counts once it also delivered this many elements."""
 MAX_WORKERS = 64
@@ -314,8 +314,9 @@ class StageTuner:
                 out.append((("workers", False), ("workers", workers // 2)))
         bigger = min(4 * buffer, MAX_BUFFER)
         if not threaded and self._buffer_for_threads is not None:
-            # inline because a task of buffer / workers elements would not pay its hand-off
-            bigger = max(bigger, min(self._buffer_for_threads() or 0, MAX_BUFFER))
+            # inline because a task of buffer / workers elements would not pay its hand-off:
+            # twice the buffer that would just pay it, so that tasks surely do
+            bigger = max(bigger, min(2 * (self._buffer_for_threads() or 0), MAX_BUFFER))
         if (
             self.tune_buffer
             and (not threaded or (self._last_starved_share > 0.05 and self._last_filled))

@@ -213,3 +213,40 @@ def test_aggregate_counts_what_it_takes_in():
     stats, _ = pipeline_verdict(lambda b: b.pipe(cheap).aggregate(10))
     aggregate = next(s for s in stats.stages if "aggregate" in s.name)
     assert (aggregate.elements_in, aggregate.elements_out) == (200, 20)
+
+
+def drop_odd(x):
+    return None if x % 2 else x  # a pipe stage whose None drops the item: SPDL's filter
+
+
+def test_a_slow_pipe_stage_after_a_filter_is_named():
+    stats, verdict = pipeline_verdict(lambda b: b.pipe(drop_odd).pipe(slow).aggregate(5))
+    assert named(verdict).split(":")[2].startswith("slow"), (verdict, stats.table())
+
+
+def test_a_slow_pipe_stage_in_worker_processes_is_named():
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        stats, verdict = pipeline_verdict(
+            lambda b: b.pipe(cheap).pipe(slow, executor=pool).pipe(cheap)
+        )
+    assert named(verdict).split(":")[2].startswith("slow"), (verdict, stats.table())
+
+
+class SlowPairs(gm.transforms.FlatMap):
+    max_fan_out = 2
+
+    def flat_map(self, element):
+        return [slow(element)] * 2
+
+
+def test_a_slow_flat_map_after_the_read_stage_is_named_with_its_fan_out():
+    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=0))
+    stats = verdict_of(gm.experimental.FlatMapIterDataset(read, SlowPairs()))
+    assert stats.bottleneck().startswith("stage 'flat_map(SlowPairs.flat_map)'"), stats.table()
+    row = next(s for s in stats.stages if s.name.startswith("flat_map"))
+    assert (row.elements_in, row.elements_out) == (200, 400)
+    assert row.busy_s >= 0.5 * 200 * SLOW_S

@@ -12,6 +12,7 @@ many outputs an input expands to, and their spec, are known only by calling ``fl
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ import numpy as np
 from gristmill._src.core import transforms, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.dataset.iter_support import (
     ForwardingIterator,
     check_parent,
@@ -136,17 +139,31 @@ class _FlatMapIterator(ForwardingIterator):
         self._state_before = parent.get_state()  # the parent's state before `_outputs`' input
         self._outputs: list[Any] = []
         self._delivered = 0
+        self._row = OpRow(self._describe())  # calls: inputs; one in 8 timed
+        self._row.elements_out = 0
 
     def __next__(self) -> Any:
         self._check_open()
         while self._delivered >= len(self._outputs):
             self._state_before = self._parent.get_state()
             element = next(self._parent)
-            self._outputs = list(self._flat_map(element))
+            row = self._row
+            row.calls += 1
+            if row.calls & SAMPLE_MASK:
+                self._outputs = list(self._flat_map(element))
+            else:
+                began = time.perf_counter()
+                self._outputs = list(self._flat_map(element))
+                row.sampled_s += time.perf_counter() - began
+                row.sampled += 1
             self._delivered = 0
         output = self._outputs[self._delivered]
         self._delivered += 1
+        self._row.elements_out += 1  # type: ignore[operator]
         return output
+
+    def plan(self) -> Plan:
+        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
 
     def _describe(self) -> str:
         return f"flat_map({transforms.qualified_name(self._flat_map)})"

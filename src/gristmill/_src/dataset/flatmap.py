@@ -20,14 +20,14 @@ import numpy as np
 from gristmill._src.core import transforms, validation
 from gristmill._src.dataset.base import IndexArray, MapDataset, register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
-from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.dataset.iter_support import (
     ForwardingIterator,
     check_parent,
     state_count,
     state_fields,
 )
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 
 def _no_element_spec(owner: str) -> NotImplementedError:

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from gristmill._src.engine.tuner import StageTuner
+from gristmill._src.engine.tuner import StageTuner, TrialToken
 from gristmill.experimental import TuningBudget
 
 
@@ -15,7 +15,17 @@ class SimulatedStage:
     ``fills``); each ``step`` is one delivered chunk 0.01 s after the last."""
 
     def __init__(
-        self, rate, *, workers, buffer, budget, starved=0.0, fills=False, occupied=0.0, cpu=0.0
+        self,
+        rate,
+        *,
+        workers,
+        buffer,
+        budget,
+        starved=0.0,
+        fills=False,
+        occupied=0.0,
+        cpu=0.0,
+        token=None,
     ):
         self.rate, self.starved_share, self.fills, self.cpu_share = rate, starved, fills, cpu
         self.occupied = occupied  # the share of the buffer that work in flight holds
@@ -39,6 +49,7 @@ class SimulatedStage:
             freeze=lambda knobs: f"ReadOptions(num_threads={knobs['workers']})",
             clock=lambda: self.now,
             cpu_clock=lambda: self.cpu,
+            token=token,
         )
 
     def configure(self, workers=None, buffer_size=None):
@@ -49,16 +60,19 @@ class SimulatedStage:
 
     def run(self, seconds):
         for _ in range(round(seconds / 0.01)):
-            self.now += 0.01
-            self.cpu += 0.01 * self.cpu_share
-            c = self.counters
-            c.elements_in += round(self.rate(**self.knobs) * 0.01)
-            c.starved_s += 0.01 * self.starved_share
-            c.blocked_waits += self.fills
-            total, samples = c.occupancy_totals
-            c.occupancy_totals = (total + self.occupied * self.knobs["buffer_size"], samples + 1)
-            self.tuner.delivered([b"x" * 1000])
+            self.step()
         return self.knobs
+
+    def step(self):
+        self.now += 0.01
+        self.cpu += 0.01 * self.cpu_share
+        c = self.counters
+        c.elements_in += round(self.rate(**self.knobs) * 0.01)
+        c.starved_s += 0.01 * self.starved_share
+        c.blocked_waits += self.fills
+        total, samples = c.occupancy_totals
+        c.occupancy_totals = (total + self.occupied * self.knobs["buffer_size"], samples + 1)
+        self.tuner.delivered([b"x" * 1000])
 
 
 BUDGET = TuningBudget(interval_s=0.1, cpu_cores=2, max_workers=64)
@@ -134,3 +148,18 @@ def test_the_first_guess_is_the_cpu_budget_over_the_work_s_cpu_share(share, expe
     stage = SimulatedStage(io_bound, workers=16, buffer=500, budget=BUDGET)
     stage.tuner.probed(cpu_s=share * 0.002, wall_s=0.002)
     assert stage.knobs["workers"] == expected
+
+
+def test_stages_sharing_a_token_never_run_trials_at_the_same_time():
+    token = TrialToken()
+    stages = [
+        SimulatedStage(io_bound, workers=1, buffer=500, budget=BUDGET, token=token)
+        for _ in range(2)
+    ]
+    overlap = 0
+    for _ in range(1000):
+        for stage in stages:
+            stage.step()
+        overlap += all(stage.tuner.trying is not None for stage in stages)
+    assert overlap == 0
+    assert all(stage.knobs["workers"] >= 8 for stage in stages)  # both still climbed

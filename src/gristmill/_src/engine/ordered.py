@@ -44,7 +44,7 @@ from gristmill._src.engine.feeds import (
 )
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
-from gristmill._src.engine.tuner import StageTuner, TuningBudget
+from gristmill._src.engine.tuner import StageTuner, TrialToken, TuningBudget
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
 
@@ -363,6 +363,7 @@ class ChunkRunner:
         max_workers: int | None = None,
         buffer_follows: Callable[[int], int] | None = None,
         freeze: Callable[[dict[str, int]], str] | None = None,
+        token: TrialToken | None = None,
     ) -> StageTuner:
         """From now on the autotuner changes this stage's knobs (``engine/tuner.py``):
         ``buffer_follows(workers)`` is the buffer a worker count needs, if the buffer is
@@ -388,6 +389,7 @@ class ChunkRunner:
             buffer_follows=buffer_follows,
             buffer_for_threads=self._policy.buffer_for_threads,
             freeze=freeze,
+            token=token,
         )
         if earlier is not None:
             self._tuner.changes[:0] = earlier.changes

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
-from gristmill._src.engine.tuner import Change, TuningBudget
+from gristmill._src.engine.tuner import Change, TrialToken, TuningBudget
 
 
 class Role(enum.Enum):
@@ -146,10 +146,12 @@ class Plan:
                 "its first next(), so call it.plan().autotune() after next(it); a stage "
                 "with no workers of ours (a source, a sink) is not tuned"
             )
+        token = TrialToken()  # one trial at a time across the plan's stages
         for stage in tunable:
             stage.piece.autotune(
                 budget,
                 freeze=lambda knobs, name=stage.name: f"plan().apply({{{name!r}: {knobs}}})",
+                token=token,
             )
 
     def changes(self) -> dict[str, list[Change]]:

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -114,6 +115,29 @@ class Change:
     """... and with it (0 for the first guess)."""
 
 
+class TrialToken:
+    """One trial at a time among the tuned stages of one pipeline: a stage's rate moves
+    with its neighbours' settings, so two trials at once would judge each other's change.
+    Tuners run on their stages' consumer threads, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holder: object | None = None
+
+    def take(self, tuner: object) -> bool:
+        """Whether ``tuner`` may start a trial now (it holds the token until it gives it)."""
+        with self._lock:
+            if self._holder is None or self._holder is tuner:
+                self._holder = tuner
+                return True
+            return False
+
+    def give(self, tuner: object) -> None:
+        with self._lock:
+            if self._holder is tuner:
+                self._holder = None
+
+
 @dataclasses.dataclass
 class _Window:
     began: float
@@ -147,6 +171,7 @@ class StageTuner:
         buffer_follows: Callable[[int], int] | None = None,
         buffer_for_threads: Callable[[], int | None] | None = None,
         freeze: Callable[[dict[str, int]], str] | None = None,
+        token: TrialToken | None = None,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.process_time,
     ) -> None:
@@ -168,6 +193,7 @@ class StageTuner:
         self._configure = configure
         self._counters = counters
         self._freeze = freeze
+        self._token = token if token is not None else TrialToken()
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._started = clock()
@@ -184,6 +210,11 @@ class StageTuner:
         self._last_cpu_share = 0.0
         self._last_starved_share = 0.0
         self._last_filled = False
+
+    @property
+    def trying(self) -> tuple[str, int] | None:
+        """The ``(knob, value)`` on trial now, if any."""
+        return self._trial
 
     # -- the runner's calls -------------------------------------------------------------
 
@@ -245,6 +276,7 @@ class StageTuner:
     def stop(self, *, frozen: bool = False) -> None:
         """No more tuning: the data ended, or (``frozen``) the stage was configured by hand."""
         self.active = False
+        self._token.give(self)
         self.frozen = self.frozen or frozen
 
     # -- decisions ----------------------------------------------------------------------
@@ -338,12 +370,18 @@ class StageTuner:
 
     def _next_trial(self) -> None:
         while self._candidates:
-            knob, value = self._candidates.pop(0)
-            if value != self._base_knobs[knob]:
-                self._trial = (knob, value)
-                self._trial_settled = False
-                self._set(knob, value)
-                return
+            knob, value = self._candidates[0]
+            if value == self._base_knobs[knob]:
+                self._candidates.pop(0)
+                continue
+            if not self._token.take(self):
+                return  # another stage's trial runs: measure the base again, then try
+            self._candidates.pop(0)
+            self._trial = (knob, value)
+            self._trial_settled = False
+            self._set(knob, value)
+            return
+        self._token.give(self)
         self._settled = True
         self._settled_windows = 0
 

@@ -23,6 +23,7 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.streams import IteratorStream
+from gristmill._src.engine.tuner import TrialToken
 from gristmill._src.spdl import config, defs, fingerprint, ops
 from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
@@ -210,6 +211,7 @@ class _Lowering:
         self.pipeline_id = pipeline_id
         self.queues = queues
         self.num_threads = num_threads
+        self.trial_token = TrialToken()  # the auto stages try one change at a time
         self.build_limit = build_limit
         self.task_hook_factory = task_hook_factory
         self.continuous = continuous
@@ -336,6 +338,7 @@ class _Lowering:
                     max_workers=None if own_threads else self.num_threads,
                     buffer_follows=lambda workers: _read_ahead(workers, order),
                     freeze=lambda knobs: f"pipe(..., concurrency={knobs['workers']})",
+                    token=self.trial_token,
                 )
             self.last_runner = None if own_threads else runner
             return self._observed(info, runner, Role.MAP), chunk_keyed

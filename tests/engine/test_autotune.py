@@ -190,16 +190,19 @@ def test_a_first_guess_gives_an_io_bound_read_many_threads_and_a_cpu_bound_one_f
         time.sleep(0.002)
         return x
 
-    def first_guess(fn):
-        it = iter(gm.MapDataset.range(50).map(fn).to_iter_dataset())
+    def first_guess(fn, options=None):
+        it = iter(gm.MapDataset.range(50).map(fn).to_iter_dataset(options))
         next(it)
-        changes = it.plan().changes()[it.plan().stages[0].name]
-        return changes[0].new if changes else it.plan().settings()[it.plan().stages[0].name]
+        return it.plan().settings()[it.plan().stages[0].name]["workers"]
 
-    io_bound, cpu_bound = first_guess(wait), first_guess(spin)
+    autotune = gm.ReadOptions(num_threads=gm.AUTOTUNE)
+    io_bound, cpu_bound = first_guess(wait, autotune), first_guess(spin, autotune)
     assert io_bound >= 16
     # ~cores: the CPU share of one timed call (more on a loaded machine, never as many)
     assert cpu_bound < io_bound
+    # ReadOptions()' 16 threads: raised for the I/O-bound read, never lowered by a guess
+    assert first_guess(wait) > 16
+    assert first_guess(spin) == 16
 
 
 def test_read_options_take_autotune_as_a_marker_not_the_number():

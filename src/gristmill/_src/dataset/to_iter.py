@@ -312,6 +312,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             runner.autotune(
                 tune_workers=tune_workers,
                 tune_buffer=tune_buffer,
+                guess_down=options.num_threads is AUTOTUNE,
                 freeze=lambda knobs: freeze.format(**knobs),
             )
 

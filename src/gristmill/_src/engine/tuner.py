@@ -7,6 +7,9 @@ windows of ``interval_s`` and climbs:
 1. **First guess.** The first chunk runs inline (the policy's probe); the share of its time
    that was CPU time says how I/O-bound the work is: ``workers = budget_cores / cpu_share``
    (a 2 ms read that sleeps 99 % of the time gets many threads, Python work one per core).
+   A default's threads (``ReadOptions()``' 16) are only ever raised by the guess: fewer
+   threads make larger tasks look worth a hand-off, and cheap work the policy ran inline
+   would contend on threads instead.
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
    workers, and four times the buffer when the consumer waited while finished work, or the
    work in flight, filled the buffer (a slow element holds the others back). A trial that
@@ -167,6 +170,7 @@ class StageTuner:
         budget: TuningBudget | None = None,
         tune_workers: bool = True,
         tune_buffer: bool = True,
+        guess_down: bool = True,
         max_workers: int | None = None,
         buffer_follows: Callable[[int], int] | None = None,
         buffer_for_threads: Callable[[], int | None] | None = None,
@@ -179,6 +183,9 @@ class StageTuner:
         self.budget = budget if budget is not None else TuningBudget()
         self.tune_workers = tune_workers
         self.tune_buffer = tune_buffer
+        self.guess_down = guess_down
+        """Whether the first guess may lower the workers (not a default's: with fewer
+        threads, cheap work the policy ran inline may look worth threads, and contend)."""
         self.max_workers = min(
             self.budget.max_workers, max_workers if max_workers is not None else MAX_WORKERS
         )
@@ -233,6 +240,8 @@ class StageTuner:
         guess = math.ceil(self.budget.cpu_cores / share)
         workers = max(1, min(guess, self.max_workers))
         old = self._knobs()["workers"]
+        if workers < old and not self.guess_down:
+            return  # a default's threads stay until a trial shows fewer are as fast
         if workers != old:
             self._apply("workers", old, workers, 0.0, 0.0)
 

@@ -5,9 +5,9 @@ For each deliberately mis-configured pipeline, this script measures:
 - **hand-tuned**: the best steady rate over a sweep of fixed settings (each run for
   ``--window`` seconds after a 0.5 s warm-up, the best kept);
 - **tuned**: the mis-configured pipeline with ``it.plan().autotune()`` after its first
-  element, iterated for ``--seconds``; its rate over each ``--window`` is recorded, and the
-  script prints when that rate first reached 90 % of hand-tuned and the rate over the
-  window that ends at 10 s.
+  element, iterated for ``--seconds`` (13); its rate over each ``--window`` is recorded, and
+  the script prints when that rate first reached 90 % of hand-tuned and the mean rate of the
+  windows that end after 10 s (10 to 13 s).
 
 Run: ``python benchmarks/autotune.py`` (about 2 minutes). Every number is elements per
 second of a consumer that only iterates.
@@ -103,16 +103,17 @@ def tuned_rates(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--seconds", type=float, default=13.0)
     parser.add_argument("--window", type=float, default=1.0)
     args = parser.parse_args()
-    print(f"{'case':<42} {'hand-tuned':>11} {'tuned@10s':>10} {'ratio':>6} {'90% at':>7}  chosen")
+    print(f"{'case':<42} {'hand-tuned':>11} {'tuned>10s':>10} {'ratio':>6} {'90% at':>7}  chosen")
     for name, (fn, wrong, sweep) in CASES.items():
         best_options, best = max(
             ((o, steady_rate(fn, o, args.window)) for o in sweep), key=lambda pair: pair[1]
         )
         rates, settings = tuned_rates(fn, wrong, args.seconds, args.window)
-        at_10 = next((r for t, r in rates if t >= 10.0), rates[-1][1])
+        late = [r for t, r in rates if t > 10.0] or [rates[-1][1]]
+        at_10 = sum(late) / len(late)
         reached = next((t for t, r in rates if r >= 0.9 * best), None)
         (chosen,) = settings.values()
         print(

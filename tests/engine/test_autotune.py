@@ -150,7 +150,7 @@ def test_an_io_bound_read_gets_more_threads_and_the_decisions_are_logged(caplog)
                 break
     name = it.plan().stages[0].name
     workers = it.plan().settings()[name]["workers"]
-    assert workers >= 4  # 1 thread sleeping 2 ms: each doubling nearly doubles the rate
+    assert workers >= 4  # 1 thread sleeping 2 ms: more threads multiply the rate
     changes = it.plan().changes()[name]
     assert changes
     assert changes[0].old == 1
@@ -158,7 +158,9 @@ def test_an_io_bound_read_gets_more_threads_and_the_decisions_are_logged(caplog)
     assert all(c.rate_after > c.rate_before for c in changes if c.new > c.old)
     lines = [r.getMessage() for r in caplog.records if r.name == "gristmill.autotune"]
     assert len(lines) == len(changes)
-    assert f"stage {name!r}: workers 1 -> 2" in lines[0]
+    # its CPU share per busy second is tiny: the first trial is many threads at once
+    assert changes[0].new >= 8
+    assert f"stage {name!r}: workers 1 -> {changes[0].new} (" in lines[0]
     assert "to freeze it: plan().apply(" in lines[0]
     row = it.statistics().stages[0]
     assert row.tuning == f"auto, {len(changes)} change{'s' if len(changes) != 1 else ''}"

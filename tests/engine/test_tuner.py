@@ -38,6 +38,7 @@ class SimulatedStage:
             blocked_waits=0,
             blocked_now=False,
             occupancy_totals=(0, 0),
+            busy_s=0.0,
             executor="threads",
         )
         self.tuner = StageTuner(
@@ -68,6 +69,7 @@ class SimulatedStage:
         self.cpu += 0.01 * self.cpu_share
         c = self.counters
         c.elements_in += round(self.rate(**self.knobs) * 0.01)
+        c.busy_s += 0.01 * self.knobs["workers"]  # every worker busy (waiting, for I/O)
         c.starved_s += 0.01 * self.starved_share
         c.blocked_waits += self.fills
         total, samples = c.occupancy_totals
@@ -87,10 +89,17 @@ def gil_bound(workers, buffer_size):
 
 
 def test_an_io_bound_stage_climbs_to_where_more_workers_stop_paying():
-    stage = SimulatedStage(io_bound, workers=1, buffer=500, budget=BUDGET)
+    stage = SimulatedStage(io_bound, workers=4, buffer=500, budget=BUDGET, cpu=1.0)
     knobs = stage.run(10)
     assert knobs["workers"] in (16, 32)  # 16 -> 32 gains 50 %: kept; 64 gains nothing
-    assert [c.new for c in stage.tuner.changes][:4] == [2, 4, 8, 16]
+    assert [c.new for c in stage.tuner.changes][:3] == [8, 16, 32]
+
+
+def test_one_worker_that_waits_tries_the_first_guess_at_once():
+    stage = SimulatedStage(io_bound, workers=1, buffer=500, budget=BUDGET, cpu=0.0)
+    knobs = stage.run(10)
+    assert stage.tuner.changes[0].new == 64  # 2 cores / (1/64 CPU share), kept: 24x the rate
+    assert knobs["workers"] == 32  # then fewer, as fast (the device saturates at 24)
 
 
 def test_a_gil_bound_stage_sheds_the_workers_that_only_contend():

@@ -67,8 +67,13 @@ class PlannedStage:
         return hasattr(self.piece, "configure") and hasattr(self.piece, "knobs")
 
     def settings(self) -> dict[str, int]:
-        """``{"workers": …, "buffer_size": …}`` for a tunable stage; ``{}`` otherwise."""
-        return dict(self.piece.knobs) if self.tunable else {}
+        """``{"workers": …, "buffer_size": …}`` for a tunable stage; ``{}`` otherwise. While
+        the autotuner tries a change, the settings it chose before it."""
+        if not self.tunable:
+            return {}
+        tuner = getattr(self.piece, "tuner", None)
+        chosen = tuner.chosen if tuner is not None else None
+        return chosen if chosen is not None else dict(self.piece.knobs)
 
     def configure(self, *, workers: int | None = None, buffer_size: int | None = None) -> None:
         """Changes the stage's workers and/or buffer bound; the next task uses them."""

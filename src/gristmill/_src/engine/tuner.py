@@ -7,6 +7,9 @@ windows of ``interval_s`` and climbs:
 1. **First guess.** The first chunk runs inline (the policy's probe); the share of its time
    that was CPU time says how I/O-bound the work is: ``workers = budget_cores / cpu_share``
    (a 2 ms read that sleeps 99 % of the time gets many threads, Python work one per core).
+   A stage tuned from the settings it runs with (``plan().autotune()``) with one or two
+   workers guesses the same way from its first window (CPU time per busy second of its
+   workers) and tries that count first.
    A default's threads (``ReadOptions()``' 16) are only ever raised by the guess: fewer
    threads make larger tasks look worth a hand-off, and cheap work the policy ran inline
    would contend on threads instead.
@@ -52,7 +55,7 @@ LOSS = 0.97
 """A trial that spends less may deliver this much less and is still kept."""
 DRIFT = 0.25
 """A settled stage is tried again when its rate moves by this share, ..."""
-RETRY_WINDOWS = 8
+RETRY_WINDOWS = 20
 """... or after this many windows (the work, or what else runs, may have changed)."""
 FULL = 0.5
 """A buffer whose mean occupancy (work in flight or ready, sampled as the consumer takes
@@ -149,6 +152,7 @@ class _Window:
     starved: float
     blocked_waits: int
     occupancy: tuple[int, int]
+    busy: float
 
 
 class StageTuner:
@@ -215,8 +219,15 @@ class StageTuner:
         self._settled_windows = 0
         self._element_bytes = 0
         self._last_cpu_share = 0.0
+        self._last_work_cpu_share = 1.0
         self._last_starved_share = 0.0
         self._last_filled = False
+
+    @property
+    def chosen(self) -> dict[str, int] | None:
+        """While a trial runs: the settings it would go back to (what the tuner has chosen
+        so far); None otherwise (the stage's knobs are the choice)."""
+        return dict(self._base_knobs) if self._trial is not None else None
 
     @property
     def trying(self) -> tuple[str, int] | None:
@@ -265,7 +276,11 @@ class StageTuner:
         if values and not self._element_bytes:
             self._element_bytes = max(1, nbytes(values[0]))
         rate = count / elapsed
-        self._last_cpu_share = (self._cpu_clock() - window.cpu) / elapsed
+        cpu = self._cpu_clock() - window.cpu
+        self._last_cpu_share = cpu / elapsed
+        busy = counters.busy_s - window.busy
+        # CPU per busy second of the stage's workers (the process's CPU: an upper bound)
+        self._last_work_cpu_share = min(1.0, cpu / busy) if busy > 0 else 1.0
         # A larger buffer helps only a consumer that waited while finished work filled the
         # buffer (behind a slow element: a bursty stage).
         self._last_starved_share = (counters.starved_s - window.starved) / elapsed
@@ -299,6 +314,7 @@ class StageTuner:
             counters.starved_s,
             counters.blocked_waits,
             counters.occupancy_totals,
+            counters.busy_s,
         )
 
     def _step(self, rate: float, now: float) -> None:
@@ -374,8 +390,22 @@ class StageTuner:
             return [("buffer_size", int(fits))]  # over the RAM budget: shrink first
         if first is None:
             first = ("workers", False)  # fewer first: spending less is the safer trial
+            jump = self._io_bound_guess(workers, threaded)
+            if jump is not None:  # tried before anything else
+                return [("workers", jump)] + [c for _, c in out]
         out.sort(key=lambda item: item[0] != first)
         return [candidate for _, candidate in out]
+
+    def _io_bound_guess(self, workers: int, threaded: bool) -> int | None:
+        """On the first measurement of a stage with one or two workers (whose busy time is
+        their own work, not a wait for each other's GIL) that spend little of it on the CPU:
+        the first guess's worker count (``cores / share``), to try at once rather than by
+        doublings."""
+        if self.changes or not self.tune_workers or not threaded or workers > 2:
+            return None
+        share = max(self._last_work_cpu_share, MIN_CPU_SHARE)
+        guess = min(math.ceil(self.budget.cpu_cores / share), self.max_workers)
+        return guess if guess > 2 * workers else None
 
     def _next_trial(self) -> None:
         while self._candidates:

@@ -104,7 +104,7 @@ def test_one_worker_that_waits_tries_the_first_guess_at_once():
 
 def test_a_gil_bound_stage_sheds_the_workers_that_only_contend():
     stage = SimulatedStage(gil_bound, workers=16, buffer=500, budget=BUDGET)
-    assert stage.run(10)["workers"] == 1
+    assert stage.run(10)["workers"] == 0  # inline: no thread contends
     assert all(c.new < c.old for c in stage.tuner.changes)
 
 

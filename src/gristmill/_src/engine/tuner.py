@@ -14,7 +14,7 @@ windows of ``interval_s`` and climbs:
    threads make larger tasks look worth a hand-off, and cheap work the policy ran inline
    would contend on threads instead.
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
-   workers, and four times the buffer when the consumer waited while finished work, or the
+   workers (one thread may give way to none: inline on the consumer's thread), and four times the buffer when the consumer waited while finished work, or the
    work in flight, filled the buffer (a slow element holds the others back). A trial that
    spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
    per second; one that spends less is kept unless it computes ``LOSS`` less (each judged
@@ -367,8 +367,13 @@ class StageTuner:
         if self.tune_workers and threaded:
             if workers < self.max_workers and self._last_cpu_share < 0.9 * budget.cpu_cores:
                 out.append((("workers", True), ("workers", min(2 * workers, self.max_workers))))
-            if workers > 1:
+            # one thread may give way to none (inline, on the consumer's thread): only a
+            # thread executor's work can run there
+            fewest = 0 if self._counters.executor == "threads" else 1
+            if workers // 2 >= fewest and workers > fewest:
                 out.append((("workers", False), ("workers", workers // 2)))
+        if self.tune_workers and not threaded and workers == 0:
+            out.append((("workers", True), ("workers", 1)))  # inline: back to a thread?
         bigger = min(4 * buffer, MAX_BUFFER)
         if not threaded and self._buffer_for_threads is not None:
             # inline because a task of buffer / workers elements would not pay its hand-off:

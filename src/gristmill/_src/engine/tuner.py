@@ -14,8 +14,9 @@ windows of ``interval_s`` and climbs:
    threads make larger tasks look worth a hand-off, and cheap work the policy ran inline
    would contend on threads instead.
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
-   workers (one thread may give way to none: inline on the consumer's thread), and four times the buffer when the consumer waited while finished work, or the
-   work in flight, filled the buffer (a slow element holds the others back). A trial that
+   workers (one thread may give way to none: inline on the consumer's thread), and four
+   times the buffer when the consumer waited while finished work, or the work in flight,
+   filled the buffer (a slow element holds the others back). A trial that
    spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
    per second; one that spends less is kept unless it computes ``LOSS`` less (each judged
    on its second window: in the first, threads start or leave and the buffer refills).

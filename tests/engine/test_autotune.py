@@ -194,7 +194,8 @@ def test_a_first_guess_gives_an_io_bound_read_many_threads_and_a_cpu_bound_one_f
 
     def first_guess(fn, options=None):
         it = iter(gm.MapDataset.range(50).map(fn).to_iter_dataset(options))
-        next(it)
+        for _ in range(10):  # a default's lower guess is checked after a few chunks
+            next(it)
         return it.plan().settings()[it.plan().stages[0].name]["workers"]
 
     autotune = gm.ReadOptions(num_threads=gm.AUTOTUNE)
@@ -202,9 +203,12 @@ def test_a_first_guess_gives_an_io_bound_read_many_threads_and_a_cpu_bound_one_f
     assert io_bound >= 16
     # ~cores: the CPU share of one timed call (more on a loaded machine, never as many)
     assert cpu_bound < io_bound
-    # ReadOptions()' 16 threads: raised for the I/O-bound read, never lowered by a guess
+    # ReadOptions()' 16 threads: raised for the I/O-bound read; lowered for costly work,
+    # which threads run either way; kept for cheap work, which the engine reads inline
+    # (with fewer threads, it would look worth them)
     assert first_guess(wait) > 16
-    assert first_guess(spin) == 16
+    assert first_guess(spin) < 16
+    assert first_guess(double) == 16
 
 
 def test_read_options_take_autotune_as_a_marker_not_the_number():

@@ -470,13 +470,14 @@ class ChunkRunner:
         began = time.perf_counter()
         chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
-        if probe:
-            tuner.probed(time.thread_time() - cpu_began, elapsed)  # type: ignore[union-attr]
+        cpu = time.thread_time() - cpu_began if probe else 0.0
         counters = self._counters
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
         counters.delivered(len(chunk.values), task.size)
         self._policy.record(task.size, elapsed)
+        if probe:  # after the policy's first measurement: the guess consults it
+            tuner.probed(cpu, elapsed)  # type: ignore[union-attr]
         if self._policy.threads_pay_after_warmup():
             # Inline chunks showed costly work: start the workers now, so that they read
             # ahead while the consumer handles this chunk (a training step overlaps reads).

@@ -10,9 +10,10 @@ windows of ``interval_s`` and climbs:
    A stage tuned from the settings it runs with (``plan().autotune()``) with one or two
    workers guesses the same way from its first window (CPU time per busy second of its
    workers) and tries that count first.
-   A default's threads (``ReadOptions()``' 16) are only ever raised by the guess: fewer
-   threads make larger tasks look worth a hand-off, and cheap work the policy ran inline
-   would contend on threads instead.
+   A default's threads (``ReadOptions()``' 16) are lowered by the guess only after
+   ``GUESS_AFTER_CHUNKS`` chunks, and only if its tasks pay a hand-off with them already:
+   fewer threads make larger tasks look worth one, and cheap work the policy reads inline
+   (its first read, a cold start, looked costly) would contend on threads instead.
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
    workers (one thread may give way to none: inline on the consumer's thread), and four
    times the buffer when the consumer waited while finished work, or the work in flight,
@@ -48,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+
 _logger = logging.getLogger("gristmill.autotune")
 
 GAIN = 1.08
@@ -65,6 +67,9 @@ MIN_ELEMENTS = 16
 """A window counts once it also delivered this many elements."""
 MAX_WORKERS = 64
 MAX_BUFFER = 4096
+GUESS_AFTER_CHUNKS = 4
+"""A default's lower first guess is checked after this many chunks (the policy's cost is a
+minimum over them by then, not one cold first read)."""
 MIN_CPU_SHARE = 1 / 64
 """A first guess assumes at least this share of CPU time (a sleeping read gets 64 threads
 per core at most, then ``max_workers`` caps it)."""
@@ -189,8 +194,9 @@ class StageTuner:
         self.tune_workers = tune_workers
         self.tune_buffer = tune_buffer
         self.guess_down = guess_down
-        """Whether the first guess may lower the workers (not a default's: with fewer
-        threads, cheap work the policy ran inline may look worth threads, and contend)."""
+        """Whether the first guess may lower the workers in any case (a default's only if
+        its tasks already pay a hand-off: with fewer threads, cheap work the policy ran
+        inline may look worth threads, and contend)."""
         self.max_workers = min(
             self.budget.max_workers, max_workers if max_workers is not None else MAX_WORKERS
         )
@@ -210,6 +216,8 @@ class StageTuner:
         self._cpu_clock = cpu_clock
         self._started = clock()
         self._probed = not tune_workers
+        self._pending_guess: int | None = None  # a default's lower first guess, to check
+        self._chunks = 0
         self._window: _Window | None = None
         self._base_rate = 0.0
         self._base_knobs: dict[str, int] = {}
@@ -253,8 +261,17 @@ class StageTuner:
         workers = max(1, min(guess, self.max_workers))
         old = self._knobs()["workers"]
         if workers < old and not self.guess_down:
-            return  # a default's threads stay until a trial shows fewer are as fast
+            # a default's threads: lowered only once the work's cost is known (a first read
+            # may be a cold start), and only if its tasks pay a hand-off with them already
+            self._pending_guess = workers
+            return
         if workers != old:
+            self._apply("workers", old, workers, 0.0, 0.0)
+
+    def _resolve_guess(self) -> None:
+        workers, self._pending_guess = self._pending_guess, None
+        old = self._knobs()["workers"]
+        if workers is not None and workers < old and self._threads_pay_now():
             self._apply("workers", old, workers, 0.0, 0.0)
 
     def delivered(self, values: list[Any]) -> None:
@@ -263,6 +280,9 @@ class StageTuner:
             return
         now = self._clock()
         window = self._window
+        self._chunks += 1
+        if self._pending_guess is not None and self._chunks >= GUESS_AFTER_CHUNKS:
+            self._resolve_guess()
         if window is None:  # the first chunk: it was the probe, or there is none
             self._probed = True
             self._window = self._open(now)
@@ -401,6 +421,13 @@ class StageTuner:
                 return [("workers", jump)] + [c for _, c in out]
         out.sort(key=lambda item: item[0] != first)
         return [candidate for _, candidate in out]
+
+    def _threads_pay_now(self) -> bool:
+        """Whether the stage's tasks already pay a hand-off with its workers now (its buffer
+        is at least what that takes), so that fewer workers cannot turn inline work into
+        threaded work."""
+        need = self._buffer_for_threads() if self._buffer_for_threads is not None else None
+        return need is not None and self._knobs()["buffer_size"] >= need
 
     def _io_bound_guess(self, workers: int, threaded: bool) -> int | None:
         """On the first measurement of a stage with one or two workers (whose busy time is

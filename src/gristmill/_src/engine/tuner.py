@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-
 _logger = logging.getLogger("gristmill.autotune")
 
 GAIN = 1.08

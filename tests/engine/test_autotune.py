@@ -194,7 +194,7 @@ def test_a_first_guess_gives_an_io_bound_read_many_threads_and_a_cpu_bound_one_f
 
     def first_guess(fn, options=None):
         it = iter(gm.MapDataset.range(50).map(fn).to_iter_dataset(options))
-        for _ in range(10):  # a default's lower guess is checked after a few chunks
+        for _ in range(20):  # a default's lower guess is checked after 16 chunks
             next(it)
         return it.plan().settings()[it.plan().stages[0].name]["workers"]
 

@@ -66,9 +66,10 @@ MIN_ELEMENTS = 16
 """A window counts once it also delivered this many elements."""
 MAX_WORKERS = 64
 MAX_BUFFER = 4096
-GUESS_AFTER_CHUNKS = 4
+GUESS_AFTER_CHUNKS = 16
 """A default's lower first guess is checked after this many chunks (the policy's cost is a
-minimum over them by then, not one cold first read)."""
+minimum over them by then, the window of ``policy.ChunkPolicy``: not a cold first read,
+nor the first chunks of a shuffle that builds its table)."""
 MIN_CPU_SHARE = 1 / 64
 """A first guess assumes at least this share of CPU time (a sleeping read gets 64 threads
 per core at most, then ``max_workers`` caps it)."""

@@ -281,7 +281,8 @@ class StageTuner:
         now = self._clock()
         window = self._window
         self._chunks += 1
-        if self._pending_guess is not None and self._chunks >= GUESS_AFTER_CHUNKS:
+        pending = self._pending_guess is not None and self._trial is None
+        if pending and self._chunks >= GUESS_AFTER_CHUNKS:
             self._resolve_guess()
         if window is None:  # the first chunk: it was the probe, or there is none
             self._probed = True

@@ -231,6 +231,7 @@ def test_repeat_and_set_state_keep_the_worker_processes(order):
     state = it.get_state()
     next(it)
     it.set_state(state)
-    assert {next(it) for _ in range(6)} <= first
+    # no new workers: two in all (on a loaded machine one may serve the first six alone)
+    assert len(first | {next(it) for _ in range(6)}) <= 2
     assert os.getpid() not in first
     it.close()

@@ -140,8 +140,16 @@ def test_a_slow_read_in_worker_processes_is_named():
     )
     stats = verdict_of(ds)
     verdict = stats.bottleneck()
-    assert verdict.startswith("stage 'Range → Map(slow)'"), (verdict, stats.table())
+    # the stage, or its op (when the ops' own time is most of the stage's, as measured
+    # by the workers: a loaded machine's hand-offs count for the stage only)
+    assert "'Range → Map(slow)'" in verdict, (verdict, stats.table())
+    assert verdict.startswith(("op 'Map(slow)' (", "stage 'Range → Map(slow)'")), verdict
     assert "workers" in verdict
+    # the workers send what each op of the chain took back with their chunks
+    op = next(s for s in stats.ops if s.name == "Map(slow)")
+    # a worker's first read of one element is untimed (it may be a cold start)
+    assert 590 <= op.elements_out <= 600
+    assert op.busy_s >= 0.5 * 590 * SLOW_S
 
 
 def test_a_busy_consumer_is_named():

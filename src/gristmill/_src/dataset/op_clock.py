@@ -10,7 +10,9 @@ is. A chunk of one element is read untimed while such reads are cheap
 (``to_iter._TimedRangeReader``): a one-element ``_read`` costs ~5 µs more than ``_get``.
 
 Counts are kept per reading thread (no lock per chunk) and summed when a snapshot is
-taken. Reads in worker processes (``mp_prefetch``) are not timed per op: their stage is.
+taken. A worker process (``mp_prefetch``) reads with its own copy of the clock and sends
+what it counted back with each chunk (:meth:`OpClock.drain`, :meth:`OpClock.merge`); Ray
+actors' reads are not timed per op, their stage is.
 :class:`OpRow` is the row of an IterDataset op outside a read stage (sampled timing).
 """
 
@@ -66,10 +68,58 @@ class OpClock:
         self._names = names
         self._nodes = [node for node, _ in nodes]  # kept alive: their ids stay theirs
         self.stage = stage
+        self._setup()
+
+    def _setup(self) -> None:
         self._local = threading.local()
-        self._threads: list[_Thread] = []
+        self._remote = _Thread()  # what worker processes read (``merge``)
+        self._threads: list[_Thread] = [self._remote]
         self._lock = threading.Lock()
         self._started = time.perf_counter()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A worker process's copy: the nodes (the ones its read function reads, when both
+        are sent in one pickle) and their names; counts start at zero there."""
+        return {"names": self._names, "nodes": self._nodes, "stage": self.stage}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._nodes, self.stage = state["nodes"], state["stage"]
+        # keyed by the copies' ids, in the same order (the positions ``drain`` reports)
+        self._names = [
+            (id(node), name) for node, (_, name) in zip(self._nodes, state["names"], strict=True)
+        ]
+        self._setup()
+
+    def drain(self) -> list[tuple[int, float, int, int, int]]:
+        """This copy's counts since the last drain, by node position: ``(position, own
+        seconds, elements in, out, chunks)`` (a worker process sends them with each chunk;
+        call it between reads)."""
+        with self._lock:
+            threads = list(self._threads)
+        rows = []
+        for position, (key, _) in enumerate(self._names):
+            total = [0.0, 0, 0, 0]
+            for counts in threads:
+                entry = counts.ops.pop(key, None)
+                if entry is not None:
+                    total = [a + b for a, b in zip(total, entry, strict=True)]
+            if total[3]:
+                rows.append((position, total[0], int(total[1]), int(total[2]), int(total[3])))
+        return rows
+
+    def merge(self, rows: list[tuple[int, float, int, int, int]]) -> None:
+        """Adds what a worker process's copy drained (from any thread)."""
+        with self._lock:
+            ops = self._remote.ops
+            for position, own, elements_in, elements_out, chunks in rows:
+                key = self._names[position][0]
+                entry = ops.get(key)
+                if entry is None:
+                    entry = ops[key] = [0.0, 0, 0, 0]
+                entry[0] += own
+                entry[1] += elements_in
+                entry[2] += elements_out
+                entry[3] += chunks
 
     def reading(self) -> _Reading:
         """A context in which this thread's reads are timed."""

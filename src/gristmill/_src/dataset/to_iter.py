@@ -25,7 +25,7 @@ from gristmill._src.dataset.base import MapDataset, register
 from gristmill._src.dataset.in_place_slicing import check_set_slice, sliced_copy
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.dataset.op_clock import OpClock, chain_nodes
-from gristmill._src.engine.backends import Backend
+from gristmill._src.engine.backends import Backend, Executor
 from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.reporting import PeriodicReporter
@@ -142,8 +142,9 @@ a chunk of one, every node timed (~5 µs more), is worth it."""
 
 
 class _TimedRangeReader:
-    """``read(a, b)`` that times each node of the chain (:class:`OpClock`): in-process
-    reads only (a worker process reads with a plain :class:`_RangeReader`).
+    """``read(a, b)`` that times each node of the chain (:class:`OpClock`), in this process
+    or in a worker process, whose counts go back with each chunk (``drain_counts`` there,
+    ``merge_counts`` here: ``feeds.RangeFeed.side_counts``).
 
     A chunk of one element is read as a plain ``_get`` (untimed per node) while such reads
     are cheap: through ``_read`` it would cost ~5 µs more (numpy on a one-element index
@@ -165,6 +166,12 @@ class _TimedRangeReader:
             return values
         with self._clock.reading():
             return self._dataset._read(np.arange(start, stop, dtype=np.int64))
+
+    def drain_counts(self) -> list[Any]:
+        return self._clock.drain()
+
+    def merge_counts(self, rows: list[Any]) -> None:
+        self._clock.merge(rows)
 
 
 def _reader(ds: MapDataset[Any], clock: OpClock | None = None) -> Any:
@@ -273,9 +280,14 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
-            if self._processes is None and self._options.prefetch_buffer_size > 1:
-                # In-process reads in chunks: each node's own time too. (A synchronous read
-                # of one element per next(), a range's default, would pay ~5 µs for it.)
+            processes = self._processes
+            if processes is None:
+                timed = self._options.prefetch_buffer_size > 1
+            else:  # worker processes send their counts back with each chunk (not Ray's)
+                timed = processes.backend.executor is Executor.PROCESSES
+            if timed:
+                # Reads in chunks: each node's own time too. (A synchronous read of one
+                # element per next(), a range's default, would pay ~5 µs for it.)
                 self._clock = OpClock(chain_nodes(self._dataset, node_name), self._stage_name)
             workers, buffer_size = _start_knobs(self._options)
             runner = OrderedChunkRunner(

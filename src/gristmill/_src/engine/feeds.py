@@ -203,6 +203,18 @@ class RangeFeed:
     def reset(self, position: int) -> None:
         self.position = position
 
+    def side_counts(self) -> Any:
+        """What ``read`` counted since it was last asked (a worker process sends it back
+        with each chunk: per-op statistics), or None."""
+        drain = getattr(self.read, "drain_counts", None)
+        return drain() if drain is not None else None
+
+    def merge_side_counts(self, counts: Any) -> None:
+        """Adds what a worker process's copy of ``read`` counted to this one's."""
+        merge = getattr(self.read, "merge_counts", None)
+        if merge is not None and counts:
+            merge(counts)
+
 
 class StreamFeed:
     """The in-order chunks of ``upstream``, re-cut to the sizes this stage claims.

@@ -193,8 +193,9 @@ def run_tasks(
         if chunk.error is not None:
             _send_failure(conn, chunk.start, chunk.error, chunk.values)
             continue
+        side = job.side_counts() if isinstance(job, RangeFeed) else None
         try:
-            conn.send(("ok", *shm.encode(chunk.values, shm_prefix, segments)))
+            conn.send(("ok", *shm.encode(chunk.values, shm_prefix, segments), side))
         except Exception as error:  # a value that cannot be pickled
             _send_failure(conn, start, error)
 
@@ -371,6 +372,10 @@ class ProcessCore(Core):
                 values = shm.decode(reply[1], reply[2])
             except Exception as decode_error:
                 return Chunk(task.start, [], decode_error)
+            if reply[3] is not None:  # what the worker's read counted: per-op statistics
+                merge = getattr(self.feed, "merge_side_counts", None)  # a RangeFeed's
+                if merge is not None:
+                    merge(reply[3])
             return task.chunk(values, task.upstream_error)
         self._failed.add(index)
         _, values, payload, text, frames = reply

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import gristmill
+from gristmill._src.core.extras import install_command
 from gristmill.cli.main import main
 from gristmill.cli.profile import Kind, profile_function
 
@@ -293,7 +294,7 @@ def test_a_missing_matplotlib_names_the_extra_and_no_report(
     assert code == 2
     assert out == ""
     assert err == (
-        "gristmill profile: the report needs matplotlib: pip install 'gristmill[report]', or "
+        f"gristmill profile: the report needs matplotlib: {install_command('report')}, or "
         "pass --no-report to print the statistics only\n"
     )
     assert not (tmp_path / "r").exists()

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gristmill._src.core.extras import install_command
+from gristmill._src.engine.stats import TABLE_COLUMNS, PipelineStatistics, table_cells
 from gristmill.cli.profile import (
     Profile,
     ProfileError,
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
 
     from gristmill._src.engine.stats import StageStatistics
 
-INSTALL_HINT = "pip install 'gristmill[report]'"
 TICK_WIDTH = 32
 """Characters per line of a stage name on the shares plot's axis (longer ones wrap)."""
 LEGEND_DROP_IN = 0.5
@@ -44,8 +45,8 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ProfileError(
-            f"the report needs matplotlib: {INSTALL_HINT}, or pass --no-report to print the "
-            "statistics only"
+            f"the report needs matplotlib: {install_command('report')}, or pass --no-report to "
+            "print the statistics only"
         ) from None
 
 
@@ -242,19 +243,8 @@ _CAPTIONS = {
     "buffer. Each is measured on its own, so they need not add up to 1.",
 }
 
-_COLUMNS = (
-    "stage",
-    "where",
-    "role",
-    "in",
-    "out",
-    "elements/s",
-    "busy s",
-    "µs/element",
-    "starved s",
-    "blocked s",
-    "buffer (mean/size)",
-)
+_COLUMNS = (*TABLE_COLUMNS[:2], "role", *TABLE_COLUMNS[2:-1], "buffer (mean/size)")
+"""The text table's columns (``PipelineStatistics.table``), with each stage's role."""
 
 
 def render_html(profile: Profile) -> str:
@@ -288,7 +278,7 @@ def render_html(profile: Profile) -> str:
 {"".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in summary)}
 </dl>
 <h2>Per-stage statistics</h2>
-{_table(stats.stages, stats.ops)}
+{_table(stats)}
 <h2>Plots</h2>
 {figures}
 </body>
@@ -296,32 +286,16 @@ def render_html(profile: Profile) -> str:
 """
 
 
-def _table(stages: Sequence[StageStatistics], ops: Sequence[StageStatistics]) -> str:
+def _table(stats: PipelineStatistics) -> str:
     """One row per stage, each preceded by the ops it runs fused (class ``op``)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
-    rows: list[str] = []
-    for stage in stages:
-        rows.extend(_row(op) for op in ops if op.part_of == stage.name)
-        rows.append(_row(stage))
-    return (
-        f'<table id="stages"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-    )
+    rows = "".join(_row(s) for s in stats.rows())
+    return f'<table id="stages"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
 
 
 def _row(s: StageStatistics) -> str:
     fused = bool(s.part_of)
-    cells = (
-        s.name,
-        f"{s.executor} x{s.concurrency}",
-        "fused op" if fused else s.role,
-        f"{s.elements_in:,}",
-        f"{s.elements_out:,}",
-        f"{s.throughput:,.0f}",
-        f"{s.busy_s:.3f}",
-        f"{s.mean_element_s * 1e6:,.1f}",
-        "" if fused else f"{s.starved_s:.3f}",
-        "" if fused else f"{s.blocked_s:.3f}",
-        "" if fused else f"{s.mean_buffer_occupancy:.1f}/{s.buffer_size}",
-    )
+    cells = table_cells(s)
+    cells = (*cells[:2], "fused op" if fused else s.role, *cells[2:])
     cls = f' class="op" title="{html.escape(f"runs fused in stage {s.part_of}")}"' if fused else ""
     return f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"

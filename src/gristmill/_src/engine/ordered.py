@@ -44,7 +44,7 @@ from gristmill._src.engine.feeds import (
 )
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
-from gristmill._src.engine.tuner import StageTuner, TrialToken, TuningBudget
+from gristmill._src.engine.tuner import StageTuner, TuningBudget
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
 
@@ -354,27 +354,17 @@ class ChunkRunner:
         stage, whose consumer is the caller's loop. Call before the first chunk."""
         self._policy.serve_idle_consumer = True
 
-    def autotune(
-        self,
-        budget: TuningBudget | None = None,
-        *,
-        tune_workers: bool = True,
-        tune_buffer: bool = True,
-        guess_down: bool = True,
-        max_workers: int | None = None,
-        buffer_follows: Callable[[int], int] | None = None,
-        freeze: Callable[[dict[str, int]], str] | None = None,
-        token: TrialToken | None = None,
-    ) -> StageTuner:
-        """From now on the autotuner changes this stage's knobs (``engine/tuner.py``):
-        ``buffer_follows(workers)`` is the buffer a worker count needs, if the buffer is
-        not tuned on its own. Worker processes are started once: the tuner may use fewer of
-        them (an idle one waits for its index to be used again); Ray actors are not tuned."""
+    def autotune(self, budget: TuningBudget | None = None, **options: Any) -> StageTuner:
+        """From now on the autotuner changes this stage's knobs (``engine/tuner.py``);
+        ``options`` are :class:`StageTuner`'s (``tune_workers``, ``buffer_follows``,
+        ``freeze``, ``token``, ...). Worker processes are started once: the tuner may use
+        fewer of them (an idle one waits for its index to be used again); Ray actors are
+        not tuned."""
         if self._core.executor == Executor.RAY.value:
-            tune_workers = False
+            options["tune_workers"] = False
         elif self._core.executor == Executor.PROCESSES.value:  # started once: no more
-            started = self._policy.workers
-            max_workers = started if max_workers is None else min(max_workers, started)
+            started, given = self._policy.workers, options.get("max_workers")
+            options["max_workers"] = started if given is None else min(given, started)
         # no reference cycle through the tuner: dropping the runner still stops its threads
         runner = weakref.ref(self)
         earlier = self._tuner  # tuned already (a default setting): its changes stay listed
@@ -384,14 +374,8 @@ class ChunkRunner:
             configure=lambda **knobs: runner()._set_knobs(**knobs),  # type: ignore[union-attr]
             counters=self._counters,
             budget=budget,
-            tune_workers=tune_workers,
-            tune_buffer=tune_buffer,
-            guess_down=guess_down,
-            max_workers=max_workers,
-            buffer_follows=buffer_follows,
             buffer_for_threads=self._policy.buffer_for_threads,
-            freeze=freeze,
-            token=token,
+            **options,
         )
         if earlier is not None:
             self._tuner.changes[:0] = earlier.changes

@@ -305,42 +305,19 @@ class PipelineStatistics:
 
     def table(self) -> str:
         """Every stage as a row of a table: ops of a fused stage indented under it."""
-        header = (
-            "stage",
-            "where",
-            "in",
-            "out",
-            "elements/s",
-            "busy s",
-            "µs/element",
-            "starved s",
-            "blocked s",
-            "buffer",
-        )
-        rows = [header]
+        header = TABLE_COLUMNS
+        rows: list[tuple[str, ...]] = [header]
         for s in self.rows():
-            rows.append(
-                (
-                    ("  " if s.part_of else "") + s.name,
-                    f"{s.executor} x{s.concurrency}" + (" auto" if s.tuning else ""),
-                    f"{s.elements_in:,}",
-                    f"{s.elements_out:,}",
-                    f"{s.throughput:,.0f}",
-                    f"{s.busy_s:.3f}",
-                    f"{s.mean_element_s * 1e6:,.1f}",
-                    "" if s.part_of else f"{s.starved_s:.3f}",
-                    "" if s.part_of else f"{s.blocked_s:.3f}",
-                    "" if s.part_of else f"{s.mean_buffer_occupancy:.1f}/{s.buffer_size}",
-                )
-            )
+            name, *rest = table_cells(s)
+            rows.append((("  " if s.part_of else "") + name, *rest))
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines = []
         for n, row in enumerate(rows):
-            cells = [
+            padded = [
                 cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
                 for i, cell in enumerate(row)
             ]
-            lines.append("  ".join(cells).rstrip())
+            lines.append("  ".join(padded).rstrip())
             if n == 0:
                 lines.append("  ".join("-" * w for w in widths))
         return "\n".join(lines)
@@ -355,6 +332,39 @@ class PipelineStatistics:
 
     def __str__(self) -> str:
         return self.table()
+
+
+TABLE_COLUMNS = (
+    "stage",
+    "where",
+    "in",
+    "out",
+    "elements/s",
+    "busy s",
+    "µs/element",
+    "starved s",
+    "blocked s",
+    "buffer",
+)
+"""The columns of :meth:`PipelineStatistics.table` (and of ``gristmill profile``'s report)."""
+
+
+def table_cells(s: StageStatistics) -> tuple[str, ...]:
+    """``s`` as the cells of a table row, one per :data:`TABLE_COLUMNS` (the name as it is:
+    a fused op's row leaves the wait and buffer cells empty, they are its stage's)."""
+    fused = bool(s.part_of)
+    return (
+        s.name,
+        f"{s.executor} x{s.concurrency}" + (" auto" if s.tuning else ""),
+        f"{s.elements_in:,}",
+        f"{s.elements_out:,}",
+        f"{s.throughput:,.0f}",
+        f"{s.busy_s:.3f}",
+        f"{s.mean_element_s * 1e6:,.1f}",
+        "" if fused else f"{s.starved_s:.3f}",
+        "" if fused else f"{s.blocked_s:.3f}",
+        "" if fused else f"{s.mean_buffer_occupancy:.1f}/{s.buffer_size}",
+    )
 
 
 PASS_THROUGH_ROLES = frozenset({"sink", "prefetch"})

@@ -6,6 +6,7 @@ thread — and the consumer itself. Both dialects."""
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 import gristmill as gm
@@ -257,4 +258,108 @@ def test_a_slow_flat_map_after_the_read_stage_is_named_with_its_fan_out():
     assert stats.bottleneck().startswith("stage 'flat_map(SlowPairs.flat_map)'"), stats.table()
     row = next(s for s in stats.stages if s.name.startswith("flat_map"))
     assert (row.elements_in, row.elements_out) == (200, 400)
+    assert row.busy_s >= 0.5 * 200 * SLOW_S
+
+
+# -- ops that combine, reorder or pack elements: rows of their own, less their parents' --
+
+
+def inline_read(n, start=0):
+    return gm.MapDataset.range(start, start + n).to_iter_dataset(gm.ReadOptions(num_threads=0))
+
+
+def tokens(x):
+    return {"t": np.full(x % 5 + 1, x)}
+
+
+def test_a_mix_has_its_own_row_and_the_slow_parent_is_named():
+    mixed = gm.IterDataset.mix([inline_read(150).map(slow), inline_read(150, 1000)], [3, 1])
+    stats = verdict_of(mixed)
+    assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
+    rows = {s.name: s for s in stats.stages}
+    mix = rows["mix(proportions=[300, 100])"]
+    assert mix.role == "mix"
+    # the slow parent ran out first: 150 from it, 50 from the other (the mix's order)
+    assert (mix.elements_in, mix.elements_out) == (200, 200)
+    # its own time (choosing the parent), not the parents' reads
+    assert mix.busy_s < 0.1 * rows["map(slow)"].busy_s
+
+
+def test_a_window_shuffle_has_its_own_row_and_the_slow_op_before_it_is_named():
+    shuffled = gm.experimental.WindowShuffleIterDataset(
+        inline_read(200).map(slow), window_size=32, seed=1
+    )
+    stats = verdict_of(shuffled)
+    assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
+    row = next(s for s in stats.stages if s.name.startswith("window_shuffle"))
+    assert (row.name, row.role) == ("window_shuffle(window_size=32, seed=1)", "shuffle")
+    assert (row.elements_in, row.elements_out, row.tasks) == (200, 200, 7)  # 7 windows
+    assert 0 < row.busy_s < 0.5 * next(s for s in stats.stages if s.name == "map(slow)").busy_s
+
+
+def test_a_small_window_shuffle_is_named_when_its_shuffles_are_the_work():
+    # each window's permutation costs a table over the cipher's 2**16-value domain
+    shuffled = gm.experimental.WindowShuffleIterDataset(inline_read(2000), window_size=8, seed=1)
+    stats = verdict_of(shuffled)
+    verdict = stats.bottleneck()
+    assert verdict.startswith("stage 'window_shuffle(window_size=8, seed=1)'"), stats.table()
+
+
+@pytest.mark.parametrize(
+    ("pack", "name"),
+    [
+        (
+            lambda ds: gm.experimental.FirstFitPackIterDataset(
+                ds, length_struct={"t": 8}, num_packing_bins=2, shuffle_bins=False
+            ),
+            "first_fit_pack({'t': 8}, bins=2, seed=None)",
+        ),
+        (
+            lambda ds: gm.experimental.ConcatThenSplitIterDataset(ds, length_struct={"t": 8}),
+            "concat_then_split({'t': 8}, meta=[], split_full=True, bos=[])",
+        ),
+    ],
+    ids=["first-fit", "concat-then-split"],
+)
+def test_packing_has_its_own_row_less_its_parents_reads(pack, name):
+    stats = verdict_of(pack(inline_read(200).map(slow).map(tokens)))
+    assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
+    rows = {s.name: s for s in stats.stages}
+    row = rows[name]
+    assert row.role == "aggregate"
+    assert row.elements_in == 200
+    # 600 tokens in rows of 8 (first-fit leaves room in some)
+    assert 600 / 8 <= row.elements_out < 200
+    assert row.busy_s < 0.5 * rows["map(slow)"].busy_s
+
+
+def test_a_rebatch_counts_parent_batches_in_and_batches_out():
+    rebatched = gm.experimental.RebatchIterDataset(
+        inline_read(200).map(slow).batch(10), batch_size=25
+    )
+    stats = verdict_of(rebatched)
+    assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
+    row = next(s for s in stats.stages if s.name.startswith("rebatch"))
+    assert (row.name, row.elements_in, row.elements_out) == (
+        "rebatch(25, drop_remainder=False)",
+        20,
+        8,
+    )
+
+
+def slow_inner(k):
+    return inline_read(50, 100 * k).map(slow)
+
+
+def test_an_interleave_is_named_for_its_open_iterators_reads():
+    ds = gm.experimental.InterleaveIterDataset(
+        gm.MapDataset.range(4).map(slow_inner), cycle_length=2
+    )
+    stats = verdict_of(ds)
+    verdict = stats.bottleneck()
+    assert verdict.startswith("stage 'interleave(cycle_length=2, datasets=4)'"), stats.table()
+    row = next(s for s in stats.stages if s.name.startswith("interleave("))
+    assert row.role == "interleave"
+    assert row.elements_out == 200
+    # one call in 8 timed, scaled: at least the work done in the open iterators
     assert row.busy_s >= 0.5 * 200 * SLOW_S

@@ -149,6 +149,31 @@ def _encrypt(
     return (left << sw) | right
 
 
+@functools.lru_cache(maxsize=16)
+def _round_function(w: int) -> npt.NDArray[np.uint32]:
+    """The Feistel round function of ``_encrypt`` for every half-width value ``[0, 2**w)``."""
+    x = np.arange(1 << w, dtype=np.uint64)
+    s1, s2, s8 = np.uint64(1), np.uint64(2), np.uint64(8)
+    r1, r2, r8 = np.uint64(w - 1), np.uint64(w - 2), np.uint64(w - 8)
+    f = (((x << s1) | (x >> r1)) & ((x << s8) | (x >> r8))) ^ ((x << s2) | (x >> r2))
+    table = (f & np.uint64((1 << w) - 1)).astype(np.uint32)
+    table.setflags(write=False)
+    return table
+
+
+def _encrypt_domain(keys: tuple[int, ...], w: int) -> npt.NDArray[np.int32]:
+    """``_encrypt`` of the whole domain ``[0, 2**(2w))`` (``2w <= 31``): the same values,
+    ~10x faster, the round function looked up in a table of its ``2**w`` values."""
+    f = _round_function(w)
+    half = np.arange(1 << w, dtype=np.uint32)
+    left = np.repeat(half, 1 << w)  # value v = (left << w) | right, in order
+    right = np.tile(half, 1 << w)
+    for t in range(0, len(keys), 2):
+        left ^= f[right] ^ np.uint32(keys[t])
+        right ^= f[left] ^ np.uint32(keys[t + 1])
+    return ((left << np.uint32(w)) | right).astype(np.int32)
+
+
 def index_shuffle_array(
     indices: npt.NDArray[np.int64], max_index: int, seed: int, rounds: int = 4
 ) -> npt.NDArray[np.int64]:
@@ -184,7 +209,7 @@ def permutation_table(max_index: int, seed: int, rounds: int = 4) -> npt.NDArray
     if 2 * w > 31:
         raise ValueError(f"max_index {max_index} is too large to tabulate; use index_shuffle_array")
     keys = _round_keys(seed & _U32, rounds, w)
-    nxt = _encrypt(np.arange(1 << (2 * w), dtype=np.uint64), keys, w).astype(np.int32)
+    nxt = _encrypt_domain(keys, w)
     # Invariant: nxt[y] is the first in-range value after y on y's cycle, or an out-of-range
     # node further along with nothing in range in between. `active` holds the latter kind.
     active = np.flatnonzero(nxt > max_index).astype(np.int32)

@@ -20,7 +20,9 @@ processes across ``set_state`` and the epochs of ``repeat()``.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -31,11 +33,13 @@ from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.in_place_slicing import check_set_slice
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.iter_support import state_count, state_fields
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
 from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
 from gristmill._src.engine.ordered import OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stats import PASS_THROUGH_ROLES, StageStatistics
 
 _STATE_KEYS = (
     "next_index_in_cycle",
@@ -232,6 +236,50 @@ def _opener(
     return read
 
 
+def _work_s(iterator: DatasetIterator[Any]) -> float:
+    """The busy time of an open iterator's stages (not of those that only pass data on)."""
+    stages = iterator.plan().statistics().stages
+    return sum(s.busy_s for s in stages if s.role not in PASS_THROUGH_ROLES)
+
+
+class _ReadingRow:
+    """The interleave's row: reading its open iterators, whose stages are not listed (they
+    come and go). With ``iter_buffer_size=0`` they are read inside its ``next()``: its
+    busy time is that of ``next()``, sampled. Otherwise each open iterator reads ahead on
+    a thread of its own: the row counts their stages' busy time, summed over every
+    iterator it opened, one worker per slot, and the time ``next()`` waited for them as
+    starved."""
+
+    def __init__(self, owner: InterleaveDatasetIterator) -> None:
+        self.row = OpRow(owner._describe())
+        self._threaded = owner._iter_buffer_size > 0
+        self._owner = weakref.ref(owner)  # not a cycle: dropping the interleave closes it
+        self._retired_s = 0.0  # the work of the iterators it closed
+
+    def retire(self, iterator: DatasetIterator[Any]) -> None:
+        """Keeps the work of ``iterator``, about to be closed."""
+        if self._threaded:
+            self._retired_s += _work_s(iterator)
+
+    def statistics(self) -> StageStatistics:
+        stats = self.row.statistics()
+        owner = self._owner()
+        if not self._threaded or owner is None:
+            return stats
+        busy = self._retired_s + sum(_work_s(it) for it in list(owner._iterators) if it)
+        tasks, elements = max(stats.tasks, 1), max(stats.elements_in, 1)
+        return dataclasses.replace(
+            stats,
+            executor="threads",
+            concurrency=len(owner._in_use),
+            busy_s=busy,
+            mean_task_s=busy / tasks,
+            mean_element_s=busy / elements,
+            # the time its next() waited for the open iterators' threads (sampled)
+            starved_s=stats.busy_s,
+        )
+
+
 class InterleaveDatasetIterator(DatasetIterator[Any]):
     """Round-robin over open slot iterators; see :class:`InterleaveIterDataset`."""
 
@@ -264,6 +312,8 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._chunk: Chunk | None = None
         self._position = 0
+        self._reading = _ReadingRow(self)
+        self._row = self._reading.row  # calls: elements; one in 8 timed
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
@@ -336,6 +386,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
     def _replace(self, slot: int) -> None:
         old = self._iterators[slot]
         if old is not None:
+            self._reading.retire(old)
             old.close()
         self._in_use[slot] = self._next_in_datasets
         self._iterators[slot] = None
@@ -344,9 +395,13 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
 
     def __next__(self) -> Any:
         self._check_open()
+        row = self._row  # one call in 8 timed
+        calls = row.calls = row.calls + 1
+        began = 0.0 if calls & SAMPLE_MASK else time.perf_counter()
         slots = len(self._in_use)
         while True:
             if all(self._exhausted) and self._next_in_datasets >= self._count:
+                row.calls -= 1  # the call that ends it delivers no element
                 raise StopIteration
             slot = self._next_in_cycle
             if self._exhausted[slot]:
@@ -361,6 +416,9 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
                 self._next_in_cycle = (slot + 1) % slots
                 continue
             self._next_in_cycle = (slot + 1) % slots
+            if began:
+                row.sampled_s += time.perf_counter() - began
+                row.sampled += 1
             return element
 
     def _describe(self) -> str:
@@ -448,10 +506,12 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._next_in_cycle = 0
 
     def plan(self) -> Plan:
-        """The stage that opens iterators ahead (none when they are opened on demand)."""
+        """The stage that opens iterators ahead (none when they are opened on demand), then
+        the row of reading them (their own stages are not listed: they come and go)."""
+        reading = PlannedStage(self._row.name, Role.INTERLEAVE, self._reading)
         if self._runner is None:
-            return Plan()
-        return Plan([PlannedStage(self._runner.name, Role.INTERLEAVE, self._runner)])
+            return Plan([reading])
+        return Plan([PlannedStage(self._runner.name, Role.INTERLEAVE, self._runner), reading])
 
     def close(self) -> None:
         if self._closed:

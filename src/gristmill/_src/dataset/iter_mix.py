@@ -12,6 +12,7 @@ order — identical to upstream whenever both mappings list their names in the s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from gristmill._src.dataset.iter_base import (
     mark_nested,
     share_context,
 )
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _STATE_KEYS = ("parents", "index", "stop")
 
@@ -135,16 +138,26 @@ class MixedDatasetIterator(DatasetIterator[Any]):
         self._index = 0
         self._stop = False
         self._tuple_state = tuple_state  # parents' states in a tuple (datasets were a tuple)
+        self._row = OpRow(self._describe())  # calls: positions chosen; one in 8 timed
 
     def __next__(self) -> Any:
         self._check_open()
         if self._stop:
             raise StopIteration
-        d, _ = mix_position(self._index, self._proportions)
+        row = self._row
+        calls = row.calls = row.calls + 1
+        if calls & SAMPLE_MASK:
+            d, _ = mix_position(self._index, self._proportions)
+        else:
+            began = time.perf_counter()
+            d, _ = mix_position(self._index, self._proportions)
+            row.sampled_s += time.perf_counter() - began
+            row.sampled += 1
         try:
             element = next(self._parents[d])
         except StopIteration:
             # The first dataset to run out ends the mix, even if the others have more.
+            self._row.calls -= 1  # a position chosen, but no element
             self._index += 1
             self._stop = True
             raise
@@ -155,6 +168,9 @@ class MixedDatasetIterator(DatasetIterator[Any]):
             raise
         self._index += 1
         return element
+
+    def plan(self) -> Plan:
+        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MIX, self._row))
 
     def _describe(self) -> str:
         if self._names is None:

@@ -16,7 +16,7 @@ from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset import batching
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow, call_sampled
 from gristmill._src.dataset.shuffle import resolve_seed
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
@@ -209,7 +209,7 @@ class _CountingIterator(DatasetIterator[Any]):
         element = next(self._parent)
         count = self._count
         self._count += 1
-        return _call_sampled(self._row, self._apply, count, element)
+        return call_sampled(self._row, self._apply, count, element)
 
     def plan(self) -> Plan:
         return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
@@ -255,7 +255,7 @@ class _RandomMapIterator(_CountingIterator):
         # Read per element: a worker process sets its context after the tree is built.
         worker = self._ctx.mp_context
         index = worker.process_index + count * worker.process_count
-        return _call_sampled(self._row, self._apply, element, self._rng.at(index % _U64))
+        return call_sampled(self._row, self._apply, element, self._rng.at(index % _U64))
 
 
 @register("iter.random_map")
@@ -303,18 +303,6 @@ class MapWithIndexIterDataset(IterDataset[Any]):
 
     def __str__(self) -> str:
         return f"MapWithIndexIterDataset(transform={transforms.describe(self._transform)})"
-
-
-def _call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, counted in ``row`` and timed one call in ``SAMPLE_MASK + 1``."""
-    row.calls += 1
-    if row.calls & SAMPLE_MASK:
-        return fn(*args)
-    began = time.perf_counter()
-    out = fn(*args)
-    row.sampled_s += time.perf_counter() - began
-    row.sampled += 1
-    return out
 
 
 def _kept_timed(row: OpRow, fn: Callable[[Any], Any], element: Any) -> Any:

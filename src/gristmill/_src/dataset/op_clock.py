@@ -230,19 +230,24 @@ element of a cheap op would cost more than the op."""
 
 class OpRow:
     """The statistics row of an IterDataset op that runs on its puller's thread (a map or
-    filter outside a read stage, a batch). The iterator updates it on its own thread:
-    ``calls`` for every call of the op, ``sampled`` / ``sampled_s`` for the timed ones
-    (busy time is scaled from them), ``elements_in`` / ``elements_out`` where they are not
-    the calls (a filter's kept elements, a batch's inputs)."""
+    filter outside a read stage, a batch, a mix, a shuffle window, packing). The iterator
+    updates it on its own thread: ``calls`` for every call of the op, ``sampled`` /
+    ``sampled_s`` for the timed ones (busy time is scaled from them: :func:`call_sampled`,
+    :meth:`sampled_time`), ``exact_s`` for work timed every time it runs (a window's
+    shuffle, a rebatch: :meth:`own_time`), ``elements_in`` / ``elements_out`` where they
+    are not the calls (a filter's kept elements, a batch's inputs)."""
 
     __slots__ = (
         "_started",
         "calls",
         "elements_in",
         "elements_out",
+        "exact_s",
         "name",
+        "pulled_s",
         "sampled",
         "sampled_s",
+        "timing",
     )
 
     def __init__(self, name: str) -> None:
@@ -250,17 +255,92 @@ class OpRow:
         self.calls = 0
         self.sampled = 0
         self.sampled_s = 0.0
+        self.exact_s = 0.0
+        self.pulled_s = 0.0  # time in ``pull``: the upstream's work, kept out of own time
+        self.timing = False  # inside a sampled call of ``sampled_time``: ``pull`` to read
         self.elements_in: int | None = None  # None: the calls
         self.elements_out: int | None = None
         self._started = time.perf_counter()
 
+    def pull(self, parent: Any) -> Any:
+        """``next(parent)`` inside :meth:`own_time`: its time is the upstream's, not this
+        op's (two clock reads: for ops that do microseconds of work per element)."""
+        began = time.perf_counter()
+        try:
+            return next(parent)
+        finally:
+            self.pulled_s += time.perf_counter() - began
+
+    def own_time(self) -> _OwnTime:
+        """A context timing the op's own work: its time, less the :meth:`pull` calls in
+        it, is added to ``exact_s``."""
+        return _OwnTime(self)
+
+    def sampled_time(self) -> _SampledTime:
+        """A context for one call of an op that reads its parent many times per call (a
+        packing round): counted in ``calls``; one call in ``SAMPLE_MASK + 1`` is timed,
+        less its parent's reads: while ``timing`` is set, read with :meth:`pull` (the
+        other calls read with ``next``, at no cost)."""
+        return _SampledTime(self)
+
     def statistics(self) -> StageStatistics:
         calls = self.calls
-        busy = self.sampled_s * calls / self.sampled if self.sampled else 0.0
+        busy = self.exact_s + (self.sampled_s * calls / self.sampled if self.sampled else 0.0)
         elements_in = calls if self.elements_in is None else self.elements_in
         elements_out = calls if self.elements_out is None else self.elements_out
         wall = time.perf_counter() - self._started
         return op_row(self.name, "inline", 1, elements_in, elements_out, calls, busy, wall)
+
+
+class _OwnTime:
+    __slots__ = ("_began", "_pulled", "_row")
+
+    def __init__(self, row: OpRow) -> None:
+        self._row = row
+        self._began = self._pulled = 0.0
+
+    def __enter__(self) -> None:
+        self._pulled = self._row.pulled_s
+        self._began = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        row = self._row
+        row.exact_s += time.perf_counter() - self._began - (row.pulled_s - self._pulled)
+
+
+class _SampledTime:
+    __slots__ = ("_began", "_pulled", "_row")
+
+    def __init__(self, row: OpRow) -> None:
+        self._row = row
+        self._began = self._pulled = 0.0
+
+    def __enter__(self) -> None:
+        row = self._row
+        row.calls += 1
+        if not row.calls & SAMPLE_MASK:
+            row.timing = True
+            self._pulled = row.pulled_s
+            self._began = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        row = self._row
+        if row.timing:
+            row.timing = False
+            row.sampled_s += time.perf_counter() - self._began - (row.pulled_s - self._pulled)
+            row.sampled += 1
+
+
+def call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, counted in ``row`` and timed one call in ``SAMPLE_MASK + 1``."""
+    row.calls += 1
+    if row.calls & SAMPLE_MASK:
+        return fn(*args)
+    began = time.perf_counter()
+    out = fn(*args)
+    row.sampled_s += time.perf_counter() - began
+    row.sampled += 1
+    return out
 
 
 def op_row(

@@ -25,6 +25,8 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
+from gristmill._src.dataset.op_clock import OpRow
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _NOTHING: Any = object()  # no element waits to open the next round
 
@@ -228,8 +230,15 @@ class _PackIterator(ForwardingIterator):
         self._counter = 0
         self._pending: Any = _NOTHING  # the element that opens the next round
         self._pending_state: Any = None  # the parent's state before `_pending` was read
+        self._row = OpRow(self._describe())  # calls: rounds; one in 8 timed, less its reads
+        self._row.elements_in = self._row.elements_out = 0
 
     def _pack_round(self) -> list[Any]:
+        row = self._row
+        with row.sampled_time():
+            return self._packed_round(row)
+
+    def _packed_round(self, row: OpRow) -> list[Any]:
         packer = packing_bins.Packer(self._spec, self._num_bins)
         parent = self._parent
         element, before = self._pending, self._pending_state
@@ -238,10 +247,11 @@ class _PackIterator(ForwardingIterator):
             if element is _NOTHING:
                 before = parent.get_state()
                 try:
-                    element = next(parent)
+                    element = row.pull(parent) if row.timing else next(parent)
                 except StopIteration:
                     self._pending_state = before
                     break
+                row.elements_in += 1  # type: ignore[operator]
             if not packer.add(element):
                 self._pending, self._pending_state = element, before
                 break
@@ -267,11 +277,17 @@ class _PackIterator(ForwardingIterator):
         row = self._rows[self._next_row]
         self._next_row += 1
         self._counter += 1
+        self._row.elements_out += 1  # type: ignore[operator]
         if self._next_row == len(self._rows):
             self._rows = None
             self._next_row = 0
             self._round_state = self._pending_state
         return row
+
+    def plan(self) -> Plan:
+        return Plan.joined(
+            [super().plan()], PlannedStage(self._row.name, Role.AGGREGATE, self._row)
+        )
 
     def _describe(self) -> str:
         spec = self._spec

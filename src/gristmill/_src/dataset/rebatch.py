@@ -19,6 +19,8 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
+from gristmill._src.dataset.op_clock import OpRow
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _OWNER = "RebatchIterDataset"
 
@@ -101,15 +103,18 @@ class _RebatchIterator(ForwardingIterator):
         self._batch: Any = None  # the parent batch being cut (None: read it again first)
         self._rows = 0
         self._row = 0  # rows of `_batch` used
+        self._op_row = OpRow(self._describe())  # calls: batches out, timed less the reads
+        self._op_row.elements_in = 0  # parent batches read
 
     def _advance(self) -> bool:
         """Reads the next parent batch; False at the end."""
         reread = self._batch is None  # after a restore, `_row` points into the re-read batch
         self._state_before = self._parent.get_state()
         try:
-            batch = next(self._parent)
+            batch = self._op_row.pull(self._parent)
         except StopIteration:
             return False
+        self._op_row.elements_in += 1  # type: ignore[operator]
         self._batch, self._rows = batch, _rows(batch)
         if not reread:
             self._row = 0
@@ -117,6 +122,12 @@ class _RebatchIterator(ForwardingIterator):
 
     def __next__(self) -> Any:
         self._check_open()
+        with self._op_row.own_time():
+            batch = self._next_batch()
+        self._op_row.calls += 1
+        return batch
+
+    def _next_batch(self) -> Any:
         pieces: list[Any] = []
         needed = self._batch_size
         while needed:
@@ -136,6 +147,11 @@ class _RebatchIterator(ForwardingIterator):
             return tree.map_structure(_concatenate, *pieces)
         except ValueError as e:
             raise ValueError(f"{_OWNER} cannot join rows of consecutive parent batches: {e}") from e
+
+    def plan(self) -> Plan:
+        return Plan.joined(
+            [super().plan()], PlannedStage(self._op_row.name, Role.AGGREGATE, self._op_row)
+        )
 
     def _describe(self) -> str:
         return f"rebatch({self._batch_size}, drop_remainder={self._drop_remainder})"

@@ -36,7 +36,9 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
+from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.dataset.shuffle import EpochPermutation
+from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _U32 = 2**32
 # Below this size a window's permutation is a table over the cipher's smallest domain
@@ -218,6 +220,8 @@ class _WindowShuffleIterator(ForwardingIterator):
         self._delivered = 0  # of the current window
         self._pending: list[Any] = []  # the current window's undelivered elements, last first
         self._parent_ended = False
+        self._row = OpRow(self._describe())  # calls: windows, each one's shuffle timed
+        self._row.elements_in = self._row.elements_out = 0
 
     def _fill(self, delivered: int = 0) -> None:
         """Reads the next window and queues it in shuffled order, less ``delivered``."""
@@ -230,10 +234,14 @@ class _WindowShuffleIterator(ForwardingIterator):
                 self._parent_ended = True
                 break
         self._pending = []
+        row = self._row
+        row.calls += 1
+        row.elements_in += len(elements)  # type: ignore[operator]
         if delivered < len(elements):
-            order = self._permutations(len(elements)).window(self._window_index).tolist()
-            # Delivery pops from the end: the first `delivered` went out from there.
-            self._pending = [elements[i] for i in order[: len(order) - delivered]]
+            with row.own_time():
+                order = self._permutations(len(elements)).window(self._window_index).tolist()
+                # Delivery pops from the end: the first `delivered` went out from there.
+                self._pending = [elements[i] for i in order[: len(order) - delivered]]
 
     def __next__(self) -> Any:
         self._check_open()
@@ -247,9 +255,13 @@ class _WindowShuffleIterator(ForwardingIterator):
                 raise StopIteration
         element = self._pending.pop()
         self._delivered += 1
+        self._row.elements_out += 1  # type: ignore[operator]
         if not self._pending:
             self._window_index += 1
         return element
+
+    def plan(self) -> Plan:
+        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.SHUFFLE, self._row))
 
     def _describe(self) -> str:
         return f"window_shuffle(window_size={self._window_size}, seed={self._seed})"

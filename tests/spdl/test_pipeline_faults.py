@@ -214,11 +214,12 @@ def test_closing_a_subprocess_iterable_while_it_is_read_says_it_was_closed():
 
 _HANGING_STAGE = textwrap.dedent(
     """
-    import concurrent.futures, multiprocessing, sys, threading, time
+    import concurrent.futures, multiprocessing, os, sys, threading, time
     from gristmill.pipeline import PipelineBuilder, defs
 
     def hang(x):
         if x == 3:
+            open(sys.argv[2], "w").close()  # the call that hangs has begun
             threading.Event().wait()
         return x
 
@@ -236,16 +237,18 @@ _HANGING_STAGE = textwrap.dedent(
         pipeline = builder.add_sink(1).build(num_threads=1)
         pipeline.start()
         print("got", pipeline.get_item(), flush=True)
-        time.sleep(0.5)  # the worker reaches item 3
+        deadline = time.monotonic() + 30  # the worker reaches item 3 (a loaded machine: later)
+        while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+            time.sleep(0.01)
         pipeline.stop()
         print("stopped", flush=True)
     """
 )
 
 
-def _run_hanging(mode):
+def _run_hanging(mode, marker):
     return subprocess.Popen(
-        [sys.executable, "-c", _HANGING_STAGE, mode],
+        [sys.executable, "-c", _HANGING_STAGE, mode, str(marker)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -258,8 +261,8 @@ def _kill_group(child):
         os.killpg(child.pid, signal.SIGKILL)
 
 
-def test_stop_terminates_a_hanging_region_so_the_interpreter_exits():
-    child = _run_hanging("region")
+def test_stop_terminates_a_hanging_region_so_the_interpreter_exits(tmp_path):
+    child = _run_hanging("region", tmp_path / "began")
     try:
         out, err = child.communicate(timeout=60)
     finally:
@@ -268,8 +271,9 @@ def test_stop_terminates_a_hanging_region_so_the_interpreter_exits():
     assert "stopped" in out
 
 
-def test_stop_warns_that_a_users_executor_still_runs_a_hanging_task():
-    child = _run_hanging("user")  # it never exits by itself: killed once the line is read
+def test_stop_warns_that_a_users_executor_still_runs_a_hanging_task(tmp_path):
+    # it never exits by itself: killed once the line is read
+    child = _run_hanging("user", tmp_path / "began")
     bound = threading.Timer(60, _kill_group, [child])  # no warning: the read ends (EOF)
     bound.start()
     try:

@@ -198,6 +198,31 @@ def _random_map_limit(*, n: int, reads: int) -> Case:
     return Case(run=run, elements=reads)
 
 
+# --- window_shuffle_iter ---------------------------------------------------------------
+
+
+def _window_shuffle_dataset(gm: ModuleType, *, n: int, window: int) -> Case:
+    ds = gm.experimental.WindowShuffleIterDataset(
+        gm.MapDataset.source(list(range(n))).to_iter_dataset(), window_size=window, seed=1
+    )
+    return Case(run=lambda: list(ds), elements=n)
+
+
+def _window_shuffle_limit(*, n: int, window: int) -> Case:
+    """A bare loop that shuffles each window with numpy's permutation: not Grain's order,
+    which needs a cipher table over a 2**16-value domain per window (the contenders' cost)."""
+    data = list(range(n))
+
+    def run() -> list[int]:
+        rng = np.random.default_rng(1)
+        out = []
+        for k in range(0, n, window):
+            out.extend(data[k + i] for i in rng.permutation(min(window, n - k)).tolist())
+        return out
+
+    return Case(run=run, elements=n)
+
+
 WORKLOADS = (
     Workload(
         name="getitem_shuffle_map",
@@ -233,5 +258,12 @@ WORKLOADS = (
         params={"n": 100_000, "reads": 20_000},
         quick_params={"n": 10_000, "reads": 2_000},
         builders={**grain_api(_random_map_dataset), "limit": _random_map_limit},
+    ),
+    Workload(
+        name="window_shuffle_iter",
+        summary="list(WindowShuffleIterDataset(source(range(n)).to_iter_dataset(), 64, seed=1))",
+        params={"n": 20_000, "window": 64},
+        quick_params={"n": 2_000, "window": 64},
+        builders={**grain_api(_window_shuffle_dataset), "limit": _window_shuffle_limit},
     ),
 )

@@ -110,6 +110,15 @@ def test_index_shuffle_is_a_bijection_at_power_of_two_boundaries(n: int) -> None
 
 
 @settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 5000), seed=SEEDS)
+def test_a_tabulated_epoch_is_index_shuffle_of_each_index(n: int, seed: int) -> None:
+    # The epoch read as one batch is a table built over the whole cipher domain (walks cut
+    # at landmarks); one index_shuffle call per index walks each cycle one step at a time.
+    permutation = [gm.experimental.index_shuffle(i, n - 1, seed, 4) for i in range(n)]
+    assert _epoch(gm.MapDataset.range(n).shuffle(seed), n, 0).tolist() == permutation
+
+
+@settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 5000), seed_epoch=_seed_and_epoch())
 @example(n=2**16 + 1, seed_epoch=(MAX_SEED - 3, 3))
 def test_shuffle_epoch_e_equals_epoch_0_of_seed_plus_e(n: int, seed_epoch: tuple[int, int]) -> None:

@@ -9,8 +9,9 @@ Three entry points, all computing the same function:
 
 * :func:`index_shuffle` — one index, pure Python integers (no numpy call overhead).
 * :func:`index_shuffle_array` — a numpy array of indices at once (cycle walking vectorised).
-* :func:`permutation_table` — the whole permutation, built with pointer doubling; used by
-  the shuffle node for epochs small enough to tabulate.
+* :func:`permutation_table` — the whole permutation, its cycle walks cut at landmarks and
+  resolved by pointer doubling; used by the shuffle nodes for epochs and windows small
+  enough to tabulate.
 """
 
 from __future__ import annotations
@@ -198,9 +199,9 @@ def index_shuffle_array(
 def permutation_table(max_index: int, seed: int, rounds: int = 4) -> npt.NDArray[np.int64]:
     """The whole permutation: ``table[i] == index_shuffle(i, max_index, seed, rounds)``.
 
-    Encrypts the full ``2**(2w)`` domain once, then resolves every cycle walk at once by
-    pointer doubling, so the cost is O(domain · log(longest walk)) numpy work instead of
-    one walk per index (walks are long when the domain is much larger than the range).
+    Encrypts the full ``2**(2w)`` domain once, then resolves the cycle walks of the indices
+    in range without walking them one by one (walks are long when the domain is much larger
+    than the range): see :func:`_first_in_range`.
     """
     _check(max_index, rounds)
     if max_index == 0:
@@ -209,15 +210,45 @@ def permutation_table(max_index: int, seed: int, rounds: int = 4) -> npt.NDArray
     if 2 * w > 31:
         raise ValueError(f"max_index {max_index} is too large to tabulate; use index_shuffle_array")
     keys = _round_keys(seed & _U32, rounds, w)
-    nxt = _encrypt_domain(keys, w)
-    # Invariant: nxt[y] is the first in-range value after y on y's cycle, or an out-of-range
-    # node further along with nothing in range in between. `active` holds the latter kind.
-    active = np.flatnonzero(nxt > max_index).astype(np.int32)
-    while active.size and active[0] <= max_index:
-        jumped = nxt[nxt[active]]
-        nxt[active] = jumped
-        active = active[jumped > max_index]
-    return nxt[: max_index + 1].astype(np.int64)
+    return _first_in_range(_encrypt_domain(keys, w), max_index + 1).astype(np.int64)
+
+
+_LANDMARK_STRIDE = 16
+"""Every 16th value of the domain is a landmark (with every value in range)."""
+
+
+def _first_in_range(nxt: npt.NDArray[np.int32], n: int) -> npt.NDArray[np.int32]:
+    """For each ``i < n``, the first value ``< n`` on the cycle of permutation ``nxt`` after
+    ``i`` (the cycle walk of ``i``).
+
+    Walks are cut at landmarks: the values in range and every ``_LANDMARK_STRIDE``-th
+    value. First every landmark walks to the next landmark on its cycle, all at once, one
+    step per round (each value is stepped over once; ~16 · ln(domain / 16) rounds, the
+    longest gap). Then pointer doubling on the landmarks alone resolves each landmark to
+    the first value in range after it: O(domain + landmarks · log walk), against
+    O(domain · log walk) doubling on the whole domain (measured for a 64-value range:
+    1.6 against 5.6 ms).
+    """
+    domain = nxt.size
+    landmark = np.arange(domain, dtype=np.int32) % _LANDMARK_STRIDE == 0
+    landmark[:n] = True
+    landmarks = np.flatnonzero(landmark).astype(np.int32)
+    reached = nxt[landmarks]  # walked on to the next landmark below
+    walking = np.flatnonzero(~landmark[reached])
+    while walking.size:
+        stepped = nxt[reached[walking]]
+        reached[walking] = stepped
+        walking = walking[~landmark[stepped]]
+    # Invariant: after[y] is the first value in range after landmark y, or a landmark out
+    # of range further on with nothing in range in between; `active` holds the latter kind.
+    after = np.empty(domain, dtype=np.int32)
+    after[landmarks] = reached
+    active = landmarks[reached >= n]
+    while active.size and active[0] < n:
+        jumped = after[after[active]]
+        after[active] = jumped
+        active = active[jumped >= n]
+    return after[:n]
 
 
 def domain_size(max_index: int) -> int:

@@ -330,7 +330,8 @@ def test_packing_has_its_own_row_less_its_parents_reads(pack, name):
     assert row.elements_in == 200
     # 600 tokens in rows of 8 (first-fit leaves room in some)
     assert 600 / 8 <= row.elements_out < 200
-    assert row.busy_s < 0.5 * rows["map(slow)"].busy_s
+    # one round in 8 timed, less the parent's reads in it (which run the slow map)
+    assert 0 < row.busy_s < 0.5 * rows["map(slow)"].busy_s
 
 
 def test_a_rebatch_counts_parent_batches_in_and_batches_out():

@@ -274,14 +274,14 @@ class OpRow:
     def own_time(self) -> _OwnTime:
         """A context timing the op's own work: its time, less the :meth:`pull` calls in
         it, is added to ``exact_s``."""
-        return _OwnTime(self)
+        return _OwnTime(self, sampled=False)
 
-    def sampled_time(self) -> _SampledTime:
+    def sampled_time(self) -> _OwnTime:
         """A context for one call of an op that reads its parent many times per call (a
         packing round): counted in ``calls``; one call in ``SAMPLE_MASK + 1`` is timed,
         less its parent's reads: while ``timing`` is set, read with :meth:`pull` (the
         other calls read with ``next``, at no cost)."""
-        return _SampledTime(self)
+        return _OwnTime(self, sampled=True)
 
     def statistics(self) -> StageStatistics:
         calls = self.calls
@@ -293,42 +293,36 @@ class OpRow:
 
 
 class _OwnTime:
-    __slots__ = ("_began", "_pulled", "_row")
+    """:meth:`OpRow.own_time` (every call timed) or :meth:`OpRow.sampled_time`."""
 
-    def __init__(self, row: OpRow) -> None:
+    __slots__ = ("_began", "_pulled", "_row", "_sampled")
+
+    def __init__(self, row: OpRow, *, sampled: bool) -> None:
         self._row = row
+        self._sampled = sampled
         self._began = self._pulled = 0.0
 
     def __enter__(self) -> None:
-        self._pulled = self._row.pulled_s
+        row = self._row
+        if self._sampled:
+            row.calls += 1
+            if row.calls & SAMPLE_MASK:
+                return  # untimed: its reads are plain next() calls
+            row.timing = True
+        self._pulled = row.pulled_s
         self._began = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         row = self._row
-        row.exact_s += time.perf_counter() - self._began - (row.pulled_s - self._pulled)
-
-
-class _SampledTime:
-    __slots__ = ("_began", "_pulled", "_row")
-
-    def __init__(self, row: OpRow) -> None:
-        self._row = row
-        self._began = self._pulled = 0.0
-
-    def __enter__(self) -> None:
-        row = self._row
-        row.calls += 1
-        if not row.calls & SAMPLE_MASK:
-            row.timing = True
-            self._pulled = row.pulled_s
-            self._began = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        row = self._row
-        if row.timing:
+        if self._sampled and not row.timing:
+            return
+        own = time.perf_counter() - self._began - (row.pulled_s - self._pulled)
+        if self._sampled:
             row.timing = False
-            row.sampled_s += time.perf_counter() - self._began - (row.pulled_s - self._pulled)
+            row.sampled_s += own
             row.sampled += 1
+        else:
+            row.exact_s += own
 
 
 def call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:

@@ -21,7 +21,8 @@ windows of ``interval_s`` and climbs:
    spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
    per second; one that spends less is kept unless it computes ``LOSS`` less (each judged
    on its second window: in the first, threads start or leave and the buffer refills).
-   Fewer workers are tried first (unless more just paid). A stage that runs inline because
+   Fewer workers are tried first (unless more just paid; never the setting a kept trial
+   just left: it was measured worse). A stage that runs inline because
    its buffer is too small for a task to pay its hand-off tries the buffer that would.
    Otherwise the previous setting comes back. When no trial is kept, the setting stays for
    ``RETRY_WINDOWS`` windows, or until the rate drifts by ``DRIFT``.
@@ -363,8 +364,11 @@ class StageTuner:
                 self._record(knob, old, value, self._base_rate, rate, now)
                 self._base_rate = rate
                 self._base_knobs = dict(self._knobs())
-                # the same direction again first: it paid once
-                self._candidates = self._propose(first=(knob, spends_more))
+                # the same direction again first: it paid once; not back to where it came
+                # from (just measured: worse)
+                self._candidates = [
+                    c for c in self._propose(first=(knob, spends_more)) if c != (knob, old)
+                ]
             else:
                 self._set(knob, old)
             self._next_trial()

@@ -21,6 +21,31 @@ def test_demo_runs_checkpoints_and_resumes_identically():
     assert "the remaining 8 batches are identical" in text
 
 
+def test_demo_reports_progress_through_the_public_meter():
+    out = io.StringIO()  # no terminal: a line per quarter of the epoch, the meter's figures
+    assert run_demo(records=256, batch_size=32, threads=2, seed=7, out=out)
+    lines = [line.strip() for line in out.getvalue().splitlines()]
+    quarters = [line for line in lines if line.endswith("%") and "batches, " in line]
+    assert [line.split(" batches")[0] for line in quarters] == ["2/8", "4/8", "6/8", "8/8"]
+    assert all("/s, data wait " in line for line in quarters)
+    assert any("the loop waited for data" in line for line in lines)
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_demo_draws_a_tqdm_bar_on_a_terminal():
+    out = Terminal()
+    assert run_demo(records=256, batch_size=32, threads=2, seed=7, out=out)
+    text = out.getvalue()
+    assert "epoch: 100%" in text  # tqdm's bar, labelled by the demo
+    assert "8/8" in text
+    assert "data wait" in text  # the meter's postfix on the bar
+    assert "batches, " not in text  # no quarter lines beside the bar
+
+
 def test_console_command_exit_codes():
     result = subprocess.run(
         [

@@ -4,23 +4,26 @@ Records are zlib-compressed 64x64x3 images with labels (generated here), written
 TFRecord or Parquet file when that format's package is installed (``demo_files``) and read
 back through its random-access source. The pipeline shuffles them, decompresses and decodes
 each into an array, augments it with a per-record
-RNG (random flip, crop and noise), and batches. The demo runs one epoch with a progress
-bar, prints per-stage statistics and the bottleneck, checkpoints mid-way, restores the
-checkpoint in a fresh iterator and checks that the continuation is identical.
+RNG (random flip, crop and noise), and batches. The demo runs one epoch behind the public
+progress meter (``gristmill.training.progress``: a tqdm bar on a terminal, a line per quarter
+otherwise), prints the per-stage statistics and the bottleneck (``iterator.statistics()``),
+checkpoints mid-way, restores the checkpoint in a fresh iterator and checks that the
+continuation is identical.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import sys
 import tempfile
-import time
 import zlib
 from typing import Any, TextIO
 
 import numpy as np
 
 import gristmill as gm
+from gristmill._src.core.extras import install_command
 from gristmill.cli import demo_files
 
 IMAGE_SHAPE = (64, 64, 3)
@@ -76,16 +79,22 @@ def digest(batch: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _progress(out: TextIO, done: int, total: int, started: float) -> None:
-    interactive = out.isatty()
-    if not interactive and done % max(total // 4, 1) and done != total:
-        return  # a log file gets a few lines, a terminal a live bar
-    width = 30
-    filled = width * done // max(total, 1)
-    rate = done / max(time.perf_counter() - started, 1e-9)
-    bar = f"  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} batches {rate:,.0f}/s"
-    out.write(f"\r{bar}" if interactive else f"{bar}\n")
+def _progress_line(out: TextIO, meter: gm.training.ProgressMeter[Any], total: int) -> None:
+    """Without a bar (no terminal, or no tqdm): a line at each quarter of the epoch, with
+    the meter's figures."""
+    figures = meter.summary()
+    done = int(figures["items"])
+    if done % max(total // 4, 1) and done != total:
+        return
+    out.write(
+        f"  {done}/{total} batches, {figures['items_per_s']:,.0f}/s, "
+        f"data wait {figures['wait_share']:.0%}\n"
+    )
     out.flush()
+
+
+def _has_tqdm() -> bool:
+    return importlib.util.find_spec("tqdm") is not None
 
 
 def run_demo(
@@ -126,19 +135,23 @@ def _run(source: Any, records: int, batch_size: int, threads: int, seed: int, ou
     iterator = iter(dataset)
     digests: list[str] = []
     state = None
-    started = time.perf_counter()
-    for batch in iterator:
+    # the public progress meter (gristmill.training.progress): a tqdm bar on a terminal
+    bar = out.isatty() and _has_tqdm()
+    if out.isatty() and not bar:
+        out.write(f"  (a progress bar needs tqdm: {install_command('progress')})\n")
+    meter = gm.training.progress(iterator, total=total, desc="  epoch", show=bar, file=out)
+    for batch in meter:
         digests.append(digest(batch))
         if len(digests) == checkpoint_at:
             state = iterator.get_state()
-        _progress(out, len(digests), total, started)
-    elapsed = time.perf_counter() - started
-    if out.isatty():
-        out.write("\n")
+        if not bar:
+            _progress_line(out, meter, total)
+    figures = meter.summary()
     stats = iterator.statistics()
     iterator.close()
-    out.write(f"  one epoch: {len(digests)} batches in {elapsed:.2f} s ")
-    out.write(f"({len(digests) * batch_size / elapsed:,.0f} images/s)\n\n")
+    out.write(f"  one epoch: {len(digests)} batches in {figures['seconds']:.2f} s ")
+    out.write(f"({figures['items_per_s'] * batch_size:,.0f} images/s); ")
+    out.write(f"the loop waited for data {figures['wait_share']:.0%} of the time\n\n")
     out.write("per-stage statistics:\n")
     for line in str(stats).splitlines():
         out.write(f"  {line}\n")

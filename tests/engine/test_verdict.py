@@ -295,6 +295,9 @@ def test_a_window_shuffle_has_its_own_row_and_the_slow_op_before_it_is_named():
     assert (row.name, row.role) == ("window_shuffle(window_size=32, seed=1)", "shuffle")
     assert (row.elements_in, row.elements_out, row.tasks) == (200, 200, 7)  # 7 windows
     assert 0 < row.busy_s < 0.5 * next(s for s in stats.stages if s.name == "map(slow)").busy_s
+    exact = gm.experimental.WindowShuffleIterDataset(inline_read(192), window_size=32, seed=1)
+    stats = verdict_of(exact)  # 6 full windows, then a read that finds no more
+    assert next(s for s in stats.stages if s.name.startswith("window_shuffle")).tasks == 6
 
 
 def test_a_small_window_shuffle_is_named_when_its_shuffles_are_the_work():

@@ -235,7 +235,7 @@ class _WindowShuffleIterator(ForwardingIterator):
                 break
         self._pending = []
         row = self._row
-        row.calls += 1
+        row.calls += bool(elements)  # a window read (none at the very end)
         row.elements_in += len(elements)  # type: ignore[operator]
         if delivered < len(elements):
             with row.own_time():

@@ -487,6 +487,8 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
                 self._iterators[slot] = iterator
                 iterator.set_state(slot_state)
         finally:
+            for iterator in reusable.values():
+                self._reading.retire(iterator)
             _close_all(list(reusable.values()))
         self._exhausted = exhausted
         self._next_in_cycle = next_in_cycle

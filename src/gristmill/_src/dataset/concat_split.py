@@ -48,7 +48,7 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
-from gristmill._src.dataset.op_clock import OpRow
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow, timed_less_pulls
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _FRESH = (-1, -1)  # remainder_slices of a feature when no element is partly placed
@@ -266,6 +266,7 @@ class _ConcatSplitIterator(ForwardingIterator):
         self._pending_state: Any = None
         self._row = OpRow(self._describe())  # calls: builds; one in 8 timed, less its reads
         self._row.elements_in = self._row.elements_out = 0
+        self._pull: Any = next  # reads the parent (``OpRow.pull`` in a timed build)
 
     # -- elements ---------------------------------------------------------------------
     def _check(self, element: Any) -> dict[Any, np.ndarray]:
@@ -306,8 +307,7 @@ class _ConcatSplitIterator(ForwardingIterator):
             return element, before
         before = self._parent.get_state()
         try:
-            row = self._row
-            element = row.pull(self._parent) if row.timing else next(self._parent)
+            element = self._pull(self._parent)
         except StopIteration:
             return None
         self._row.elements_in += 1  # type: ignore[operator]
@@ -426,8 +426,16 @@ class _ConcatSplitIterator(ForwardingIterator):
     def __next__(self) -> Any:
         self._check_open()
         if not self._rows:
-            with self._row.sampled_time():
+            row = self._row
+            calls = row.calls = row.calls + 1
+            if calls & SAMPLE_MASK:
                 self._refill()
+            else:
+                self._pull = row.pull
+                try:
+                    timed_less_pulls(row, self._refill)
+                finally:
+                    self._pull = next
         if not self._rows:
             raise StopIteration
         self._row.elements_out += 1  # type: ignore[operator]

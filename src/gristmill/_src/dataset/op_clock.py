@@ -233,7 +233,7 @@ class OpRow:
     filter outside a read stage, a batch, a mix, a shuffle window, packing). The iterator
     updates it on its own thread: ``calls`` for every call of the op, ``sampled`` /
     ``sampled_s`` for the timed ones (busy time is scaled from them: :func:`call_sampled`,
-    :meth:`sampled_time`), ``exact_s`` for work timed every time it runs (a window's
+    :func:`timed_less_pulls`), ``exact_s`` for work timed every time it runs (a window's
     shuffle, a rebatch: :meth:`own_time`), ``elements_in`` / ``elements_out`` where they
     are not the calls (a filter's kept elements, a batch's inputs)."""
 
@@ -247,7 +247,6 @@ class OpRow:
         "pulled_s",
         "sampled",
         "sampled_s",
-        "timing",
     )
 
     def __init__(self, name: str) -> None:
@@ -257,14 +256,14 @@ class OpRow:
         self.sampled_s = 0.0
         self.exact_s = 0.0
         self.pulled_s = 0.0  # time in ``pull``: the upstream's work, kept out of own time
-        self.timing = False  # inside a sampled call of ``sampled_time``: ``pull`` to read
         self.elements_in: int | None = None  # None: the calls
         self.elements_out: int | None = None
         self._started = time.perf_counter()
 
     def pull(self, parent: Any) -> Any:
-        """``next(parent)`` inside :meth:`own_time`: its time is the upstream's, not this
-        op's (two clock reads: for ops that do microseconds of work per element)."""
+        """``next(parent)`` inside :meth:`own_time` or :func:`timed_less_pulls`: its time
+        is the upstream's, not this op's (two clock reads: for ops that do microseconds of
+        work per element)."""
         began = time.perf_counter()
         try:
             return next(parent)
@@ -274,14 +273,7 @@ class OpRow:
     def own_time(self) -> _OwnTime:
         """A context timing the op's own work: its time, less the :meth:`pull` calls in
         it, is added to ``exact_s``."""
-        return _OwnTime(self, sampled=False)
-
-    def sampled_time(self) -> _OwnTime:
-        """A context for one call of an op that reads its parent many times per call (a
-        packing round): counted in ``calls``; one call in ``SAMPLE_MASK + 1`` is timed,
-        less its parent's reads: while ``timing`` is set, read with :meth:`pull` (the
-        other calls read with ``next``, at no cost)."""
-        return _OwnTime(self, sampled=True)
+        return _OwnTime(self)
 
     def statistics(self) -> StageStatistics:
         calls = self.calls
@@ -293,36 +285,34 @@ class OpRow:
 
 
 class _OwnTime:
-    """:meth:`OpRow.own_time` (every call timed) or :meth:`OpRow.sampled_time`."""
+    __slots__ = ("_began", "_pulled", "_row")
 
-    __slots__ = ("_began", "_pulled", "_row", "_sampled")
-
-    def __init__(self, row: OpRow, *, sampled: bool) -> None:
+    def __init__(self, row: OpRow) -> None:
         self._row = row
-        self._sampled = sampled
         self._began = self._pulled = 0.0
 
     def __enter__(self) -> None:
-        row = self._row
-        if self._sampled:
-            row.calls += 1
-            if row.calls & SAMPLE_MASK:
-                return  # untimed: its reads are plain next() calls
-            row.timing = True
-        self._pulled = row.pulled_s
+        self._pulled = self._row.pulled_s
         self._began = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         row = self._row
-        if self._sampled and not row.timing:
-            return
-        own = time.perf_counter() - self._began - (row.pulled_s - self._pulled)
-        if self._sampled:
-            row.timing = False
-            row.sampled_s += own
-            row.sampled += 1
-        else:
-            row.exact_s += own
+        row.exact_s += time.perf_counter() - self._began - (row.pulled_s - self._pulled)
+
+
+def timed_less_pulls(row: OpRow, fn: Callable[[], Any]) -> Any:
+    """``fn()`` timed as one sampled call of ``row`` (counted by the caller), less the
+    :meth:`OpRow.pull` calls in it (``fn`` reads its parent with ``pull``, the calls not
+    timed with ``next``). For an op that reads its parent many times per call (a packing
+    round); its caller checks ``calls & SAMPLE_MASK`` itself, so that the calls not timed
+    cost no function call."""
+    pulled = row.pulled_s
+    began = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        row.sampled_s += time.perf_counter() - began - (row.pulled_s - pulled)
+        row.sampled += 1
 
 
 def call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:

@@ -13,7 +13,7 @@ Rows are shuffled per round with ``numpy.random.default_rng(seed + c0)``, ``c0``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gristmill._src.core import validation
@@ -25,7 +25,7 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
-from gristmill._src.dataset.op_clock import OpRow
+from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow, timed_less_pulls
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _NOTHING: Any = object()  # no element waits to open the next round
@@ -235,10 +235,13 @@ class _PackIterator(ForwardingIterator):
 
     def _pack_round(self) -> list[Any]:
         row = self._row
-        with row.sampled_time():
-            return self._packed_round(row)
+        calls = row.calls = row.calls + 1
+        if calls & SAMPLE_MASK:
+            return self._packed_round(next)
+        return timed_less_pulls(row, lambda: self._packed_round(row.pull))  # type: ignore[no-any-return]
 
-    def _packed_round(self, row: OpRow) -> list[Any]:
+    def _packed_round(self, read: Callable[[DatasetIterator[Any]], Any]) -> list[Any]:
+        """One round; ``read`` reads the parent (``next``, or ``OpRow.pull`` when timed)."""
         packer = packing_bins.Packer(self._spec, self._num_bins)
         parent = self._parent
         element, before = self._pending, self._pending_state
@@ -247,16 +250,16 @@ class _PackIterator(ForwardingIterator):
             if element is _NOTHING:
                 before = parent.get_state()
                 try:
-                    element = row.pull(parent) if row.timing else next(parent)
+                    element = read(parent)
                 except StopIteration:
                     self._pending_state = before
                     break
-                row.elements_in += 1  # type: ignore[operator]
             if not packer.add(element):
                 self._pending, self._pending_state = element, before
                 break
             element = _NOTHING
         rows = packer.rows()
+        self._row.elements_in += packer.added  # type: ignore[operator]
         if self._seed is not None and len(rows) > 1:
             first = self._counter - self._next_row
             rows = packing_bins.shuffled(rows, self._seed + first, self._group_by)

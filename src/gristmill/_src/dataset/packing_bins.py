@@ -82,6 +82,11 @@ class Packer:
             lengths.append(length)
         return tuple(values), tuple(lengths)
 
+    @property
+    def added(self) -> int:
+        """How many elements were packed into this round's bins."""
+        return sum(len(bin_.items) for bin_ in self._bins)
+
     def add(self, element: Any) -> bool:
         spec = self._spec
         values, lengths = self._measure(element)

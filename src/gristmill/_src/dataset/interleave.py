@@ -395,7 +395,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
 
     def __next__(self) -> Any:
         self._check_open()
-        row = self._row  # one call in 8 timed
+        row = self._row  # one call in 8 timed (call_sampled, inline: no call per element)
         calls = row.calls = row.calls + 1
         began = 0.0 if calls & SAMPLE_MASK else time.perf_counter()
         slots = len(self._in_use)

@@ -144,7 +144,7 @@ class MixedDatasetIterator(DatasetIterator[Any]):
         self._check_open()
         if self._stop:
             raise StopIteration
-        row = self._row
+        row = self._row  # call_sampled, inline: a call per element would cost more than it
         calls = row.calls = row.calls + 1
         if calls & SAMPLE_MASK:
             d, _ = mix_position(self._index, self._proportions)
@@ -157,7 +157,7 @@ class MixedDatasetIterator(DatasetIterator[Any]):
             element = next(self._parents[d])
         except StopIteration:
             # The first dataset to run out ends the mix, even if the others have more.
-            self._row.calls -= 1  # a position chosen, but no element
+            row.calls -= 1  # a position chosen, but no element
             self._index += 1
             self._stop = True
             raise

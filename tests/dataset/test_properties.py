@@ -8,6 +8,7 @@ the per-element path against the batched one.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -290,6 +291,26 @@ def test_mix_of_two_stays_within_one_of_its_share(weights: list[float]) -> None:
     counts = np.cumsum(owner[:, None] == np.arange(2), axis=0)
     prefix = np.arange(1, MIX_PREFIX + 1)[:, None]
     assert (np.abs(counts * p.sum() - prefix * p) < p.sum()).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.one_of(
+        st.lists(st.integers(1, 5), min_size=1, max_size=3),
+        st.lists(st.floats(0.1, 5.0), min_size=2, max_size=3),
+    )
+)
+@example(weights=[1, 700])  # a cycle of 70,100 positions: computed, not tabulated
+def test_an_iter_mix_takes_the_map_mix_order_past_its_first_cycle(weights: list[float]) -> None:
+    # IterDataset.mix looks its choices up in one tabulated cycle of sum(proportions)
+    # positions; MapDataset.mix computes each position's owner from scratch.
+    count = 2 * sum(_proportions(len(weights), weights)) + 7 if len(weights) > 1 else 50
+    count = min(count, 3000)
+    children = [gm.MapDataset.range(d * TAG, (d + 1) * TAG).repeat() for d in range(len(weights))]
+    expected = [gm.MapDataset.mix(children, weights)[i] for i in range(count)]
+    streams = [child.to_iter_dataset(gm.ReadOptions(num_threads=0)) for child in children]
+    got = list(itertools.islice(gm.IterDataset.mix(streams, weights), count))
+    assert got == expected
 
 
 # --- 4. integer indexing is modulo the epoch length ------------------------------------------

@@ -91,6 +91,43 @@ def mix_position(k: int, proportions: Sequence[int]) -> tuple[int, int]:
     raise AssertionError("unreachable")
 
 
+MAX_CYCLE = 1 << 16
+"""The longest mixing cycle :func:`mix_cycle` tabulates."""
+
+
+def mix_cycle(proportions: Sequence[int]) -> Sequence[int]:
+    """The dataset of each mixed position in one cycle: position ``k``'s is
+    ``cycle[k % len(cycle)]``.
+
+    The choice repeats every ``T = sum(proportions)`` positions: at each level of
+    :func:`mix_position` the ceilings of ``(k + R) * p / R`` are those of ``k * p / R`` plus
+    ``p``, so dataset ``d`` owns ``k + R`` when it owns ``k``, and the next level sees
+    ``k`` shifted by its own total ``R - p``. A cycle longer than ``MAX_CYCLE`` is not
+    tabulated: its positions are computed one at a time, when asked.
+    """
+    total = sum(proportions)
+    if total > MAX_CYCLE:
+        return _ComputedCycle(tuple(proportions))
+    which, _ = mix_positions(np.arange(total, dtype=np.int64), proportions)
+    return tuple(which.tolist())
+
+
+class _ComputedCycle(Sequence[int]):
+    """A cycle too long to tabulate: ``mix_position`` of each position asked for."""
+
+    def __init__(self, proportions: tuple[int, ...]) -> None:
+        self._proportions = proportions
+        self._length = sum(proportions)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._length))]
+        return mix_position(k, self._proportions)[0]
+
+
 def mix_positions(ks: IndexArray, proportions: Sequence[int]) -> tuple[IndexArray, IndexArray]:
     """Vectorised :func:`mix_position`."""
     which = np.full(ks.shape, len(proportions) - 1, dtype=np.int64)

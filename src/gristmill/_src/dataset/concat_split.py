@@ -48,7 +48,7 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow, timed_less_pulls
+from gristmill._src.dataset.op_clock import OpRow, timed_less_pulls
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _FRESH = (-1, -1)  # remainder_slices of a feature when no element is partly placed
@@ -264,7 +264,7 @@ class _ConcatSplitIterator(ForwardingIterator):
         # A whole element read but deferred to the next row (its meta features did not fit).
         self._pending: dict[Any, np.ndarray] | None = None
         self._pending_state: Any = None
-        self._row = OpRow(self._describe())  # calls: builds; one in 8 timed, less its reads
+        self._row = OpRow(self._describe())  # calls: builds; sampled less its reads
         self._row.elements_in = self._row.elements_out = 0
         self._pull: Any = next  # reads the parent (``OpRow.pull`` in a timed build)
 
@@ -427,8 +427,8 @@ class _ConcatSplitIterator(ForwardingIterator):
         self._check_open()
         if not self._rows:
             row = self._row
-            calls = row.calls = row.calls + 1
-            if calls & SAMPLE_MASK:
+            row.left -= 1
+            if row.left:
                 self._refill()
             else:
                 self._pull = row.pull

@@ -26,7 +26,7 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
+from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 
@@ -139,7 +139,7 @@ class _FlatMapIterator(ForwardingIterator):
         self._state_before = parent.get_state()  # the parent's state before `_outputs`' input
         self._outputs: list[Any] = []
         self._delivered = 0
-        self._row = OpRow(self._describe())  # calls: inputs; one in 8 timed
+        self._row = OpRow(self._describe())  # calls: inputs; sampled (op_clock.OpRow)
         self._row.elements_out = 0
 
     def __next__(self) -> Any:
@@ -148,14 +148,15 @@ class _FlatMapIterator(ForwardingIterator):
             self._state_before = self._parent.get_state()
             element = next(self._parent)
             row = self._row
-            row.calls += 1
-            if row.calls & SAMPLE_MASK:
+            row.left -= 1
+            if row.left:
                 self._outputs = list(self._flat_map(element))
             else:
                 began = time.perf_counter()
-                self._outputs = list(self._flat_map(element))
-                row.sampled_s += time.perf_counter() - began
-                row.sampled += 1
+                try:
+                    self._outputs = list(self._flat_map(element))
+                finally:
+                    row.add_sample(time.perf_counter() - began)
             self._delivered = 0
         output = self._outputs[self._delivered]
         self._delivered += 1

@@ -33,7 +33,7 @@ from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.in_place_slicing import check_set_slice
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.iter_support import state_count, state_fields
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
+from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
@@ -313,7 +313,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._chunk: Chunk | None = None
         self._position = 0
         self._reading = _ReadingRow(self)
-        self._row = self._reading.row  # calls: elements; one in 8 timed
+        self._row = self._reading.row  # calls: elements; sampled
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
@@ -395,30 +395,39 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
 
     def __next__(self) -> Any:
         self._check_open()
-        row = self._row  # one call in 8 timed (call_sampled, inline: no call per element)
-        calls = row.calls = row.calls + 1
-        began = 0.0 if calls & SAMPLE_MASK else time.perf_counter()
+        row = self._row  # sampled (call_sampled, inline: no call per element)
+        row.left -= 1
+        began = 0.0 if row.left else time.perf_counter()
         slots = len(self._in_use)
+        if not slots:  # no datasets
+            row.left += 1
+            raise StopIteration
         while True:
-            if all(self._exhausted) and self._next_in_datasets >= self._count:
-                row.calls -= 1  # the call that ends it delivers no element
-                raise StopIteration
             slot = self._next_in_cycle
             if self._exhausted[slot]:
                 if self._next_in_datasets >= self._count:
+                    if all(self._exhausted):
+                        row.left += 1  # the call that ends it delivers no element
+                        raise StopIteration
                     self._next_in_cycle = (slot + 1) % slots
                     continue
                 self._replace(slot)
+            iterator = self._iterators[slot]
+            if iterator is None:
+                iterator = self._slot_iterator(slot)
             try:
-                element = next(self._slot_iterator(slot))
+                element = next(iterator)
             except StopIteration:
                 self._exhausted[slot] = 1
                 self._next_in_cycle = (slot + 1) % slots
                 continue
+            except BaseException:
+                if began:  # the countdown starts again
+                    row.add_sample(time.perf_counter() - began)
+                raise
             self._next_in_cycle = (slot + 1) % slots
             if began:
-                row.sampled_s += time.perf_counter() - began
-                row.sampled += 1
+                row.add_sample(time.perf_counter() - began)
             return element
 
     def _describe(self) -> str:

@@ -18,14 +18,14 @@ from typing import Any
 
 from gristmill._src.core import specs, validation
 from gristmill._src.dataset.base import MapDataset, register
-from gristmill._src.dataset.combine import mix_position, mix_proportions
+from gristmill._src.dataset.combine import mix_cycle, mix_proportions
 from gristmill._src.dataset.iter_base import (
     DatasetIterator,
     IterDataset,
     mark_nested,
     share_context,
 )
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow
+from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _STATE_KEYS = ("parents", "index", "stop")
@@ -135,29 +135,30 @@ class MixedDatasetIterator(DatasetIterator[Any]):
         self._datasets = tuple(datasets)
         self._names = names
         self._proportions = tuple(proportions)
+        self._cycle = mix_cycle(self._proportions)
+        self._period = len(self._cycle)
         self._index = 0
         self._stop = False
         self._tuple_state = tuple_state  # parents' states in a tuple (datasets were a tuple)
-        self._row = OpRow(self._describe())  # calls: positions chosen; one in 8 timed
+        self._row = OpRow(self._describe())  # calls: positions chosen; sampled
 
     def __next__(self) -> Any:
         self._check_open()
         if self._stop:
             raise StopIteration
         row = self._row  # call_sampled, inline: a call per element would cost more than it
-        calls = row.calls = row.calls + 1
-        if calls & SAMPLE_MASK:
-            d, _ = mix_position(self._index, self._proportions)
+        row.left -= 1
+        if row.left:
+            d = self._cycle[self._index % self._period]
         else:
             began = time.perf_counter()
-            d, _ = mix_position(self._index, self._proportions)
-            row.sampled_s += time.perf_counter() - began
-            row.sampled += 1
+            d = self._cycle[self._index % self._period]
+            row.add_sample(time.perf_counter() - began)
         try:
             element = next(self._parents[d])
         except StopIteration:
             # The first dataset to run out ends the mix, even if the others have more.
-            row.calls -= 1  # a position chosen, but no element
+            row.left += 1  # a position chosen, but no element
             self._index += 1
             self._stop = True
             raise

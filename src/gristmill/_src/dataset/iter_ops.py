@@ -16,7 +16,7 @@ from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset import batching
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow, call_sampled
+from gristmill._src.dataset.op_clock import OpRow, call_sampled
 from gristmill._src.dataset.shuffle import resolve_seed
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
@@ -76,14 +76,14 @@ class _MapIterator(_OneParentIterator):
     def __next__(self) -> Any:
         element = next(self._parent)
         row = self._row
-        row.calls += 1
-        if row.calls & SAMPLE_MASK:
+        row.left -= 1
+        if row.left:
             return self._fn(element)
         began = time.perf_counter()
-        element = self._fn(element)
-        row.sampled_s += time.perf_counter() - began
-        row.sampled += 1
-        return element
+        try:
+            return self._fn(element)
+        finally:
+            row.add_sample(time.perf_counter() - began)
 
     def plan(self) -> Plan:
         return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
@@ -144,8 +144,8 @@ class _FilterIterator(_OneParentIterator):
         if check is None:
             while True:
                 element = next(parent)
-                row.calls += 1
-                if row.calls & SAMPLE_MASK:
+                row.left -= 1
+                if row.left:
                     if fn(element):
                         row.elements_out += 1  # type: ignore[operator]
                         return element
@@ -154,8 +154,8 @@ class _FilterIterator(_OneParentIterator):
                     return element
         while True:
             element = next(parent)
-            row.calls += 1
-            if fn(element) if row.calls & SAMPLE_MASK else _kept_timed(row, fn, element):
+            row.left -= 1
+            if fn(element) if row.left else _kept_timed(row, fn, element):
                 row.elements_out += 1  # type: ignore[operator]
                 check.left -= 1
                 if not check.left:
@@ -306,12 +306,12 @@ class MapWithIndexIterDataset(IterDataset[Any]):
 
 
 def _kept_timed(row: OpRow, fn: Callable[[Any], Any], element: Any) -> Any:
-    """``fn(element)``, timed in ``row`` (one call in ``SAMPLE_MASK + 1`` is)."""
+    """``fn(element)``: the call that ends ``row``'s countdown, timed."""
     began = time.perf_counter()
-    kept = fn(element)
-    row.sampled_s += time.perf_counter() - began
-    row.sampled += 1
-    return kept
+    try:
+        return fn(element)
+    finally:
+        row.add_sample(time.perf_counter() - began)
 
 
 class _BatchIterator(_OneParentIterator):
@@ -350,8 +350,7 @@ class _BatchIterator(_OneParentIterator):
         row = self._row
         began = time.perf_counter()
         batch = self._batch_fn(elements)
-        row.sampled_s += time.perf_counter() - began
-        row.sampled += 1
+        row.exact_s += time.perf_counter() - began
         row.calls += 1
         row.elements_in += len(elements)  # type: ignore[operator]
         return batch

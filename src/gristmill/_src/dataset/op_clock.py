@@ -222,28 +222,39 @@ def chain_nodes(ds: Any, name_of: Callable[[Any], str]) -> list[tuple[Any, str]]
     return order
 
 
-SAMPLE_MASK = 7
-"""An IterDataset op outside a read stage times one call in ``SAMPLE_MASK + 1`` (when
-``calls & SAMPLE_MASK`` is 0): a call costs two clock reads, ~80 ns, and timing every
-element of a cheap op would cost more than the op."""
+WARM_PERIOD = 8
+"""An IterDataset op outside a read stage times one call in ``WARM_PERIOD`` for its first
+``WARM_CALLS`` calls: a timed call costs two clock reads and a few additions, ~300 ns on a
+2-core VM, and timing every element of a cheap op would cost more than the op."""
+SPARSE_PERIOD = 64
+"""... then one call in ``SPARSE_PERIOD`` (~5 ns per element): by then its busy time is an
+average over hundreds of calls."""
+WARM_CALLS = 512
 
 
 class OpRow:
     """The statistics row of an IterDataset op that runs on its puller's thread (a map or
-    filter outside a read stage, a batch, a mix, a shuffle window, packing). The iterator
-    updates it on its own thread: ``calls`` for every call of the op, ``sampled`` /
-    ``sampled_s`` for the timed ones (busy time is scaled from them: :func:`call_sampled`,
-    :func:`timed_less_pulls`), ``exact_s`` for work timed every time it runs (a window's
-    shuffle, a rebatch: :meth:`own_time`), ``elements_in`` / ``elements_out`` where they
-    are not the calls (a filter's kept elements, a batch's inputs)."""
+    filter outside a read stage, a batch, a mix, a shuffle window, packing).
+
+    The iterator updates it on its own thread. An op sampled per call counts down
+    ``left`` (``row.left -= 1``) and times the call that takes it to 0, handing its time to
+    :meth:`add_sample` (:func:`call_sampled`, :func:`timed_less_pulls`): a decrement and a
+    test are all an untimed call costs, and :attr:`calls` is derived from the countdown. A
+    call that delivers nothing gives its count back (``row.left += 1``). An op timed every
+    time it runs (a batch, a window's shuffle, a rebatch: :meth:`own_time`) adds to
+    ``exact_s`` and to ``calls``. ``elements_in`` / ``elements_out`` are kept where they are
+    not the calls (a filter's kept elements, a batch's inputs).
+    """
 
     __slots__ = (
         "_started",
-        "calls",
+        "counted",
         "elements_in",
         "elements_out",
         "exact_s",
+        "left",
         "name",
+        "period",
         "pulled_s",
         "sampled",
         "sampled_s",
@@ -251,14 +262,33 @@ class OpRow:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.calls = 0
-        self.sampled = 0
-        self.sampled_s = 0.0
+        self.period = self.left = WARM_PERIOD  # this countdown's length; calls left in it
+        self.counted = 0  # calls before this countdown
+        self.sampled = 0  # the calls the timed ones stand for
+        self.sampled_s = 0.0  # ... and their estimated time
         self.exact_s = 0.0
         self.pulled_s = 0.0  # time in ``pull``: the upstream's work, kept out of own time
         self.elements_in: int | None = None  # None: the calls
         self.elements_out: int | None = None
         self._started = time.perf_counter()
+
+    @property
+    def calls(self) -> int:
+        """The op's calls so far."""
+        return self.counted + self.period - self.left
+
+    @calls.setter
+    def calls(self, value: int) -> None:
+        self.counted = value - self.period + self.left
+
+    def add_sample(self, seconds: float) -> None:
+        """The timed call, of ``seconds``, that ended a countdown: it stands for the calls
+        of the countdown; the next one begins."""
+        done = self.period - self.left
+        self.sampled_s += seconds * done
+        self.sampled += done
+        self.counted += done
+        self.period = self.left = SPARSE_PERIOD if self.sampled >= WARM_CALLS else WARM_PERIOD
 
     def pull(self, parent: Any) -> Any:
         """``next(parent)`` inside :meth:`own_time` or :func:`timed_less_pulls`: its time
@@ -301,30 +331,29 @@ class _OwnTime:
 
 
 def timed_less_pulls(row: OpRow, fn: Callable[[], Any]) -> Any:
-    """``fn()`` timed as one sampled call of ``row`` (counted by the caller), less the
+    """``fn()`` timed as the sampled call of ``row`` that ended its countdown, less the
     :meth:`OpRow.pull` calls in it (``fn`` reads its parent with ``pull``, the calls not
     timed with ``next``). For an op that reads its parent many times per call (a packing
-    round); its caller checks ``calls & SAMPLE_MASK`` itself, so that the calls not timed
-    cost no function call."""
+    round); its caller counts down ``row.left`` itself, so that the calls not timed cost no
+    function call."""
     pulled = row.pulled_s
     began = time.perf_counter()
     try:
         return fn()
     finally:
-        row.sampled_s += time.perf_counter() - began - (row.pulled_s - pulled)
-        row.sampled += 1
+        row.add_sample(time.perf_counter() - began - (row.pulled_s - pulled))
 
 
 def call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, counted in ``row`` and timed one call in ``SAMPLE_MASK + 1``."""
-    row.calls += 1
-    if row.calls & SAMPLE_MASK:
+    """``fn(*args)``, counted in ``row``; the call that ends its countdown is timed."""
+    row.left -= 1
+    if row.left:
         return fn(*args)
     began = time.perf_counter()
-    out = fn(*args)
-    row.sampled_s += time.perf_counter() - began
-    row.sampled += 1
-    return out
+    try:
+        return fn(*args)
+    finally:
+        row.add_sample(time.perf_counter() - began)
 
 
 def op_row(

@@ -25,7 +25,7 @@ from gristmill._src.dataset.iter_support import (
     state_count,
     state_fields,
 )
-from gristmill._src.dataset.op_clock import SAMPLE_MASK, OpRow, timed_less_pulls
+from gristmill._src.dataset.op_clock import OpRow, timed_less_pulls
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 
 _NOTHING: Any = object()  # no element waits to open the next round
@@ -230,13 +230,13 @@ class _PackIterator(ForwardingIterator):
         self._counter = 0
         self._pending: Any = _NOTHING  # the element that opens the next round
         self._pending_state: Any = None  # the parent's state before `_pending` was read
-        self._row = OpRow(self._describe())  # calls: rounds; one in 8 timed, less its reads
+        self._row = OpRow(self._describe())  # calls: rounds; sampled less its reads
         self._row.elements_in = self._row.elements_out = 0
 
     def _pack_round(self) -> list[Any]:
         row = self._row
-        calls = row.calls = row.calls + 1
-        if calls & SAMPLE_MASK:
+        row.left -= 1
+        if row.left:
             return self._packed_round(next)
         return timed_less_pulls(row, lambda: self._packed_round(row.pull))  # type: ignore[no-any-return]
 

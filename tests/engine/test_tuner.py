@@ -1,6 +1,7 @@
 """The tuner's decisions, on simulated stages whose rate per setting is known (a clock of
 its own: no timing of this machine is involved)."""
 
+import random
 import types
 
 import pytest
@@ -193,3 +194,110 @@ def test_stages_sharing_a_token_never_run_trials_at_the_same_time():
         overlap += all(stage.tuner.trying is not None for stage in stages)
     assert overlap == 0
     assert all(stage.knobs["workers"] >= 8 for stage in stages)  # both still climbed
+
+
+class NoisyStage(SimulatedStage):
+    """A stage whose rate swings by a random factor (mean 1, ``sigma``) that holds for 0.2
+    to 1 s of simulated time: threads that contend for the GIL swing the real rate by a
+    third from one second to the next."""
+
+    def __init__(self, rate, *, sigma, seed, **kwargs):
+        self.rng = random.Random(seed)
+        self.sigma, self.factor, self.until = sigma, 1.0, 0.0
+        self.true_rate = rate
+        super().__init__(lambda **knobs: rate(**knobs) * self.factor, **kwargs)
+
+    def step(self):
+        if self.now >= self.until:
+            self.factor = max(0.3, self.rng.gauss(1.0, self.sigma))
+            self.until = self.now + self.rng.uniform(0.2, 1.0)
+        super().step()
+
+    def mean_true_rate(self, seconds):
+        """The noiseless rate of the settings the tuner runs, over the next ``seconds``."""
+        steps = round(seconds / 0.01)
+        total = 0.0
+        for _ in range(steps):
+            self.step()
+            total += self.true_rate(**self.knobs)
+        return total / steps
+
+
+SECONDS_BUDGET = TuningBudget(interval_s=0.5, cpu_cores=2, max_workers=64)
+
+
+def gil_saturated_io(workers, buffer_size):
+    """2 ms waits until the GIL saturates at ~26 threads; more threads gain a little more."""
+    if workers == 0:
+        return 400
+    return min(500 * workers, 11_500 + 3_500 * min(1, max(0, workers - 26) / 26))
+
+
+def gil_bound_python(workers, buffer_size):
+    return 50_000 / (1 + 0.05 * workers)  # inline best; every thread only contends
+
+
+@pytest.mark.parametrize(
+    ("rate", "workers", "cpu", "best", "at_least"),
+    [(gil_saturated_io, 1, 0.07, 15_000, 16), (gil_bound_python, 16, 1.0, 50_000, 19)],
+    ids=["one-thread-on-io", "sixteen-threads-on-python"],
+)
+def test_noisy_rates_still_reach_ninety_percent_of_the_best_within_ten_seconds(
+    rate, workers, cpu, best, at_least
+):
+    reached = 0
+    for seed in range(20):
+        stage = NoisyStage(
+            rate, sigma=0.15, seed=seed, workers=workers, buffer=500, budget=SECONDS_BUDGET, cpu=cpu
+        )
+        stage.run(10)
+        reached += stage.mean_true_rate(3) >= 0.9 * best
+    # 17 / 20 (I/O) and 20 / 20 (Python) today; 10 / 20 and 16 / 20 when each trial was
+    # judged on one window against one, the I/O jump went to cores / share workers, and
+    # many threads on Python work were halved one trial at a time
+    assert reached >= at_least
+
+
+def test_many_threads_on_python_work_try_none_first():
+    stage = SimulatedStage(gil_bound_python, workers=16, buffer=500, budget=BUDGET, cpu=1.0)
+    stage.run(1)
+    # inline at once, not 8, 4, 2, 1, 0: five trials, each of which noise may revert
+    assert stage.tuner.changes[0].new == 0
+
+
+class LaggingStage(RecordingStage):
+    """Runs at 40 % of its rate for 0.15 s after every change (threads start or leave,
+    the buffer refills)."""
+
+    def __init__(self, *args, **kwargs):
+        self.changed_at = -1.0
+        super().__init__(*args, **kwargs)
+        rate = self.rate
+        self.rate = lambda **knobs: (
+            rate(**knobs) * (0.4 if self.now - self.changed_at < 0.15 else 1)
+        )
+
+    def configure(self, workers=None, buffer_size=None):
+        self.changed_at = self.now
+        super().configure(workers, buffer_size)
+
+
+def test_the_window_after_a_revert_is_not_measured_as_the_base_rate():
+    # Measured as the base, the low window after the trial of 64 workers is reverted would
+    # make 16 workers look no worse than 32, and keep them.
+    def saturates_at_32(workers, buffer_size):
+        return 500 * min(workers, 32)
+
+    stage = LaggingStage(saturates_at_32, workers=32, buffer=500, budget=BUDGET, cpu=0.5)
+    stage.run(2.5)  # before its retry
+    assert stage.tuner.changes == []
+    assert stage.knobs["workers"] == 32
+
+
+def test_many_threads_that_spend_both_cores_are_halved_not_sent_inline():
+    def numpy_work(workers, buffer_size):
+        return 1_000 * min(workers, 2)  # releases the GIL: both cores pay
+
+    stage = SimulatedStage(numpy_work, workers=16, buffer=500, budget=BUDGET, cpu=1.9)
+    stage.run(1)
+    assert stage.tuner.changes[0].new == 8

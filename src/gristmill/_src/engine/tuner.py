@@ -10,6 +10,10 @@ windows of ``interval_s`` and climbs:
    A stage tuned from the settings it runs with (``plan().autotune()``) with one or two
    workers guesses the same way from its first window (CPU time per busy second of its
    workers) and tries that count first.
+   A stage tuned from more than twice as many workers as cores while the process spends
+   about one core (the GIL's) tries none first, inline (``_contended_guess``): their busy
+   time is a wait for each other's GIL. An I/O-bound jump goes to ``IO_HEADROOM`` times
+   the guess.
    A default's threads (``ReadOptions()``' 16) are lowered by the guess only after
    ``GUESS_AFTER_CHUNKS`` chunks, and only if its tasks pay a hand-off with them already:
    fewer threads make larger tasks look worth one, and cheap work the policy reads inline
@@ -19,13 +23,16 @@ windows of ``interval_s`` and climbs:
    times the buffer when the consumer waited while finished work, or the work in flight,
    filled the buffer (a slow element holds the others back). A trial that
    spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
-   per second; one that spends less is kept unless it computes ``LOSS`` less (each judged
-   on its second window: in the first, threads start or leave and the buffer refills).
+   per second; one that spends less is kept unless it computes ``LOSS`` less. A trial is
+   judged on the mean of ``TRIAL_WINDOWS`` windows after one that is not measured (threads
+   start or leave, the buffer refills; so after a revert too), against the mean of the base
+   setting's last ``BASE_WINDOWS`` windows: threads that contend for the GIL swing one
+   window's rate by a third.
    Fewer workers are tried first (unless more just paid; never the setting a kept trial
    just left: it was measured worse). A stage that runs inline because
    its buffer is too small for a task to pay its hand-off tries the buffer that would.
-   Otherwise the previous setting comes back. When no trial is kept, the setting stays for
-   ``RETRY_WINDOWS`` windows, or until the rate drifts by ``DRIFT``.
+   Otherwise the previous setting comes back. Once no candidate is left, the setting stays
+   for ``RETRY_WINDOWS`` windows, or until the rate drifts by ``DRIFT``.
 3. **Budgets.** More workers are tried only while the process used less than its CPU
    budget; a larger buffer only while it fits the RAM budget (bytes in flight: the buffer
    times the size of a delivered element).
@@ -42,6 +49,7 @@ import dataclasses
 import logging
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -56,6 +64,11 @@ GAIN = 1.08
 """A trial that spends more must deliver at least this much more."""
 LOSS = 0.97
 """A trial that spends less may deliver this much less and is still kept."""
+TRIAL_WINDOWS = 2
+"""A trial is judged on the mean rate of this many windows, after one that is not
+measured; a base setting is tried again once it has as many."""
+BASE_WINDOWS = 4
+"""The base rate is the mean of the base setting's last windows, up to this many."""
 DRIFT = 0.25
 """A settled stage is tried again when its rate moves by this share, ..."""
 RETRY_WINDOWS = 20
@@ -71,6 +84,16 @@ GUESS_AFTER_CHUNKS = 16
 """A default's lower first guess is checked after this many chunks (the policy's cost is a
 minimum over them by then, the window of ``policy.ChunkPolicy``: not a cold first read,
 nor the first chunks of a shuffle that builds its table)."""
+IO_HEADROOM = 2
+"""An I/O-bound stage's jump goes to this many times ``cores / cpu_share`` workers: its CPU
+per element falls as more threads share each wake-up (2 ms reads on this 2-core VM: 26
+threads 11.5k/s at 1.0 core, 52 threads 13-19k/s at 1.1), a waiting thread costs little,
+and a later trial of half as many is kept if they are as fast."""
+CONTENDED_CPU = (0.75, 1.5)
+"""The cores a process spends when its many workers' first window makes them suspect of
+only contending for the GIL: about one (``_contended_guess``; 16 threads of Python work on
+the 2-core VM: 0.91, their consumer's waits included). Many threads that wait for I/O may
+spend as much: their trial of none is reverted."""
 MIN_CPU_SHARE = 1 / 64
 """A first guess assumes at least this share of CPU time (a sleeping read gets 64 threads
 per core at most, then ``max_workers`` caps it)."""
@@ -223,7 +246,9 @@ class StageTuner:
         self._base_rate = 0.0
         self._base_knobs: dict[str, int] = {}
         self._trial: tuple[str, int] | None = None  # (knob, value) on trial
-        self._trial_settled = False  # its first window is over (not measured)
+        self._trial_rates: list[float] = []  # its windows' rates, once settled
+        self._unsettled = 0  # windows left that follow a change (not measured)
+        self._base_rates: list[float] = []  # the base setting's recent windows
         self._candidates: list[tuple[str, int]] = []
         self._settled = False
         self._settled_windows = 0
@@ -341,47 +366,64 @@ class StageTuner:
         )
 
     def _step(self, rate: float, now: float) -> None:
+        if self._unsettled:  # threads start or leave, the buffer refills: not measured
+            self._unsettled -= 1
+            return
         if self._trial is not None:
-            if not self._trial_settled:  # threads start or leave, the buffer refills
-                self._trial_settled = True
+            self._trial_rates.append(rate)
+            if len(self._trial_rates) < TRIAL_WINDOWS:
                 return
             knob, value = self._trial
             self._trial = None
-            old = self._base_knobs[knob]
-            spends_more = value > old
-            kept = rate >= self._base_rate * (GAIN if spends_more else LOSS)
-            _logger.debug(
-                "autotune: stage %r: tried %s %d -> %d: %.0f -> %.0f elements/s, %s",
-                self.name,
-                knob,
-                old,
-                value,
-                self._base_rate,
-                rate,
-                "kept" if kept else "reverted",
-            )
-            if kept:
-                self._record(knob, old, value, self._base_rate, rate, now)
-                self._base_rate = rate
-                self._base_knobs = dict(self._knobs())
-                # the same direction again first: it paid once; not back to where it came
-                # from (just measured: worse)
-                self._candidates = [
-                    c for c in self._propose(first=(knob, spends_more)) if c != (knob, old)
-                ]
-            else:
-                self._set(knob, old)
-            self._next_trial()
+            self._judge(knob, value, statistics.fmean(self._trial_rates), now)
             return
+        # the base setting's rate: its recent windows (one window is noisy: threads that
+        # contend for the GIL swing the rate by a third from one second to the next)
+        base = self._base_rate
+        drifted = bool(self._base_rates) and abs(rate - base) > DRIFT * base
+        if drifted:
+            self._base_rates = []  # the rate moved: measure it anew
+        self._base_rates = [*self._base_rates, rate][-BASE_WINDOWS:]
+        self._base_rate = statistics.fmean(self._base_rates)
         if self._settled:
             self._settled_windows += 1
-            drifted = abs(rate - self._base_rate) > DRIFT * self._base_rate
-            if not drifted and self._settled_windows < RETRY_WINDOWS:
+            due = drifted or self._settled_windows >= RETRY_WINDOWS
+            if not due or len(self._base_rates) < TRIAL_WINDOWS:
                 return
             self._settled = False
-        self._base_rate = rate
         self._base_knobs = dict(self._knobs())
         self._candidates = self._propose()
+        self._next_trial()
+
+    def _judge(self, knob: str, value: int, rate: float, now: float) -> None:
+        """Keeps or reverts the trial of ``knob = value`` that measured ``rate``; starts the
+        next one."""
+        old = self._base_knobs[knob]
+        spends_more = value > old
+        kept = rate >= self._base_rate * (GAIN if spends_more else LOSS)
+        _logger.debug(
+            "autotune: stage %r: tried %s %d -> %d: %.0f -> %.0f elements/s, %s",
+            self.name,
+            knob,
+            old,
+            value,
+            self._base_rate,
+            rate,
+            "kept" if kept else "reverted",
+        )
+        if kept:
+            self._record(knob, old, value, self._base_rate, rate, now)
+            self._base_rates = list(self._trial_rates)
+            self._base_rate = rate
+            self._base_knobs = dict(self._knobs())
+            # the same direction again first: it paid once; not back to where it came
+            # from (just measured: worse)
+            self._candidates = [
+                c for c in self._propose(first=(knob, spends_more)) if c != (knob, old)
+            ]
+        else:
+            self._set(knob, old)
+            self._unsettled = 1  # the base setting's next window is a transition too
         self._next_trial()
 
     def _propose(self, first: tuple[str, bool] | None = None) -> list[tuple[str, int]]:
@@ -391,8 +433,11 @@ class StageTuner:
         budget = self.budget
         threaded = self._counters.executor != "inline"
         if self.tune_workers and threaded:
-            if workers < self.max_workers and self._last_cpu_share < 0.9 * budget.cpu_cores:
-                out.append((("workers", True), ("workers", min(2 * workers, self.max_workers))))
+            more = min(2 * workers, self.max_workers)
+            # not a few more near the cap: they could not gain GAIN, and every change of
+            # workers shakes a threaded stage's rate for a while
+            if more >= 1.5 * workers and self._last_cpu_share < 0.9 * budget.cpu_cores:
+                out.append((("workers", True), ("workers", more)))
             # one thread may give way to none (inline, on the consumer's thread): only a
             # thread executor's work can run there
             fewest = 0 if self._counters.executor == "threads" else 1
@@ -422,6 +467,8 @@ class StageTuner:
         if first is None:
             first = ("workers", False)  # fewer first: spending less is the safer trial
             jump = self._io_bound_guess(workers, threaded)
+            if jump is None:
+                jump = self._contended_guess(workers)
             if jump is not None:  # tried before anything else
                 return [("workers", jump)] + [c for _, c in out]
         out.sort(key=lambda item: item[0] != first)
@@ -437,13 +484,32 @@ class StageTuner:
     def _io_bound_guess(self, workers: int, threaded: bool) -> int | None:
         """On the first measurement of a stage with one or two workers (whose busy time is
         their own work, not a wait for each other's GIL) that spend little of it on the CPU:
-        the first guess's worker count (``cores / share``), to try at once rather than by
-        doublings."""
+        ``IO_HEADROOM`` times the first guess's worker count (``cores / share``), to try at
+        once rather than by doublings; not once the process uses its CPU budget."""
         if self.changes or not self.tune_workers or not threaded or workers > 2:
             return None
+        cores = self.budget.cpu_cores
+        if self._last_cpu_share >= 0.9 * cores:
+            return None
         share = max(self._last_work_cpu_share, MIN_CPU_SHARE)
-        guess = min(math.ceil(self.budget.cpu_cores / share), self.max_workers)
+        guess = min(math.ceil(IO_HEADROOM * cores / share), self.max_workers)
         return guess if guess > 2 * workers else None
+
+    def _contended_guess(self, workers: int) -> int | None:
+        """On the first measurement of a stage with more than twice as many workers as
+        cores while the process spends about one core, the GIL's (their busy time is then
+        mostly a wait for each other's GIL): none (inline, on the consumer's thread: no
+        hand-off either; one worker for an executor that cannot run inline), to try at once
+        rather than by halvings, each of which noise may revert. Work that releases the GIL
+        (numpy) spends more than one core and keeps its workers. Also while the stage's
+        policy runs it inline now and then (work just cheap enough for its threads): none
+        keeps it there."""
+        if self.changes or not self.tune_workers:
+            return None
+        low, high = CONTENDED_CPU
+        if workers <= 2 * self.budget.cpu_cores or not low <= self._last_cpu_share < high:
+            return None
+        return 0 if self._counters.executor in ("threads", "inline") else 1
 
     def _next_trial(self) -> None:
         while self._candidates:
@@ -455,7 +521,8 @@ class StageTuner:
                 return  # another stage's trial runs: measure the base again, then try
             self._candidates.pop(0)
             self._trial = (knob, value)
-            self._trial_settled = False
+            self._trial_rates = []
+            self._unsettled = 1
             self._set(knob, value)
             return
         self._token.give(self)

@@ -3,15 +3,16 @@
 For each deliberately mis-configured pipeline, this script measures, side by side:
 
 - **hand-tuned**: a sweep of fixed settings, each run for ``--hand-window`` seconds (3, as
-  long as the tuned run's late windows) after a 0.5 s warm-up; the best setting is run
-  again right after the tuned run, and hand-tuned is the mean of its two rates (this VM's
-  speed drifts over minutes: the two runs bracket the tuned one);
+  long as the tuned run's late windows) after a 0.5 s warm-up, once before the tuned run
+  and once after it; hand-tuned is the best of the settings' mean rates (this VM's speed
+  drifts over minutes: the two sweeps bracket the tuned run; and the best of one noisy
+  measurement per setting would be biased upwards);
 - **tuned**: the mis-configured pipeline with ``it.plan().autotune()`` after its first
   element, iterated for ``--seconds`` (13); its rate over each ``--window`` (1 s) is
   recorded, and the script prints when that rate first reached 90 % of hand-tuned and the
   mean rate of the windows that end after 10 s (10 to 13 s).
 
-Run: ``python benchmarks/autotune.py`` (about 3 minutes; ``--runs 3`` repeats every case).
+Run: ``python benchmarks/autotune.py`` (about 4 minutes; ``--runs 3`` repeats every case).
 Every number is elements per second of a consumer that only iterates.
 """
 
@@ -123,12 +124,12 @@ def compare(
     sweep: list[gm.ReadOptions],
     args: argparse.Namespace,
 ) -> None:
-    """One case: the sweep, the tuned run, the best setting again; one line."""
-    best_options, before = max(
-        ((o, steady_rate(fn, o, args.hand_window)) for o in sweep), key=lambda pair: pair[1]
-    )
+    """One case: the sweep, the tuned run, the sweep again; one line."""
+    before = [steady_rate(fn, o, args.hand_window) for o in sweep]
     rates, settings = tuned_rates(fn, wrong, args.seconds, args.window)
-    best = (before + steady_rate(fn, best_options, args.hand_window)) / 2
+    after = [steady_rate(fn, o, args.hand_window) for o in sweep]
+    means = [(a + b) / 2 for a, b in zip(before, after, strict=True)]
+    best, best_options = max(zip(means, sweep, strict=True), key=lambda pair: pair[0])
     late = [r for t, r in rates if t > 10.0] or [rates[-1][1]]
     at_10 = sum(late) / len(late)
     reached = next((t for t, r in rates if r >= 0.9 * best), None)

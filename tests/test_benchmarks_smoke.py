@@ -50,3 +50,16 @@ def test_quick_startup_benchmark_runs_with_torch_in_the_script():
     out = run_quick("startup")
     assert "| mp_first_batch_torch_script | gristmill |" in out
     assert "| mp_first_batch_torch_script | torch |" in out
+
+
+def test_the_row_cost_script_times_every_pipeline():
+    result = subprocess.run(
+        [sys.executable, "benchmarks/row_cost.py", "--rounds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = [line.split(":")[0] for line in result.stdout.splitlines()]
+    assert names == ["read", "map", "4 maps", "filter", "mix", "interleave"]

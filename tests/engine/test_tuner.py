@@ -301,3 +301,12 @@ def test_many_threads_that_spend_both_cores_are_halved_not_sent_inline():
     stage = SimulatedStage(numpy_work, workers=16, buffer=500, budget=BUDGET, cpu=1.9)
     stage.run(1)
     assert stage.tuner.changes[0].new == 8
+
+
+def test_inline_is_kept_at_a_few_percent_less_than_many_contending_threads():
+    def partly_inline_already(workers, buffer_size):
+        return 50_000 if workers else 47_500  # the policy ran the 16 threads' work inline too
+
+    stage = SimulatedStage(partly_inline_already, workers=16, buffer=500, budget=BUDGET, cpu=1.0)
+    stage.run(1)
+    assert [(c.old, c.new) for c in stage.tuner.changes][:1] == [(16, 0)]

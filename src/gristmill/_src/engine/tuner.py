@@ -23,7 +23,8 @@ windows of ``interval_s`` and climbs:
    times the buffer when the consumer waited while finished work, or the work in flight,
    filled the buffer (a slow element holds the others back). A trial that
    spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
-   per second; one that spends less is kept unless it computes ``LOSS`` less. A trial is
+   per second; one that spends less is kept unless it computes ``LOSS`` less
+   (``LOSS_FOR_A_QUARTER`` for a quarter of the workers or fewer). A trial is
    judged on the mean of ``TRIAL_WINDOWS`` windows after one that is not measured (threads
    start or leave, the buffer refills; so after a revert too), against the mean of the base
    setting's last ``BASE_WINDOWS`` windows: threads that contend for the GIL swing one
@@ -63,7 +64,11 @@ _logger = logging.getLogger("gristmill.autotune")
 GAIN = 1.08
 """A trial that spends more must deliver at least this much more."""
 LOSS = 0.97
-"""A trial that spends less may deliver this much less and is still kept."""
+"""A trial that spends less may deliver this much less and is still kept, ..."""
+LOSS_FOR_A_QUARTER = 0.9
+"""... and one that keeps a quarter of the workers or fewer this much less (16 threads of
+Python work against inline: within the noise of one window of either, and 16 threads
+freed)."""
 TRIAL_WINDOWS = 2
 """A trial is judged on the mean rate of this many windows, after one that is not
 measured; a base setting is tried again once it has as many."""
@@ -400,7 +405,11 @@ class StageTuner:
         next one."""
         old = self._base_knobs[knob]
         spends_more = value > old
-        kept = rate >= self._base_rate * (GAIN if spends_more else LOSS)
+        if spends_more:
+            kept = rate >= self._base_rate * GAIN
+        else:
+            saves_most = knob == "workers" and old >= 4 and 4 * value <= old
+            kept = rate >= self._base_rate * (LOSS_FOR_A_QUARTER if saves_most else LOSS)
         _logger.debug(
             "autotune: stage %r: tried %s %d -> %d: %.0f -> %.0f elements/s, %s",
             self.name,

@@ -12,7 +12,7 @@ For each deliberately mis-configured pipeline, this script measures, side by sid
   recorded, and the script prints when that rate first reached 90 % of hand-tuned and the
   mean rate of the windows that end after 10 s (10 to 13 s).
 
-Run: ``python benchmarks/autotune.py`` (about 4 minutes; ``--runs 3`` repeats every case).
+Run: ``python benchmarks/autotune.py`` (about 5 minutes; ``--runs 3`` repeats every case).
 Every number is elements per second of a consumer that only iterates.
 """
 

@@ -122,9 +122,7 @@ class _ComputedCycle(Sequence[int]):
     def __len__(self) -> int:
         return self._length
 
-    def __getitem__(self, k: Any) -> Any:
-        if isinstance(k, slice):
-            return [self[i] for i in range(*k.indices(self._length))]
+    def __getitem__(self, k: Any) -> Any:  # positions only: the iterator takes no slices
         return mix_position(k, self._proportions)[0]
 
 

@@ -12,7 +12,7 @@ many outputs an input expands to, and their spec, are known only by calling ``fl
 from __future__ import annotations
 
 import sys
-import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,10 @@ class FlatMapIterDataset(IterDataset[Any]):
         return f"FlatMapIterDataset(transform={transforms.describe(self._transform)})"
 
 
+def _listed(flat_map: Callable[[Any], Any], element: Any) -> list[Any]:
+    return list(flat_map(element))
+
+
 class _FlatMapIterator(ForwardingIterator):
     _next_index_unsupported = (
         "how many outputs each input expands to is known only by calling flat_map on it"
@@ -152,11 +156,7 @@ class _FlatMapIterator(ForwardingIterator):
             if row.left:
                 self._outputs = list(self._flat_map(element))
             else:
-                began = time.perf_counter()
-                try:
-                    self._outputs = list(self._flat_map(element))
-                finally:
-                    row.add_sample(time.perf_counter() - began)
+                self._outputs = row.timed_call(_listed, self._flat_map, element)
             self._delivered = 0
         output = self._outputs[self._delivered]
         self._delivered += 1

@@ -79,11 +79,7 @@ class _MapIterator(_OneParentIterator):
         row.left -= 1
         if row.left:
             return self._fn(element)
-        began = time.perf_counter()
-        try:
-            return self._fn(element)
-        finally:
-            row.add_sample(time.perf_counter() - began)
+        return row.timed_call(self._fn, element)
 
     def plan(self) -> Plan:
         return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
@@ -149,13 +145,13 @@ class _FilterIterator(_OneParentIterator):
                     if fn(element):
                         row.elements_out += 1  # type: ignore[operator]
                         return element
-                elif _kept_timed(row, fn, element):
+                elif row.timed_call(fn, element):
                     row.elements_out += 1  # type: ignore[operator]
                     return element
         while True:
             element = next(parent)
             row.left -= 1
-            if fn(element) if row.left else _kept_timed(row, fn, element):
+            if fn(element) if row.left else row.timed_call(fn, element):
                 row.elements_out += 1  # type: ignore[operator]
                 check.left -= 1
                 if not check.left:
@@ -303,15 +299,6 @@ class MapWithIndexIterDataset(IterDataset[Any]):
 
     def __str__(self) -> str:
         return f"MapWithIndexIterDataset(transform={transforms.describe(self._transform)})"
-
-
-def _kept_timed(row: OpRow, fn: Callable[[Any], Any], element: Any) -> Any:
-    """``fn(element)``: the call that ends ``row``'s countdown, timed."""
-    began = time.perf_counter()
-    try:
-        return fn(element)
-    finally:
-        row.add_sample(time.perf_counter() - began)
 
 
 class _BatchIterator(_OneParentIterator):

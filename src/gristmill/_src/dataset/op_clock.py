@@ -290,6 +290,15 @@ class OpRow:
         self.counted += done
         self.period = self.left = SPARSE_PERIOD if self.sampled >= WARM_CALLS else WARM_PERIOD
 
+    def timed_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, the call that ended a countdown, timed (:meth:`add_sample`, even
+        when it raises)."""
+        began = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.add_sample(time.perf_counter() - began)
+
     def pull(self, parent: Any) -> Any:
         """``next(parent)`` inside :meth:`own_time` or :func:`timed_less_pulls`: its time
         is the upstream's, not this op's (two clock reads: for ops that do microseconds of
@@ -349,11 +358,7 @@ def call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:
     row.left -= 1
     if row.left:
         return fn(*args)
-    began = time.perf_counter()
-    try:
-        return fn(*args)
-    finally:
-        row.add_sample(time.perf_counter() - began)
+    return row.timed_call(fn, *args)
 
 
 def op_row(

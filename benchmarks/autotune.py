@@ -10,7 +10,12 @@ For each deliberately mis-configured pipeline, this script measures, side by sid
 - **tuned**: the mis-configured pipeline with ``it.plan().autotune()`` after its first
   element, iterated for ``--seconds`` (13); its rate over each ``--window`` (1 s) is
   recorded, and the script prints when that rate first reached 90 % of hand-tuned and the
-  mean rate of the windows that end after 10 s (10 to 13 s).
+  mean rate of the windows that end after 10 s (10 to 13 s);
+- **chosen**: the settings the tuner chose, run as fixed settings right after the tuned run,
+  against the best of the sweep that follows them (the tuner's choice, without the noise
+  of the tuned run's own three late seconds).
+
+With ``--runs N`` the script ends with each case's median ratios over the runs.
 
 Run: ``python benchmarks/autotune.py`` (about 5 minutes; ``--runs 3`` repeats every case).
 Every number is elements per second of a consumer that only iterates.
@@ -19,6 +24,7 @@ Every number is elements per second of a consumer that only iterates.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,11 +116,28 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=1.0)
     parser.add_argument("--hand-window", type=float, default=3.0)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--only", action="append", default=[], help="run the cases whose name has this text"
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="also print each swept setting's two rates"
+    )
     args = parser.parse_args()
-    print(f"{'case':<42} {'hand-tuned':>11} {'tuned>10s':>10} {'ratio':>6} {'90% at':>7}  chosen")
+    print(
+        f"{'case':<42} {'hand-tuned':>11} {'tuned>10s':>10} {'ratio':>6} {'90% at':>7} "
+        f"{'chosen':>7}  settings chosen"
+    )
+    ratios: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.runs):
         for name, case in CASES.items():
-            compare(name, *case, args)
+            if not args.only or any(text in name for text in args.only):
+                ratios.setdefault(name, []).append(compare(name, *case, args))
+    if args.runs > 1:
+        print(f"median over {args.runs} runs: ratio, chosen")
+        for name, pairs in ratios.items():
+            tuned = statistics.median(r for r, _ in pairs)
+            chosen = statistics.median(c for _, c in pairs)
+            print(f"{name:<42} {tuned:>6.2f} {chosen:>6.2f}")
 
 
 def compare(
@@ -123,23 +146,36 @@ def compare(
     wrong: gm.ReadOptions,
     sweep: list[gm.ReadOptions],
     args: argparse.Namespace,
-) -> None:
-    """One case: the sweep, the tuned run, the sweep again; one line."""
+) -> tuple[float, float]:
+    """One case: the sweep, the tuned run, the chosen settings and the sweep again; one
+    line. Returns the tuned and the chosen settings' ratios to hand-tuned."""
     before = [steady_rate(fn, o, args.hand_window) for o in sweep]
     rates, settings = tuned_rates(fn, wrong, args.seconds, args.window)
+    (chosen,) = settings.values()
+    frozen = gm.ReadOptions(
+        num_threads=chosen["workers"], prefetch_buffer_size=chosen["buffer_size"]
+    )
+    chosen_rate = steady_rate(fn, frozen, args.hand_window)
     after = [steady_rate(fn, o, args.hand_window) for o in sweep]
     means = [(a + b) / 2 for a, b in zip(before, after, strict=True)]
     best, best_options = max(zip(means, sweep, strict=True), key=lambda pair: pair[0])
     late = [r for t, r in rates if t > 10.0] or [rates[-1][1]]
     at_10 = sum(late) / len(late)
     reached = next((t for t, r in rates if r >= 0.9 * best), None)
-    (chosen,) = settings.values()
+    # the chosen settings run alone, against the sweep right after them: the tuner's choice
+    # without the noise of the tuned run's own three seconds
+    chosen_ratio = chosen_rate / max(after)
     print(
         f"{name:<42} {best:>11,.0f} {at_10:>10,.0f} {at_10 / best:>6.2f} "
-        f"{'never' if reached is None else f'{reached:.1f} s':>7}  {chosen} "
-        f"(hand: {best_options})",
+        f"{'never' if reached is None else f'{reached:.1f} s':>7} {chosen_ratio:>7.2f}  "
+        f"{chosen} (hand: {best_options})",
         flush=True,
     )
+    if args.verbose:
+        print(f"    chosen {frozen}: {chosen_rate:,.0f}", flush=True)
+        for options, a, b in zip(sweep, before, after, strict=True):
+            print(f"    {options}: {a:,.0f} before, {b:,.0f} after", flush=True)
+    return at_10 / best, chosen_ratio
 
 
 if __name__ == "__main__":

@@ -63,3 +63,23 @@ def test_the_row_cost_script_times_every_pipeline():
     assert result.returncode == 0, result.stdout + result.stderr
     names = [line.split(":")[0] for line in result.stdout.splitlines()]
     assert names == ["read", "map", "4 maps", "filter", "mix", "interleave"]
+
+
+def test_the_autotune_benchmark_runs_and_sums_up_its_runs():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/autotune.py",
+            *("--seconds", "1.5", "--window", "0.5", "--hand-window", "0.2"),
+            *("--runs", "2", "--only", "CPU-bound", "--verbose"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert sum(line.startswith("16 threads on a CPU-bound read") for line in lines) == 3
+    assert "median over 2 runs: ratio, chosen" in lines
+    assert sum("    chosen ReadOptions(" in line for line in lines) == 2

@@ -33,7 +33,9 @@ windows of ``interval_s`` and climbs:
    just left: it was measured worse). A stage that runs inline because
    its buffer is too small for a task to pay its hand-off tries the buffer that would.
    Otherwise the previous setting comes back. Once no candidate is left, the setting stays
-   for ``RETRY_WINDOWS`` windows, or until the rate drifts by ``DRIFT``.
+   until the rate drifts by ``DRIFT`` (for ``DRIFT_WINDOWS`` windows in a row: fewer
+   away are noise), or for ``RETRY_WINDOWS`` windows, twice as long after each retry that
+   changed nothing.
 3. **Budgets.** More workers are tried only while the process used less than its CPU
    budget; a larger buffer only while it fits the RAM budget (bytes in flight: the buffer
    times the size of a delivered element).
@@ -75,9 +77,16 @@ measured; a base setting is tried again once it has as many."""
 BASE_WINDOWS = 4
 """The base rate is the mean of the base setting's last windows, up to this many."""
 DRIFT = 0.25
-"""A settled stage is tried again when its rate moves by this share, ..."""
+"""A settled stage is tried again when its rate moves by this share and stays there for
+``DRIFT_WINDOWS`` windows in a row (fewer away are noise: contending threads swing a rate
+by a third for a second at a time; in the noisy simulation of ``tests/engine/test_tuner.py``
+two windows let noise start retries that cost 2 % of the long-run rate), ..."""
+DRIFT_WINDOWS = 3
 RETRY_WINDOWS = 20
-"""... or after this many windows (the work, or what else runs, may have changed)."""
+"""... or after this many windows (the work, or what else runs, may have changed); twice
+as many after each retry that changed nothing (every trial costs while it runs), up to
+``MAX_RETRY_WINDOWS``."""
+MAX_RETRY_WINDOWS = 320
 FULL = 0.5
 """A buffer whose mean occupancy (work in flight or ready, sampled as the consumer takes
 from it, so while it drains too) is this share of its bound holds its workers back."""
@@ -257,6 +266,9 @@ class StageTuner:
         self._candidates: list[tuple[str, int]] = []
         self._settled = False
         self._settled_windows = 0
+        self._away: list[float] = []  # a settled stage's windows in a row away from its base
+        self._retry_windows = RETRY_WINDOWS
+        self._retrying_from: int | None = None  # len(changes) when a timed retry began
         self._element_bytes = 0
         self._last_cpu_share = 0.0
         self._last_work_cpu_share = 1.0
@@ -382,23 +394,49 @@ class StageTuner:
             self._trial = None
             self._judge(knob, value, statistics.fmean(self._trial_rates), now)
             return
-        # the base setting's rate: its recent windows (one window is noisy: threads that
-        # contend for the GIL swing the rate by a third from one second to the next)
-        base = self._base_rate
-        drifted = bool(self._base_rates) and abs(rate - base) > DRIFT * base
-        if drifted:
-            self._base_rates = []  # the rate moved: measure it anew
-        self._base_rates = [*self._base_rates, rate][-BASE_WINDOWS:]
-        self._base_rate = statistics.fmean(self._base_rates)
+        first = None
         if self._settled:
-            self._settled_windows += 1
-            due = drifted or self._settled_windows >= RETRY_WINDOWS
-            if not due or len(self._base_rates) < TRIAL_WINDOWS:
+            base = self._base_rate
+            if not self._retry_due(rate):
                 return
             self._settled = False
+            if abs(self._base_rate - base) > DRIFT * base:
+                # a drift: more workers first if the rate rose (what held it back may be
+                # gone), fewer if it fell (something else may now compete for the cores)
+                first = ("workers", self._base_rate > base)
+        else:
+            # the base setting's rate: its recent windows (one window is noisy: threads
+            # that contend for the GIL swing the rate by a third from one second to the next)
+            base = self._base_rate
+            if self._base_rates and abs(rate - base) > DRIFT * base:
+                self._base_rates = []  # the rate moved: measure it anew
+            self._base_rates = [*self._base_rates, rate][-BASE_WINDOWS:]
+            self._base_rate = statistics.fmean(self._base_rates)
         self._base_knobs = dict(self._knobs())
-        self._candidates = self._propose()
+        self._candidates = self._propose(first)
         self._next_trial()
+
+    def _retry_due(self, rate: float) -> bool:
+        """One window of a settled stage: whether to try its candidates again now (its rate
+        moved by ``DRIFT`` and stayed there, or the retry timer ran out)."""
+        self._settled_windows += 1
+        base = self._base_rate
+        if abs(rate - base) > DRIFT * base:
+            same_side = not self._away or (self._away[-1] > base) == (rate > base)
+            self._away = [*self._away, rate] if same_side else [rate]
+            if len(self._away) < DRIFT_WINDOWS:
+                return False  # noise until the next window says otherwise
+            self._base_rates, self._away = self._away, []  # the rate moved: measured anew
+            self._base_rate = statistics.fmean(self._base_rates)
+            self._retry_windows = RETRY_WINDOWS
+            return True
+        self._away = []
+        self._base_rates = [*self._base_rates, rate][-BASE_WINDOWS:]
+        self._base_rate = statistics.fmean(self._base_rates)
+        if self._settled_windows < self._retry_windows:
+            return False
+        self._retrying_from = len(self.changes)
+        return True
 
     def _judge(self, knob: str, value: int, rate: float, now: float) -> None:
         """Keeps or reverts the trial of ``knob = value`` that measured ``rate``; starts the
@@ -535,8 +573,15 @@ class StageTuner:
             self._set(knob, value)
             return
         self._token.give(self)
+        if self._retrying_from is not None:
+            # a timed retry: if it changed nothing, the next one waits twice as long
+            unchanged = len(self.changes) == self._retrying_from
+            doubled = min(2 * self._retry_windows, MAX_RETRY_WINDOWS)
+            self._retry_windows = doubled if unchanged else RETRY_WINDOWS
+            self._retrying_from = None
         self._settled = True
         self._settled_windows = 0
+        self._away = []
 
     def _record(
         self, knob: str, old: int, new: int, before: float, after: float, now: float

@@ -134,7 +134,8 @@ class Core:
                         continue  # the wait above returns None once closed
                     generation, seq = self.generation, self.next_claim
                     room = self.policy.buffer_size - self.in_flight
-                    limit = max(1, min(self.policy.thread_chunk(), room))
+                    first_round = seq < self.policy.workers
+                    limit = max(1, min(self.policy.thread_chunk(first_round), room))
                     self.next_claim += 1
                     self.in_flight += limit  # reserved while `take` runs
                     self.tasks_out += 1

@@ -16,6 +16,11 @@ import math
 HANDOFF_S = 30e-6
 """Measured cost of one thread hand-off on CPython 3.11 (2-core VM), with margin."""
 MAX_OVERHEAD = 0.05
+HANDOFF_GIL_SHARE = 0.25
+"""The share of the GIL that all of a stage's hand-offs together may take (64 threads of
+2 ms reads on the 2-core VM, one element a task: 17.9-22.5k elements/s, and 9k for seconds
+at times after a change of workers; tasks of 2: 24.5k, of 4: 26.9k, of 7: 29.4k; 32 threads
+make 15k with tasks of any size, as many as 2 ms waits allow)."""
 INLINE_TARGET_S = 1e-3
 """Inline chunks aim at this much work: long enough to amortise per-chunk bookkeeping."""
 MAX_INLINE_CHUNK = 256
@@ -174,7 +179,9 @@ class ChunkPolicy:
         parallel while the consumer waits)."""
         return self.serve_idle_consumer and self.workers == 1 and self._pace.idle
 
-    def thread_chunk(self) -> int:
+    def thread_chunk(self, first_round: bool = False) -> int:
+        """Elements per task on the workers; ``first_round``: a task of the workers' first
+        round, which a first output waits for (sized for an uncontended hand-off)."""
         if self.element_tasks:
             return 1
         if self.always_offload and not self.cost_sized_offload:
@@ -182,8 +189,16 @@ class ChunkPolicy:
         cost = self.cost
         if cost is None:
             return 1  # nothing measured yet (threads_first): probe on every worker at once
-        wanted = math.ceil(self.handoff_s / (MAX_OVERHEAD * max(cost, 1e-9)))
+        handoff = self.handoff_s if first_round else self.contended_handoff_s()
+        wanted = math.ceil(handoff / (MAX_OVERHEAD * max(cost, 1e-9)))
         return max(1, min(wanted, self.thread_chunk_cap))
+
+    def contended_handoff_s(self) -> float:
+        """What a hand-off costs a stage with this many workers: each task is claimed and
+        filed under the stage's locks and the one GIL, and the hand-offs of all workers
+        together may take at most ``HANDOFF_GIL_SHARE`` of it; past that a woken worker
+        waits its turn, and one that holds a lock while it waits stalls every claim."""
+        return self.handoff_s * max(1.0, self.workers * MAX_OVERHEAD / HANDOFF_GIL_SHARE)
 
     def inline_chunk(self) -> int:
         cost = self.cost

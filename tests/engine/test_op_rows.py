@@ -135,3 +135,42 @@ def test_a_sampled_busy_time_tracks_the_time_spent_after_sampling_thins():
     # adds 0.32 s to the estimate, hence the margin over the wall time (~1.1 s).
     assert 0.8 * count * pause_s <= row.busy_s <= 1.5 * wall
     it.close()
+
+
+class OpensOnSecondTry(gm.IterDataset):
+    """An IterDataset whose first ``iter()`` fails (a file that is not there yet)."""
+
+    def __init__(self, parent):
+        super().__init__(parent)
+        self.tries = 0
+
+    def __iter__(self):
+        self.tries += 1
+        if self.tries == 1:
+            raise OSError("not there yet")
+        return iter(self._parent)
+
+
+def test_an_interleave_samples_on_after_a_sampled_call_failed_to_open_an_iterator():
+    pause_s, count = 1e-3, 600
+
+    def pause(x):
+        time.sleep(pause_s)
+        return x
+
+    ds = gm.experimental.InterleaveIterDataset(
+        [inline_read(7), OpensOnSecondTry(inline_read(count).map(pause))],
+        cycle_length=1,
+        iter_buffer_size=0,
+    )
+    it = iter(ds)
+    delivered = [next(it) for _ in range(7)]
+    with pytest.raises(OSError, match="not there yet"):
+        next(it)  # the eighth call, a sampled one, opens the second dataset
+    delivered.extend(it)
+    assert delivered == [*range(7), *range(count)]
+    row = row_named(rows_of(it), "interleave(")
+    assert row.elements_out == len(delivered) + 1  # the call that raised delivered nothing
+    # sampled on: the pauses after the failure are in the estimate
+    assert row.busy_s >= 0.8 * count * pause_s
+    it.close()

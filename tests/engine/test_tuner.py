@@ -161,6 +161,18 @@ def test_a_buffer_held_by_work_in_flight_behind_a_slow_element_grows_too():
     assert chosen["buffer_size"] == 1536  # 24 -> 96 -> 384 -> 1536 (+50 %: kept)
 
 
+def test_a_consumer_that_waits_most_of_the_time_gets_sixteen_times_the_buffer_at_once():
+    def bursty(workers, buffer_size):
+        return min(buffer_size, 2000) * min(workers, 8) * 10
+
+    stage = SimulatedStage(
+        bursty, workers=8, buffer=8, budget=BUDGET, starved=0.8, fills=True, cpu=0.2
+    )
+    stage.run(2)
+    buffers = [c.new for c in stage.tuner.changes if c.knob == "buffer_size"]
+    assert buffers[:2] == [128, 2048]  # 8 -> 32 -> 128 -> 512 -> 2048 at four times
+
+
 def test_a_buffer_over_the_ram_budget_shrinks_to_fit():
     budget = TuningBudget(interval_s=0.1, cpu_cores=2, ram_bytes=100_000)
     stage = SimulatedStage(io_bound, workers=4, buffer=500, budget=budget, cpu=1.9)

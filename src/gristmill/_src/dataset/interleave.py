@@ -397,7 +397,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._check_open()
         row = self._row  # sampled (call_sampled, inline: no call per element)
         row.left -= 1
-        began = 0.0 if row.left else time.perf_counter()
+        began = 0.0 if row.left > 0 else time.perf_counter()  # below 0: an opening failed
         slots = len(self._in_use)
         if not slots:  # no datasets
             row.left += 1

@@ -21,7 +21,8 @@ windows of ``interval_s`` and climbs:
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
    workers (one thread may give way to none: inline on the consumer's thread), and four
    times the buffer when the consumer waited while finished work, or the work in flight,
-   filled the buffer (a slow element holds the others back). A trial that
+   filled the buffer (a slow element holds the others back; sixteen times when it waited
+   most of the time). A trial that
    spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
    per second; one that spends less is kept unless it computes ``LOSS`` less
    (``LOSS_FOR_A_QUARTER`` for a quarter of the workers or fewer). A trial is
@@ -90,6 +91,10 @@ MAX_RETRY_WINDOWS = 320
 FULL = 0.5
 """A buffer whose mean occupancy (work in flight or ready, sampled as the consumer takes
 from it, so while it drains too) is this share of its bound holds its workers back."""
+MOSTLY_STARVED = 0.5
+"""A consumer that waited more than this share of a window behind a full buffer gets a
+trial of sixteen times the buffer, not four (a buffer of 2 in front of a bursty stage:
+2 -> 48 -> 768 -> 3072 rather than 2 -> 48 -> 192 -> 768 -> 3072, 1.5 s a trial)."""
 MIN_ELEMENTS = 16
 """A window counts once it also delivered this many elements."""
 MAX_WORKERS = 64
@@ -492,7 +497,10 @@ class StageTuner:
                 out.append((("workers", False), ("workers", workers // 2)))
         if self.tune_workers and not threaded and workers == 0:
             out.append((("workers", True), ("workers", 1)))  # inline: back to a thread?
-        bigger = min(4 * buffer, MAX_BUFFER)
+        # four times the buffer; sixteen while the consumer waits most of the time (a
+        # buffer far too small: one trial rather than two)
+        growth = 16 if self._last_starved_share > MOSTLY_STARVED else 4
+        bigger = min(growth * buffer, MAX_BUFFER)
         if not threaded and self._buffer_for_threads is not None:
             # inline because a task of buffer / workers elements would not pay its hand-off:
             # twice the buffer that would just pay it, so that tasks surely do

@@ -173,28 +173,6 @@ def test_a_consumer_that_waits_most_of_the_time_gets_sixteen_times_the_buffer_at
     assert buffers[:2] == [128, 2048]  # 8 -> 32 -> 128 -> 512 -> 2048 at four times
 
 
-def test_a_buffer_that_holds_back_the_workers_that_just_paid_is_tried_before_more_of_them():
-    def bounded_by_buffer(workers, buffer_size):
-        return min(1000 * workers, 10 * buffer_size)
-
-    class TrialRecordingStage(SimulatedStage):
-        def __init__(self, *args, **kwargs):
-            self.trials = []
-            super().__init__(*args, **kwargs)
-
-        def configure(self, workers=None, buffer_size=None):
-            knob = ("workers", workers) if workers is not None else ("buffer", buffer_size)
-            self.trials.append(knob)
-            super().configure(workers, buffer_size)
-
-    stage = TrialRecordingStage(
-        bounded_by_buffer, workers=4, buffer=600, budget=BUDGET, starved=0.3, fills=True, cpu=0.5
-    )
-    stage.run(1.5)
-    # 4 -> 2 loses; 8 pays; then the full buffer first (16 workers would wait for room)
-    assert stage.trials[:4] == [("workers", 2), ("workers", 4), ("workers", 8), ("buffer", 2400)]
-
-
 def test_a_buffer_over_the_ram_budget_shrinks_to_fit():
     budget = TuningBudget(interval_s=0.1, cpu_cores=2, ram_bytes=100_000)
     stage = SimulatedStage(io_bound, workers=4, buffer=500, budget=budget, cpu=1.9)

@@ -505,10 +505,9 @@ class StageTuner:
             # inline because a task of buffer / workers elements would not pay its hand-off:
             # twice the buffer that would just pay it, so that tasks surely do
             bigger = max(bigger, min(2 * (self._buffer_for_threads() or 0), MAX_BUFFER))
-        held_back = threaded and self._last_starved_share > 0.05 and self._last_filled
         if (
             self.tune_buffer
-            and (not threaded or held_back)
+            and (not threaded or (self._last_starved_share > 0.05 and self._last_filled))
             and bigger > buffer
             and bigger * self._element_bytes <= budget.ram_bytes
         ):
@@ -527,10 +526,6 @@ class StageTuner:
                 jump = self._contended_guess(workers)
             if jump is not None:  # tried before anything else
                 return [("workers", jump)] + [c for _, c in out]
-        if first == ("workers", True) and held_back:
-            # more workers just paid, but the consumer now waits behind a full buffer: more
-            # would wait for room too; the larger buffer first
-            first = ("buffer_size", True)
         out.sort(key=lambda item: item[0] != first)
         return [candidate for _, candidate in out]
 

@@ -65,7 +65,7 @@ CASES: dict[str, tuple[Callable[[int], int], gm.ReadOptions, list[gm.ReadOptions
         gm.ReadOptions(num_threads=8, prefetch_buffer_size=2),
         [
             gm.ReadOptions(num_threads=n, prefetch_buffer_size=b)
-            for n in (8, 32)
+            for n in (8, 32, 64)
             for b in (256, 1024, 4096)
         ],
     ),

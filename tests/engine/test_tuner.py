@@ -398,3 +398,12 @@ def test_retries_that_change_nothing_come_less_and_less_often():
     gaps = [b - a for a, b in itertools.pairwise(rounds)]
     assert gaps == sorted(gaps)
     assert stage.knobs["workers"] == 32
+
+
+def test_a_trial_many_times_better_is_judged_on_one_window():
+    stage = SimulatedStage(io_bound, workers=1, buffer=500, budget=BUDGET, cpu=0.0)
+    stage.run(1)
+    jump = stage.tuner.changes[0]  # the first guess's trial: 24 times the rate
+    assert (jump.old, jump.new) == (1, 64)
+    # the base's window, the trial's unmeasured one and one measured: ~0.3 s (0.4 with two)
+    assert jump.at_s < 0.35

@@ -22,14 +22,14 @@ windows of ``interval_s`` and climbs:
    workers (one thread may give way to none: inline on the consumer's thread), and four
    times the buffer when the consumer waited while finished work, or the work in flight,
    filled the buffer (a slow element holds the others back; sixteen times when it waited
-   most of the time). A trial that
-   spends more (workers, memory) is kept when the stage computes ``GAIN`` more elements
-   per second; one that spends less is kept unless it computes ``LOSS`` less
-   (``LOSS_FOR_A_QUARTER`` for a quarter of the workers or fewer). A trial is
-   judged on the mean of ``TRIAL_WINDOWS`` windows after one that is not measured (threads
-   start or leave, the buffer refills; so after a revert too), against the mean of the base
-   setting's last ``BASE_WINDOWS`` windows: threads that contend for the GIL swing one
-   window's rate by a third.
+   most of the time). A trial that spends more (workers, memory) is kept when the stage
+   computes ``GAIN`` more elements per second; one that spends less is kept unless it
+   computes ``LOSS`` less (``LOSS_FOR_A_QUARTER`` for a quarter of the workers or fewer).
+   A trial is judged on the mean of ``TRIAL_WINDOWS`` windows (on one if it is ``CLEAR``
+   times better or worse) after one that is not measured (threads start or leave, the
+   buffer refills; so after a revert too), against the mean of the base setting's last
+   ``BASE_WINDOWS`` windows: threads that contend for the GIL swing one window's rate by a
+   third.
    Fewer workers are tried first (unless more just paid; never the setting a kept trial
    just left: it was measured worse). A stage that runs inline because
    its buffer is too small for a task to pay its hand-off tries the buffer that would.
@@ -75,6 +75,9 @@ freed)."""
 TRIAL_WINDOWS = 2
 """A trial is judged on the mean rate of this many windows, after one that is not
 measured; a base setting is tried again once it has as many."""
+CLEAR = 2.0
+"""... or on one, when it is at least this many times the base rate, or at most the base
+rate over this (one window's noise swings a rate by a third, not by half)."""
 BASE_WINDOWS = 4
 """The base rate is the mean of the base setting's last windows, up to this many."""
 DRIFT = 0.25
@@ -393,7 +396,9 @@ class StageTuner:
             return
         if self._trial is not None:
             self._trial_rates.append(rate)
-            if len(self._trial_rates) < TRIAL_WINDOWS:
+            base = self._base_rate
+            clear = not base / CLEAR < rate < CLEAR * base  # beyond any window's noise
+            if len(self._trial_rates) < TRIAL_WINDOWS and not clear:
                 return
             knob, value = self._trial
             self._trial = None

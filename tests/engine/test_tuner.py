@@ -189,7 +189,10 @@ def test_a_stage_configured_by_hand_is_not_tuned_any_more():
     assert stage.tuner.describe().startswith("frozen, ")
 
 
-@pytest.mark.parametrize(("share", "expected"), [(1.0, 2), (0.5, 4), (0.01, 64)])
+@pytest.mark.parametrize(
+    ("share", "expected"),
+    [(1.0, 2), (0.5, 4), (0.01, 64), (0.05, 40), (0.04, 64)],  # 50: near the cap, 64
+)
 def test_the_first_guess_is_the_cpu_budget_over_the_work_s_cpu_share(share, expected):
     stage = SimulatedStage(io_bound, workers=16, buffer=500, budget=BUDGET)
     stage.tuner.probed(cpu_s=share * 0.002, wall_s=0.002)

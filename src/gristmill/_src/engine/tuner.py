@@ -310,6 +310,10 @@ class StageTuner:
         share = min(1.0, max(cpu_s / wall_s if wall_s > 0 else 1.0, MIN_CPU_SHARE))
         guess = math.ceil(self.budget.cpu_cores / share)
         workers = max(1, min(guess, self.max_workers))
+        if workers < self.max_workers <= 1.5 * workers:
+            # near the cap: the cap (a waiting thread costs little, and no trial of a few
+            # more workers is made: 54 -> 64 would not be tried)
+            workers = self.max_workers
         old = self._knobs()["workers"]
         if workers < old and not self.guess_down:
             # a default's threads: lowered only once the work's cost is known (a first read

@@ -410,14 +410,14 @@ class StageTuner:
             return
         first = None
         if self._settled:
-            base = self._base_rate
-            if not self._retry_due(rate):
+            why = self._retry_due(rate)
+            if why is None:
                 return
             self._settled = False
-            if abs(self._base_rate - base) > DRIFT * base:
+            if why != "timer":
                 # a drift: more workers first if the rate rose (what held it back may be
                 # gone), fewer if it fell (something else may now compete for the cores)
-                first = ("workers", self._base_rate > base)
+                first = ("workers", why == "rose")
         else:
             # the base setting's rate: its recent windows (one window is noisy: threads
             # that contend for the GIL swing the rate by a third from one second to the next)
@@ -430,27 +430,28 @@ class StageTuner:
         self._candidates = self._propose(first)
         self._next_trial()
 
-    def _retry_due(self, rate: float) -> bool:
-        """One window of a settled stage: whether to try its candidates again now (its rate
-        moved by ``DRIFT`` and stayed there, or the retry timer ran out)."""
+    def _retry_due(self, rate: float) -> str | None:
+        """One window of a settled stage: why to try its candidates again now (``"rose"``
+        or ``"fell"``: its rate moved by ``DRIFT`` and stayed there; ``"timer"``: the retry
+        timer ran out), or None."""
         self._settled_windows += 1
         base = self._base_rate
         if abs(rate - base) > DRIFT * base:
             same_side = not self._away or (self._away[-1] > base) == (rate > base)
             self._away = [*self._away, rate] if same_side else [rate]
             if len(self._away) < DRIFT_WINDOWS:
-                return False  # noise until the next window says otherwise
+                return None  # noise until the next window says otherwise
             self._base_rates, self._away = self._away, []  # the rate moved: measured anew
             self._base_rate = statistics.fmean(self._base_rates)
             self._retry_windows = RETRY_WINDOWS
-            return True
+            return "rose" if rate > base else "fell"
         self._away = []
         self._base_rates = [*self._base_rates, rate][-BASE_WINDOWS:]
         self._base_rate = statistics.fmean(self._base_rates)
         if self._settled_windows < self._retry_windows:
-            return False
+            return None
         self._retrying_from = len(self.changes)
-        return True
+        return "timer"
 
     def _judge(self, knob: str, value: int, rate: float, now: float) -> None:
         """Keeps or reverts the trial of ``knob = value`` that measured ``rate``; starts the

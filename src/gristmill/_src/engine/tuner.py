@@ -19,10 +19,14 @@ windows of ``interval_s`` and climbs:
    fewer threads make larger tasks look worth one, and cheap work the policy reads inline
    (its first read, a cold start, looked costly) would contend on threads instead.
 2. **Trials.** From the current setting it tries, one at a time, half and twice the
-   workers (one thread may give way to none: inline on the consumer's thread), and four
+   workers (one thread may give way to none: inline on the consumer's thread; four times
+   as many after more workers paid nearly in proportion, ``ACCELERATE``), and four
    times the buffer when the consumer waited while finished work, or the work in flight,
    filled the buffer (a slow element holds the others back; sixteen times when it waited
-   most of the time). A trial that spends more (workers, memory) is kept when the stage
+   most of the time). While the buffer holds the consumer back so, a trial of more
+   workers grows it in proportion too (the two knobs are one move, kept or reverted
+   together: a stage bound by both gains from neither alone). The order is ``ORDER``'s.
+   A trial that spends more (workers, memory) is kept when the stage
    computes ``GAIN`` more elements per second; one that spends less is kept unless it
    computes ``LOSS`` less (``LOSS_FOR_A_QUARTER`` for a quarter of the workers or fewer).
    A trial is judged on the mean of ``TRIAL_WINDOWS`` windows (on one if it is ``CLEAR``
@@ -30,8 +34,9 @@ windows of ``interval_s`` and climbs:
    buffer refills; so after a revert too), against the mean of the base setting's last
    ``BASE_WINDOWS`` windows: threads that contend for the GIL swing one window's rate by a
    third.
-   Fewer workers are tried first (unless more just paid; never the setting a kept trial
-   just left: it was measured worse). A stage that runs inline because
+   Fewer workers are tried first, then a larger buffer, then more workers (unless more
+   just paid, or a larger buffer did; never the setting a kept trial just left: it was
+   measured worse). A stage that runs inline because
    its buffer is too small for a task to pay its hand-off tries the buffer that would.
    Otherwise the previous setting comes back. Once no candidate is left, the setting stays
    until the rate drifts by ``DRIFT`` (for ``DRIFT_WINDOWS`` windows in a row: fewer
@@ -98,6 +103,12 @@ MOSTLY_STARVED = 0.5
 """A consumer that waited more than this share of a window behind a full buffer gets a
 trial of sixteen times the buffer, not four (a buffer of 2 in front of a bursty stage:
 2 -> 48 -> 768 -> 3072 rather than 2 -> 48 -> 192 -> 768 -> 3072, 1.5 s a trial)."""
+ACCELERATE = 0.8
+"""A trial of more workers kept with at least this share of a proportional gain (twice the
+workers, 1.6 times the rate) is followed by a trial of four times as many, not twice: far
+from where more workers stop paying, doublings cost a trial each (8 -> 16 -> 32 -> 64
+threads before a bursty stage: 1.5 s a trial). When four times as many do not pay, twice
+as many are tried next."""
 MIN_ELEMENTS = 16
 """A window counts once it also delivered this many elements."""
 MAX_WORKERS = 64
@@ -119,6 +130,18 @@ spend as much: their trial of none is reverted."""
 MIN_CPU_SHARE = 1 / 64
 """A first guess assumes at least this share of CPU time (a sleeping read gets 64 threads
 per core at most, then ``max_workers`` caps it)."""
+
+
+ORDER: dict[tuple[str, bool], list[tuple[str, bool]]] = {
+    # fewer workers first (spending less is the safer trial), then a buffer that holds the
+    # consumer back (it waited behind a full one), before more workers
+    ("workers", False): [("workers", False), ("buffer_size", True), ("workers", True)],
+    # after a trial that paid, the same again first; then ...
+    ("workers", True): [("workers", True), ("workers", False), ("buffer_size", True)],
+    # ... more workers after a larger buffer (more work may now be in flight)
+    ("buffer_size", True): [("buffer_size", True), ("workers", True), ("workers", False)],
+}
+"""The order of a stage's trials, by the kind of trial to try first (``(knob, more)``)."""
 
 
 def available_cores() -> int:
@@ -159,7 +182,8 @@ class TuningBudget:
 
 @dataclasses.dataclass(frozen=True)
 class Change:
-    """One decision of the tuner."""
+    """One decision of the tuner (a trial that moved the workers and the buffer together
+    and was kept is two changes at the same ``at_s``)."""
 
     at_s: float
     """Seconds since the stage's tuner started."""
@@ -267,11 +291,12 @@ class StageTuner:
         self._window: _Window | None = None
         self._base_rate = 0.0
         self._base_knobs: dict[str, int] = {}
-        self._trial: tuple[str, int] | None = None  # (knob, value) on trial
+        self._trial: dict[str, int] | None = None  # the move on trial: knob -> value
         self._trial_rates: list[float] = []  # its windows' rates, once settled
         self._unsettled = 0  # windows left that follow a change (not measured)
         self._base_rates: list[float] = []  # the base setting's recent windows
-        self._candidates: list[tuple[str, int]] = []
+        self._candidates: list[dict[str, int]] = []  # moves; the first knob is the move's
+        self._workers_step = 2  # more workers are tried as this many times as many
         self._settled = False
         self._settled_windows = 0
         self._away: list[float] = []  # a settled stage's windows in a row away from its base
@@ -290,9 +315,10 @@ class StageTuner:
         return dict(self._base_knobs) if self._trial is not None else None
 
     @property
-    def trying(self) -> tuple[str, int] | None:
-        """The ``(knob, value)`` on trial now, if any."""
-        return self._trial
+    def trying(self) -> dict[str, int] | None:
+        """The settings on trial now (``{"workers": 32}``, or with the buffer that moves
+        with them), if any."""
+        return dict(self._trial) if self._trial is not None else None
 
     # -- the runner's calls -------------------------------------------------------------
 
@@ -308,12 +334,7 @@ class StageTuner:
             return
         self._probed = True
         share = min(1.0, max(cpu_s / wall_s if wall_s > 0 else 1.0, MIN_CPU_SHARE))
-        guess = math.ceil(self.budget.cpu_cores / share)
-        workers = max(1, min(guess, self.max_workers))
-        if workers < self.max_workers <= 1.5 * workers:
-            # near the cap: the cap (a waiting thread costs little, and no trial of a few
-            # more workers is made: 54 -> 64 would not be tried)
-            workers = self.max_workers
+        workers = self._near_cap(max(1, math.ceil(self.budget.cpu_cores / share)))
         old = self._knobs()["workers"]
         if workers < old and not self.guess_down:
             # a default's threads: lowered only once the work's cost is known (a first read
@@ -404,9 +425,8 @@ class StageTuner:
             clear = not base / CLEAR < rate < CLEAR * base  # beyond any window's noise
             if len(self._trial_rates) < TRIAL_WINDOWS and not clear:
                 return
-            knob, value = self._trial
-            self._trial = None
-            self._judge(knob, value, statistics.fmean(self._trial_rates), now)
+            move, self._trial = self._trial, None
+            self._judge(move, statistics.fmean(self._trial_rates), now)
             return
         first = None
         if self._settled:
@@ -453,10 +473,12 @@ class StageTuner:
         self._retrying_from = len(self.changes)
         return "timer"
 
-    def _judge(self, knob: str, value: int, rate: float, now: float) -> None:
-        """Keeps or reverts the trial of ``knob = value`` that measured ``rate``; starts the
-        next one."""
-        old = self._base_knobs[knob]
+    def _judge(self, move: dict[str, int], rate: float, now: float) -> None:
+        """Keeps or reverts the trial of ``move`` (its first knob says what it is: more or
+        fewer workers, a larger buffer) that measured ``rate``; starts the next one."""
+        left = {knob: self._base_knobs[knob] for knob in move}
+        knob, value = next(iter(move.items()))
+        old = left[knob]
         spends_more = value > old
         if spends_more:
             kept = rate >= self._base_rate * GAIN
@@ -464,49 +486,72 @@ class StageTuner:
             saves_most = knob == "workers" and old >= 4 and 4 * value <= old
             kept = rate >= self._base_rate * (LOSS_FOR_A_QUARTER if saves_most else LOSS)
         _logger.debug(
-            "autotune: stage %r: tried %s %d -> %d: %.0f -> %.0f elements/s, %s",
+            "autotune: stage %r: tried %s: %.0f -> %.0f elements/s, %s",
             self.name,
-            knob,
-            old,
-            value,
+            ", ".join(f"{k} {left[k]} -> {v}" for k, v in move.items()),
             self._base_rate,
             rate,
             "kept" if kept else "reverted",
         )
+        more_workers = knob == "workers" and spends_more
         if kept:
-            self._record(knob, old, value, self._base_rate, rate, now)
+            for changed, new in move.items():
+                self._record(changed, left[changed], new, self._base_rate, rate, now)
+            if more_workers:
+                # nearly in proportion: far from where more workers stop paying
+                in_step = old > 0 and rate >= ACCELERATE * self._base_rate * value / old
+                self._workers_step = 4 if in_step else 2
             self._base_rates = list(self._trial_rates)
             self._base_rate = rate
             self._base_knobs = dict(self._knobs())
             # the same direction again first: it paid once; not back to where it came
             # from (just measured: worse)
             self._candidates = [
-                c for c in self._propose(first=(knob, spends_more)) if c != (knob, old)
+                c for c in self._propose(first=(knob, spends_more)) if c.get(knob) != old
             ]
         else:
-            self._set(knob, old)
+            self._set(left)
             self._unsettled = 1  # the base setting's next window is a transition too
+            if more_workers and self._workers_step > 2:
+                # four times as many did not pay: twice as many might
+                self._workers_step = 2
+                halfway = {k: min(2 * left[k], v) for k, v in move.items()}
+                if halfway[knob] < value:
+                    self._candidates.insert(0, halfway)
         self._next_trial()
 
-    def _propose(self, first: tuple[str, bool] | None = None) -> list[tuple[str, int]]:
+    def _propose(self, first: tuple[str, bool] | None = None) -> list[dict[str, int]]:
         knobs = self._base_knobs
         workers, buffer = knobs["workers"], knobs["buffer_size"]
-        out: list[tuple[tuple[str, bool], tuple[str, int]]] = []
+        out: list[tuple[tuple[str, bool], dict[str, int]]] = []
         budget = self.budget
         threaded = self._counters.executor != "inline"
+        # the consumer waited while finished work, or the work in flight, filled the buffer
+        buffer_binds = self.tune_buffer and self._last_starved_share > 0.05 and self._last_filled
         if self.tune_workers and threaded:
-            more = min(2 * workers, self.max_workers)
+            more = self._near_cap(self._workers_step * workers)
             # not a few more near the cap: they could not gain GAIN, and every change of
             # workers shakes a threaded stage's rate for a while
-            if more >= 1.5 * workers and self._last_cpu_share < 0.9 * budget.cpu_cores:
-                out.append((("workers", True), ("workers", more)))
+            if (
+                workers > 0
+                and more >= 1.5 * workers
+                and self._last_cpu_share < 0.9 * budget.cpu_cores
+            ):
+                move = {"workers": more}
+                # a buffer that holds the workers back holds more workers back as much:
+                # it grows with them, in the same trial (one knob at a time, neither pays)
+                scaled = min(buffer * more // workers, MAX_BUFFER)
+                grows = buffer_binds and scaled > buffer and self._buffer_follows is None
+                if grows and self._fits(scaled):
+                    move["buffer_size"] = scaled
+                out.append((("workers", True), move))
             # one thread may give way to none (inline, on the consumer's thread): only a
             # thread executor's work can run there
             fewest = 0 if self._counters.executor == "threads" else 1
             if workers // 2 >= fewest and workers > fewest:
-                out.append((("workers", False), ("workers", workers // 2)))
+                out.append((("workers", False), {"workers": workers // 2}))
         if self.tune_workers and not threaded and workers == 0:
-            out.append((("workers", True), ("workers", 1)))  # inline: back to a thread?
+            out.append((("workers", True), {"workers": 1}))  # inline: back to a thread?
         # four times the buffer; sixteen while the consumer waits most of the time (a
         # buffer far too small: one trial rather than two)
         growth = 16 if self._last_starved_share > MOSTLY_STARVED else 4
@@ -517,27 +562,28 @@ class StageTuner:
             bigger = max(bigger, min(2 * (self._buffer_for_threads() or 0), MAX_BUFFER))
         if (
             self.tune_buffer
-            and (not threaded or (self._last_starved_share > 0.05 and self._last_filled))
+            and (not threaded or buffer_binds)
             and bigger > buffer
-            and bigger * self._element_bytes <= budget.ram_bytes
+            and self._fits(bigger)
         ):
-            out.append((("buffer_size", True), ("buffer_size", bigger)))
-        if (
-            self.tune_buffer
-            and self._element_bytes
-            and buffer * self._element_bytes > budget.ram_bytes
-        ):
+            out.append((("buffer_size", True), {"buffer_size": bigger}))
+        if self.tune_buffer and not self._fits(buffer):
             fits = max(1, budget.ram_bytes // self._element_bytes)
-            return [("buffer_size", int(fits))]  # over the RAM budget: shrink first
+            return [{"buffer_size": int(fits)}]  # over the RAM budget: shrink first
         if first is None:
             first = ("workers", False)  # fewer first: spending less is the safer trial
             jump = self._io_bound_guess(workers, threaded)
             if jump is None:
                 jump = self._contended_guess(workers)
             if jump is not None:  # tried before anything else
-                return [("workers", jump)] + [c for _, c in out]
-        out.sort(key=lambda item: item[0] != first)
+                return [{"workers": jump}] + [c for _, c in out]
+        order = ORDER.get(first, ORDER[("workers", False)])
+        out.sort(key=lambda item: order.index(item[0]))
         return [candidate for _, candidate in out]
+
+    def _fits(self, buffer: int) -> bool:
+        """Whether a buffer of ``buffer`` delivered elements fits the RAM budget."""
+        return buffer * self._element_bytes <= self.budget.ram_bytes
 
     def _threads_pay_now(self) -> bool:
         """Whether the stage's tasks already pay a hand-off with its workers now (its buffer
@@ -557,8 +603,13 @@ class StageTuner:
         if self._last_cpu_share >= 0.9 * cores:
             return None
         share = max(self._last_work_cpu_share, MIN_CPU_SHARE)
-        guess = min(math.ceil(IO_HEADROOM * cores / share), self.max_workers)
+        guess = self._near_cap(math.ceil(IO_HEADROOM * cores / share))
         return guess if guess > 2 * workers else None
+
+    def _near_cap(self, workers: int) -> int:
+        """``workers``, or the cap when they are within 1.5 times of it (a waiting thread
+        costs little, and no trial of a few more is made: 54 -> 64 would not be tried)."""
+        return self.max_workers if 1.5 * workers >= self.max_workers else workers
 
     def _contended_guess(self, workers: int) -> int | None:
         """On the first measurement of a stage with more than twice as many workers as
@@ -578,17 +629,17 @@ class StageTuner:
 
     def _next_trial(self) -> None:
         while self._candidates:
-            knob, value = self._candidates[0]
-            if value == self._base_knobs[knob]:
+            move = self._candidates[0]
+            if all(value == self._base_knobs[knob] for knob, value in move.items()):
                 self._candidates.pop(0)
                 continue
             if not self._token.take(self):
                 return  # another stage's trial runs: measure the base again, then try
             self._candidates.pop(0)
-            self._trial = (knob, value)
+            self._trial = move
             self._trial_rates = []
             self._unsettled = 1
-            self._set(knob, value)
+            self._set(move)
             return
         self._token.give(self)
         if self._retrying_from is not None:
@@ -599,6 +650,7 @@ class StageTuner:
             self._retrying_from = None
         self._settled = True
         self._settled_windows = 0
+        self._workers_step = 2
         self._away = []
 
     def _record(
@@ -612,14 +664,13 @@ class StageTuner:
                 "autotune: stage %r: %s %d -> %d%s%s", self.name, knob, old, new, rates, hint
             )
 
-    def _set(self, knob: str, value: int) -> None:
-        if knob == "workers" and self._buffer_follows is not None:
-            self._configure(workers=value, buffer_size=self._buffer_follows(value))
-        else:
-            self._configure(**{knob: value})
+    def _set(self, move: dict[str, int]) -> None:
+        if "workers" in move and self._buffer_follows is not None:
+            move = {**move, "buffer_size": self._buffer_follows(move["workers"])}
+        self._configure(**move)
 
     def _apply(self, knob: str, old: int, new: int, before: float, after: float) -> None:
-        self._set(knob, new)
+        self._set({knob: new})
         self._record(knob, old, new, before, after, self._clock())
 
     def describe(self) -> str:

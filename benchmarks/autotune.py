@@ -92,8 +92,9 @@ def steady_rate(fn: Callable[[int], int], options: gm.ReadOptions, window: float
 
 def tuned_rates(
     fn: Callable[[int], int], options: gm.ReadOptions, seconds: float, window: float
-) -> tuple[list[tuple[float, float]], dict[str, Any]]:
-    """(end of window in s since start, rate over the window) for each window."""
+) -> tuple[list[tuple[float, float]], dict[str, Any], list[Any]]:
+    """(end of window in s since start, rate over the window) for each window; the settings
+    chosen; the tuner's changes."""
     started = time.perf_counter()
     it = _iterator(fn, options)
     next(it)
@@ -106,8 +107,9 @@ def tuned_rates(
             rates.append((now - started, count / (now - began)))
             count, began = 0, now
     settings = it.plan().settings()
+    changes = [change for stage in it.plan().changes().values() for change in stage]
     it.close()
-    return rates, settings
+    return rates, settings, changes
 
 
 def main() -> None:
@@ -120,7 +122,9 @@ def main() -> None:
         "--only", action="append", default=[], help="run the cases whose name has this text"
     )
     parser.add_argument(
-        "--verbose", action="store_true", help="also print each swept setting's two rates"
+        "--verbose",
+        action="store_true",
+        help="also print the tuned run's rates and changes, and each swept setting's two rates",
     )
     args = parser.parse_args()
     print(
@@ -150,7 +154,7 @@ def compare(
     """One case: the sweep, the tuned run, the chosen settings and the sweep again; one
     line. Returns the tuned and the chosen settings' ratios to hand-tuned."""
     before = [steady_rate(fn, o, args.hand_window) for o in sweep]
-    rates, settings = tuned_rates(fn, wrong, args.seconds, args.window)
+    rates, settings, changes = tuned_rates(fn, wrong, args.seconds, args.window)
     (chosen,) = settings.values()
     frozen = gm.ReadOptions(
         num_threads=chosen["workers"], prefetch_buffer_size=chosen["buffer_size"]
@@ -172,6 +176,12 @@ def compare(
         flush=True,
     )
     if args.verbose:
+        print(f"    tuned run, rate per window: {[round(r) for _, r in rates]}")
+        for c in changes:
+            print(
+                f"    at {c.at_s:.1f} s: {c.knob} {c.old} -> {c.new} "
+                f"({c.rate_before:,.0f} -> {c.rate_after:,.0f})"
+            )
         print(f"    chosen {frozen}: {chosen_rate:,.0f}", flush=True)
         for options, a, b in zip(sweep, before, after, strict=True):
             print(f"    {options}: {a:,.0f} before, {b:,.0f} after", flush=True)

@@ -102,7 +102,7 @@ from it, so while it drains too) is this share of its bound holds its workers ba
 MOSTLY_STARVED = 0.5
 """A consumer that waited more than this share of a window behind a full buffer gets a
 trial of sixteen times the buffer, not four (a buffer of 2 in front of a bursty stage:
-2 -> 48 -> 768 -> 3072 rather than 2 -> 48 -> 192 -> 768 -> 3072, 1.5 s a trial)."""
+2 -> 48 -> 768 rather than 2 -> 48 -> 192 -> 768, 1.5 s a trial)."""
 ACCELERATE = 0.8
 """A trial of more workers kept with at least this share of a proportional gain (twice the
 workers, 1.6 times the rate) is followed by a trial of four times as many, not twice: far

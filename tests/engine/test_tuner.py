@@ -384,7 +384,9 @@ def test_many_threads_that_spend_both_cores_are_halved_not_sent_inline():
 
 def test_inline_is_kept_at_a_few_percent_less_than_many_contending_threads():
     def partly_inline_already(workers, buffer_size):
-        return 50_000 if workers else 47_500  # the policy ran the 16 threads' work inline too
+        # the policy ran the 16 threads' work inline too: they measure a few percent more
+        # than inline itself (0.92-0.95 of it in traces), and one window's noise more
+        return 50_000 if workers else 44_000
 
     stage = SimulatedStage(partly_inline_already, workers=16, buffer=500, budget=BUDGET, cpu=1.0)
     stage.run(1)

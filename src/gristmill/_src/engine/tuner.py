@@ -77,9 +77,9 @@ LOSS_FOR_A_QUARTER = 0.85
 """... and one that keeps a quarter of the workers or fewer this much less (16 threads of
 Python work against inline: within the noise of one window of either, and 16 threads
 freed). The 16 threads' base rate is measured while the chunk policy runs their ~15 us
-work inline, now and then on threads: traced trials of inline read 0.92-0.95 of it on the
-2-core VM, so a limit of 0.9 let noise revert one now and then, and the 16 threads later
-ran threaded at 0.7 of inline for seconds."""
+work mostly inline, now and then on threads: traced trials of inline read 0.92-0.95 of it
+on the 2-core VM, close enough to a limit of 0.9 for noise to revert one (an untraced
+benchmark run kept 16 threads at 0.69 of inline; that this was the cause is a guess)."""
 TRIAL_WINDOWS = 2
 """A trial is judged on the mean rate of this many windows, after one that is not
 measured; a base setting is tried again once it has as many."""

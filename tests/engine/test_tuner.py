@@ -134,6 +134,17 @@ def test_a_kept_trial_is_not_followed_by_a_trial_of_the_setting_it_left():
     assert [w for _, w in stage.set_workers] == [2, 4, 8, 16, 32, 64, 32]
 
 
+def test_fewer_workers_do_not_go_back_below_a_count_that_more_workers_beat():
+    def flat_from_32(workers, buffer_size):
+        return 1_000 * min(workers, 32)
+
+    stage = RecordingStage(flat_from_32, workers=8, buffer=500, budget=BUDGET, cpu=0.5)
+    stage.run(2.5)  # less than RETRY_WINDOWS after it settles: no retry yet
+    # 8 -> 4 loses; 8 -> 16 doubles the rate, then 16 -> 64 pays: kept; 64 -> 32 is as
+    # fast: kept; 32 -> 16 is not tried (64 beat 16 a trial ago)
+    assert [w for _, w in stage.set_workers] == [4, 8, 16, 64, 32]
+
+
 def test_when_four_times_the_workers_do_not_pay_twice_as_many_are_tried():
     def peaks_at_16(workers, buffer_size):
         return 500 * workers if workers <= 16 else 3000  # more threads thrash

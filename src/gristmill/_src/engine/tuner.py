@@ -39,8 +39,9 @@ windows of ``interval_s`` and climbs:
    after all if it would have been against all of the base's windows.
    Fewer workers are tried first, then a larger buffer, then more workers (unless more
    just paid, or a larger buffer did; never the setting a kept trial just left: it was
-   measured worse). A stage that runs inline because
-   its buffer is too small for a task to pay its hand-off tries the buffer that would.
+   measured worse; nor, until the stage settles, fewer workers than more workers beat).
+   A stage that runs inline because its buffer is too small for a task to pay its
+   hand-off tries the buffer that would.
    Otherwise the previous setting comes back. Once no candidate is left, the setting stays
    until the rate drifts by ``DRIFT`` (for ``DRIFT_WINDOWS`` windows in a row: fewer
    away are noise), or for ``RETRY_WINDOWS`` windows, twice as long after each retry that
@@ -319,6 +320,12 @@ class StageTuner:
         self._base_rates: list[float] = []  # the base setting's recent windows
         self._candidates: list[dict[str, int]] = []  # moves; the first knob is the move's
         self._workers_step = 2  # more workers are tried as this many times as many
+        # Until the stage settles, trials of fewer workers stay above this: more workers
+        # than ``old`` were kept (they paid ``GAIN``), so ``old`` was worse, and so is
+        # anything below it on a rate that rises with the workers, then falls. (Not the
+        # reverse for kept fewer workers: a trial that spends less is kept at a small loss,
+        # noise keeps some, and a later trial of more workers must undo them.)
+        self._workers_floor = -1
         self._settled = False
         self._settled_windows = 0
         self._away: list[float] = []  # a settled stage's windows in a row away from its base
@@ -557,6 +564,7 @@ class StageTuner:
             # nearly in proportion: far from where more workers stop paying
             in_step = old > 0 and rate >= ACCELERATE * before * value / old
             self._workers_step = 4 if in_step else 2
+            self._workers_floor = max(self._workers_floor, old)
         self._base_rates = list(self._trial_rates)
         self._base_rate = rate
         self._base_knobs = dict(self._knobs())
@@ -619,8 +627,9 @@ class StageTuner:
             # one thread may give way to none (inline, on the consumer's thread): only a
             # thread executor's work can run there
             fewest = 0 if self._counters.executor == "threads" else 1
-            if workers // 2 >= fewest and workers > fewest:
-                out.append((("workers", False), {"workers": workers // 2}))
+            fewer = workers // 2
+            if fewer >= fewest and workers > fewest and fewer > self._workers_floor:
+                out.append((("workers", False), {"workers": fewer}))
         if self.tune_workers and not threaded and workers == 0:
             out.append((("workers", True), {"workers": 1}))  # inline: back to a thread?
         # four times the buffer; sixteen while the consumer waits most of the time (a
@@ -731,6 +740,7 @@ class StageTuner:
         self._settled = True
         self._settled_windows = 0
         self._workers_step = 2
+        self._workers_floor = -1
         self._away = []
 
     def _record(

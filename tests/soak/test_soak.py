@@ -47,7 +47,11 @@ def check_flat(result: dict) -> None:
         rss = [s["workers"][pid] for s in after if pid in s["workers"]]
         assert len(rss) == len(after), f"worker {pid} did not last the soak"
         assert grew(rss) < 16 * MIB, (pid, [r >> 20 for r in rss])
-    assert grew([s["fds"] for s in after]) <= 0, [s["fds"] for s in after]
+    fds = [s["fds"] for s in after]
+    half = len(fds) // 2
+    # floors, not peaks: a pipe or socket open at the moment of a sample is not a leak (CI
+    # failed on 22 -> 22 with a sample of 23 in the later half); a leak raises the floor
+    assert min(fds[half:]) <= min(fds[: half + 1]), fds
     shm = [s["shm"] for s in after]
     assert max(shm) <= 64, shm  # results in flight only: a sample is 0..buffer at random
     half = len(shm) // 2
@@ -79,6 +83,12 @@ def test_the_flatness_check_catches_a_steady_leak(leak):
     check_flat(synthetic())  # flat: passes
     with pytest.raises(AssertionError):
         check_flat(synthetic(**leak))
+
+
+def test_the_flatness_check_lets_a_descriptor_open_for_one_sample_pass():
+    result = synthetic()
+    result["samples"][-2]["fds"] += 1
+    check_flat(result)
 
 
 @pytest.mark.slow

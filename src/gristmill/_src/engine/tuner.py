@@ -125,7 +125,7 @@ as many are tried next."""
 MORE_AT_LEAST = 1.15
 """A trial of more workers has at least this many times as many: the cap from 51-54
 threads of 2 ms reads, which gained in proportion up to 64 on the 2-core VM (51-54
-threads ran at 0.84-0.88 of 64's rate, with no trial of 64); not 57 -> 64: they could not
+threads scored 0.80-0.88 of hand-tuned, 64, with no trial of 64); not 57 -> 64: they could not
 gain ``GAIN`` unless in proportion, and every change of workers shakes a threaded stage's
 rate for a while."""
 MIN_ELEMENTS = 16

@@ -583,14 +583,15 @@ class StageTuner:
         self._confirming = None
         # all of the base's windows, before the trial and after it: the trial is judged
         # on more of them, not on others
-        fresh = statistics.fmean(self._base_rates + self._fresh_rates)
+        windows = self._base_rates + self._fresh_rates
+        fresh = statistics.fmean(windows)
         _logger.debug(
             "autotune: stage %r: base measured again: %.0f elements/s (was %.0f)",
             self.name,
             fresh,
             self._base_rate,
         )
-        self._base_rates = (self._base_rates + self._fresh_rates)[-BASE_WINDOWS:]
+        self._base_rates = windows[-BASE_WINDOWS:]
         self._base_rate = statistics.fmean(self._base_rates)
         if rate >= fresh * needs:
             left = {knob: self._base_knobs[knob] for knob in move}

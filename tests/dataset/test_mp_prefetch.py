@@ -243,6 +243,40 @@ def test_no_segment_is_left_by_an_early_close_or_a_killed_worker():
     assert fns.own_shm_segments() <= before
 
 
+def _no_worker_or_thread_within(seconds):
+    """Whether every worker process and gristmill thread is gone within ``seconds``. Idle
+    workers may be kept for the next stage, busy ones must be gone: the reaper, stopping a
+    stage on its own thread, may pool an idle one at any time, so the pool is emptied on
+    every check."""
+    deadline = time.monotonic() + seconds
+    while True:
+        worker_pool.shutdown_idle_workers()
+        threads = [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
+        if not multiprocessing.active_children() and not threads:
+            return True
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left: {multiprocessing.active_children()}, {threads}")
+        time.sleep(0.05)
+
+
+def test_ctrl_c_again_while_the_stage_closes_still_stops_every_worker():
+    """A second Ctrl-C that lands in the close the first one started (here: in the grace a
+    busy worker gets to stop) interrupts that close; the rest of it runs on gristmill's
+    reaper thread, which no signal reaches, so the minute-long tasks do not keep the
+    workers."""
+    ds = gm.MapDataset.range(100).map(fns.sleep_after_first).to_iter_dataset()
+    it = iter(ds.mp_prefetch(options(2)))
+    assert next(it) == 0
+    time.sleep(0.2)  # both workers are in a task now
+    with interrupts.until_caught(after_s=0.3) as caught:
+        with pytest.raises(KeyboardInterrupt):
+            it.close()  # gives a busy worker a second's grace before it terminates it
+        caught.set()
+    del it
+    gc.collect()
+    assert _no_worker_or_thread_within(5)
+
+
 def test_keyboard_interrupt_while_waiting_leaves_no_worker_or_thread():
     """A real SIGINT to the main thread while it waits for the workers (sent again until
     caught: CPython drops one that lands while the main thread runs a finaliser)."""
@@ -256,11 +290,4 @@ def test_keyboard_interrupt_while_waiting_leaves_no_worker_or_thread():
         caught.set()
     del it
     gc.collect()
-    worker_pool.shutdown_idle_workers()  # idle workers may be kept; busy ones must be gone
-    deadline = time.monotonic() + 5
-    while (
-        multiprocessing.active_children()
-        or [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
-    ) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert multiprocessing.active_children() == []
+    assert _no_worker_or_thread_within(5)

@@ -139,3 +139,12 @@ class OddTwice(_gm.transforms.FlatMap):
 
     def flat_map(self, x):
         return [x, x + 100][: 1 + x % 2]
+
+
+def sleep_after_first(x):
+    """Element 0 at once; every later one sleeps a minute (a worker busy when the stage closes)."""
+    if x > 0:
+        import time
+
+        time.sleep(60)
+    return x

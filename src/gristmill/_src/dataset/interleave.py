@@ -309,7 +309,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._open_ahead = num_make_iter_threads > 0 and make_iter_buffer_size > 0
         self._runner: OrderedChunkRunner | None = None
         self._ahead = _OpenedAhead()
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._finalizer: reaper.Watch | None = None
         self._chunk: Chunk | None = None
         self._position = 0
         self._reading = _ReadingRow(self)
@@ -527,13 +527,16 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
     def close(self) -> None:
         if self._closed:
             return
-        if self._runner is not None:
-            self._runner.close()  # joins the workers: no read is running after this
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        self._chunk = None
-        self._ahead.shutdown()
-        for iterator in self._iterators:
-            if iterator is not None:
-                iterator.close()
-        super().close()
+        try:
+            if self._runner is not None:
+                self._runner.close()  # joins the workers: no read is running after this
+            self._chunk = None
+            if self._finalizer is not None:
+                self._finalizer.close()  # shuts the read-ahead down
+            else:
+                self._ahead.shutdown()
+            for iterator in self._iterators:
+                if iterator is not None:
+                    iterator.close()
+        finally:  # upstream too, when Ctrl-C cut this close short
+            super().close()

@@ -212,10 +212,12 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
         return Plan.joined([super().plan()], own)
 
     def close(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
-        super().close()
+        producer, self._producer = self._producer, None
+        try:
+            if producer is not None:
+                producer.close()
+        finally:  # upstream too, when Ctrl-C cut the producer's close short
+            super().close()
 
 
 def multithread_prefetch(

@@ -329,14 +329,15 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
     # -- lifetime ----------------------------------------------------------------------
 
     def _stop_worker(self) -> None:
-        if self._finalizer is not None and self._finalizer.detach() is not None:
-            assert self._worker is not None
-            self._worker.shutdown()
+        if self._finalizer is not None:
+            self._finalizer.close()
         self._worker, self._finalizer, self._ready = None, None, False
 
     def close(self) -> None:
-        self._stop_worker()
-        super().close()
+        try:
+            self._stop_worker()
+        finally:  # upstream too, when Ctrl-C cut the worker's stop short
+            super().close()
 
     def __str__(self) -> str:
         return f"ProcessPrefetchDatasetIterator(buffer_size={self._buffer_size})"

@@ -250,14 +250,16 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
         return Plan.joined([super().plan()], *own)
 
     def close(self) -> None:
-        if self._runner is not None:
-            self._runner.close()
-        stream = self._stream
-        if stream is not None:
-            stream.close()  # a read in progress stops after its element ...
-            with stream.lock:  # ... and ends before the head is closed under it
-                pass
-        super().close()
+        try:
+            if self._runner is not None:
+                self._runner.close()
+            stream = self._stream
+            if stream is not None:
+                stream.close()  # a read in progress stops after its element ...
+                with stream.lock:  # ... and ends before the head is closed under it
+                    pass
+        finally:  # upstream too, when Ctrl-C cut this close short
+            super().close()
 
     def __str__(self) -> str:
         return f"StreamStageDatasetIterator(ops={self._ops.name!r})"

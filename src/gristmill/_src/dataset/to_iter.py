@@ -483,9 +483,11 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         return _read_plan(self._runner, self._clock)
 
     def close(self) -> None:
-        if self._runner is not None:
-            self._runner.close()
-        super().close()
+        try:
+            if self._runner is not None:
+                self._runner.close()
+        finally:  # upstream too, when Ctrl-C cut the runner's close short
+            super().close()
 
     def __str__(self) -> str:
         return f"PrefetchDatasetIterator(next_index={self._next_index})"

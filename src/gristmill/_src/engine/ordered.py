@@ -561,8 +561,7 @@ class ChunkRunner:
 
     def close(self) -> None:
         """Stops the executor's threads and upstream's (joined within 1 s); idempotent."""
-        if self._finalizer.detach() is not None:
-            self._core.shutdown()
+        self._finalizer.close()
 
     @property
     def closed(self) -> bool:

@@ -270,6 +270,7 @@ class ProcessCore(Core):
         # per worker: nothing sent that is not answered, and no failure (it may be pooled)
         self._reusable: list[bool] = []
         self._failed: set[int] = set()  # workers that reported a failure: never pooled
+        self._released: set[int] = set()  # workers pooled or stopped as the stage stops
         self._started = False
         # Shared-memory segments of this stage are named `<prefix>-w<worker>-<n>`; whatever
         # is left when the stage stops (a worker killed mid-write, results never read) is
@@ -416,6 +417,10 @@ class ProcessCore(Core):
         """Idle workers go back to the pool (their job ended: "end"); the others stop."""
         proxies = self.threads  # one per worker, in the workers' order
         for index, worker in enumerate(self._workers):
+            if index in self._released:  # by a shutdown an interrupt cut short
+                continue
+            # counted first: a worker pooled twice could serve two stages at once
+            self._released.add(index)
             proxy_done = index >= len(proxies) or not proxies[index].is_alive()
             idle = self._reusable[index] and index not in self._failed
             if idle and proxy_done and worker.usable():
@@ -427,7 +432,7 @@ class ProcessCore(Core):
                 worker_pool.give_back(worker)
             else:
                 worker_pool.stop(worker)
-        self._workers = []
+        self._workers, self._released = [], set()
         # a proxy thread that claimed a task as the stage stopped may have written its
         # inputs' segments after the first sweep
         shm.unlink_leftovers(self._shm_prefix)

@@ -307,5 +307,4 @@ class BackgroundProducer:
 
     def close(self) -> None:
         """Stops the thread (joined within 1 s); idempotent."""
-        if self._finalizer.detach() is not None:
-            self._core.shutdown()
+        self._finalizer.close()

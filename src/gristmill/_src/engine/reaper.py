@@ -6,10 +6,11 @@ only enqueue (``SimpleQueue.put`` is safe there) and one daemon thread does the 
 
 The thread runs only while something may need it: an *armed* watch (:func:`watch`, or
 ``Watch.arm()`` later, from ordinary code) counts a watched owner and starts the thread if
-it is not running; the count drops when the owner is closed explicitly (``detach()``, which
-shuts down synchronously and never comes here) or once the reaper has shut its resource
-down. At zero, with nothing queued, the thread ends; the next arming starts a new one. So no
-gristmill thread outlives the objects that use it.
+it is not running; the count drops when the owner is closed explicitly (``Watch.close()``,
+which shuts down on the closing thread and comes here only to finish a shutdown that an
+interrupt cut short) or once the reaper has shut its resource down. At zero, with nothing
+queued, the thread ends; the next arming starts a new one. So no gristmill thread outlives
+the objects that use it.
 
 A resource that holds nothing yet (an engine stage that has run inline, no thread started)
 is watched unarmed, ``watch(owner, resource, armed=False)``, and armed when it starts its
@@ -111,6 +112,25 @@ class Watch(weakref.finalize):
             _release()
             _queue.put(_WAKE)
         return info
+
+    def close(self) -> bool:
+        """An explicit close: shuts the resource down on this thread, once (False: it was
+        already closed or reaped). A ``KeyboardInterrupt`` that lands in the shutdown (Ctrl-C
+        pressed again while the first one's close runs) leaves it part done: the reaper
+        thread, which no signal reaches, then runs ``shutdown()`` again to finish it, and
+        the interrupt propagates. So a resource's ``shutdown`` must be safe to run again
+        after one that stopped at any point."""
+        info = self.detach()
+        if info is None:
+            return False
+        resource = info[2][0]
+        try:
+            resource.shutdown()
+        except BaseException:
+            _arm()
+            _queue.put(resource)
+            raise
+        return True
 
 
 def watch(owner: object, resource: Closable, *, armed: bool = True) -> Watch:

@@ -225,8 +225,10 @@ class ElasticDatasetIterator(DatasetIterator[Any]):
             self._reader = None
 
     def close(self) -> None:
-        self._close_reader()
-        super().close()
+        try:
+            self._close_reader()
+        finally:  # upstream too, when Ctrl-C cut the reader's close short
+            super().close()
 
     def __str__(self) -> str:
         return f"ElasticDatasetIterator(global_next_index={self._global_next_index})"

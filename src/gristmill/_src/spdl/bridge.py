@@ -87,6 +87,8 @@ class PipelineDatasetIterator(DatasetIterator[Any]):
         return self._running.plan()
 
     def close(self) -> None:
-        if not self._closed:
-            self._running.stop()
-        super().close()
+        try:
+            if not self._closed:
+                self._running.stop()
+        finally:  # upstream too, when Ctrl-C cut the pipeline's stop short
+            super().close()

@@ -209,8 +209,7 @@ class Pipeline(Generic[T]):
         if self._started and not self._stopped and not self._ended and self._failure is None:
             self._keep_buffered()
         self._stopped = True
-        if self._finalizer.detach() is not None:
-            self._closer.shutdown()
+        self._finalizer.close()
         if self._failure is not None and not self._failure_seen:
             self._failure_seen = True
             raise self._failure
@@ -301,16 +300,14 @@ class Pipeline(Generic[T]):
             return sink.take(timeout)
         except StopIteration:
             self._ended = True
-            if self._finalizer.detach() is not None:
-                self._closer.shutdown()  # everything ran: stop the threads now
+            self._finalizer.close()  # everything ran: stop the threads now
             raise EOFError("Reached the end of the pipeline.") from None
         except (TimeoutError, RunnerClosedError):
             raise
         except Exception as error:
             self._failure = _failure(error)
             self._failure_seen = True
-            if self._finalizer.detach() is not None:
-                self._closer.shutdown()  # the failure is final: stop threads and workers now
+            self._finalizer.close()  # the failure is final: stop threads and workers now
             raise self._failure from None
 
     # -- state (beyond SPDL) ------------------------------------------------------------------

@@ -116,6 +116,7 @@ class RegionStream:
         self._start_lock = threading.Lock()
         self._started = False
         self._closed = False
+        self._released = False  # the workers were given back or stopped (once)
 
     # -- start ---------------------------------------------------------------------------
 
@@ -307,8 +308,9 @@ class RegionStream:
         """Wakes every wait; the transport stops the workers that did not end cleanly (busy,
         failed, dead) and releases the others."""
         with self._cond:
-            if self._closed:
+            if self._released:
                 return
+            # again only to finish a close that Ctrl-C cut short (reaper.Watch.close)
             self._closed = True
             clean = set(self._clean)
             self._cond.notify_all()  # the dispatcher waiting for a credit
@@ -320,7 +322,10 @@ class RegionStream:
             if thread is not current and thread.ident is not None:
                 thread.join(_JOIN_TIMEOUT_S)
         threads_done = not any(t.is_alive() for t in self._threads if t is not current)
-        self._workers.release(clean, threads_done)
+        with self._cond:  # marked first: a worker pooled twice could serve two stages
+            release, self._released = not self._released, True
+        if release:
+            self._workers.release(clean, threads_done)
 
     def statistics(self) -> Any:
         return self._counters.snapshot()

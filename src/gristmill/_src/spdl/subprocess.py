@@ -64,8 +64,7 @@ class _SubprocessIterable(Iterable[T]):
     def close(self) -> None:
         """Releases the worker now: back to the pool if it is idle, else stopped
         (idempotent); iterating afterwards raises."""
-        if self._finalizer.detach() is not None:
-            self._worker.shutdown()
+        self._finalizer.close()
 
     def __repr__(self) -> str:
         state = "running" if self._worker.closed_reason is None else "closed"

@@ -84,6 +84,7 @@ class WorkerHandle:
         self._timeout = timeout
         self.generation = 0  # the pass being read (0: waiting for fn())
         self.closed_reason: str | None = None
+        self._released = False  # the worker went back to the pool or was stopped
         self._ready = False  # fn() returned (READY read)
         self._pass_open = False  # a pass was started and its end not read
         self._failed = False  # the worker reported an error
@@ -235,22 +236,27 @@ class WorkerHandle:
         # Held throughout: a second caller (the exit hook while the reaper stops this
         # worker) waits until the process is released, instead of racing to join it.
         with self._lock:
-            if self.closed_reason is not None:
+            if self._released:
                 return
-            self.closed_reason = reason
+            if self.closed_reason is None:
+                self.closed_reason = reason
+            else:  # finishing a shutdown that Ctrl-C cut short (reaper.Watch.close)
+                graceful = False
             worker = self._worker
             try:
                 idle = self._ready and not self._pass_open and not self._failed
                 if graceful and idle and self._stopped_cleanly():
+                    self._released = True  # first: a worker pooled twice serves two jobs
                     worker_pool.give_back(worker)
                 elif graceful and not self._failed:
                     self._write(proto.STOP)  # its job ends once its current item is made
                     worker_pool.stop(worker)
                 else:
                     worker_pool.stop(worker, ask=False)
+                self._released = True
+                _LIVE.discard(self)
             finally:
                 shm.unlink_leftovers(self._shm_prefix)  # items sent and never read
-                _LIVE.discard(self)
 
     def _stopped_cleanly(self) -> bool:
         """Ends the job of an idle worker: whether it answered the stop within a grace

@@ -2,18 +2,19 @@
 
 For each deliberately mis-configured pipeline, this script measures, side by side:
 
-- **hand-tuned**: a sweep of fixed settings, each run for ``--hand-window`` seconds (3, as
-  long as the tuned run's late windows) after a 0.5 s warm-up, once before the tuned run
-  and once after it; hand-tuned is the best of the settings' mean rates (this VM's speed
-  drifts over minutes: the two sweeps bracket the tuned run; and the best of one noisy
-  measurement per setting would be biased upwards);
+- **hand-tuned**: a sweep of fixed settings, each run for ``--hand-window`` seconds (3)
+  after a 0.5 s warm-up, once before the tuned run and once after it (6 s in all, as long
+  as the tuned run's late windows); hand-tuned is the best of the settings' mean rates
+  (this VM's speed drifts over minutes: the two sweeps bracket the tuned run; and the best
+  of one noisy measurement per setting would be biased upwards);
 - **tuned**: the mis-configured pipeline with ``it.plan().autotune()`` after its first
-  element, iterated for ``--seconds`` (13); its rate over each ``--window`` (1 s) is
+  element, iterated for ``--seconds`` (16); its rate over each ``--window`` (1 s) is
   recorded, and the script prints when that rate first reached 90 % of hand-tuned and the
-  mean rate of the windows that end after 10 s (10 to 13 s);
+  mean rate of the windows that end after 10 s (10 to 16 s: as many seconds as a swept
+  setting's two measurements, so that neither side of the ratio is the noisier one);
 - **chosen**: the settings the tuner chose, run as fixed settings right after the tuned run,
   against the best of the sweep that follows them (the tuner's choice, without the noise
-  of the tuned run's own three late seconds).
+  of the tuned run's own late seconds).
 
 With ``--runs N`` the script ends with each case's median ratios over the runs.
 
@@ -114,7 +115,7 @@ def tuned_rates(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=13.0)
+    parser.add_argument("--seconds", type=float, default=16.0)
     parser.add_argument("--window", type=float, default=1.0)
     parser.add_argument("--hand-window", type=float, default=3.0)
     parser.add_argument("--runs", type=int, default=1)
@@ -167,7 +168,7 @@ def compare(
     at_10 = sum(late) / len(late)
     reached = next((t for t, r in rates if r >= 0.9 * best), None)
     # the chosen settings run alone, against the sweep right after them: the tuner's choice
-    # without the noise of the tuned run's own three seconds
+    # without the noise of the tuned run's own late seconds
     chosen_ratio = chosen_rate / max(after)
     print(
         f"{name:<42} {best:>11,.0f} {at_10:>10,.0f} {at_10 / best:>6.2f} "

@@ -14,11 +14,17 @@ For each deliberately mis-configured pipeline, this script measures, side by sid
   setting's two measurements, so that neither side of the ratio is the noisier one);
 - **chosen**: the settings the tuner chose, run as fixed settings right after the tuned run,
   against the best of the sweep that follows them (the tuner's choice, without the noise
-  of the tuned run's own late seconds).
+  of the tuned run's own late seconds);
+- **control**: the best setting of the first sweep, fixed, run for the same ``--seconds``
+  and measured over the same late windows as the tuned run, against hand-tuned: what a
+  run that starts hand-tuned scores. This VM's one-second rates swing by a third with
+  nothing else running (a bare loop of ``cpu_work``: 30k to 58k a second), so a tuned
+  ratio under 0.9 means little unless the control's stays above it.
 
-With ``--runs N`` the script ends with each case's median ratios over the runs.
+With ``--runs N`` the script ends with each case's median ratios (tuned, chosen, control)
+over the runs.
 
-Run: ``python benchmarks/autotune.py`` (about 5 minutes; ``--runs 3`` repeats every case).
+Run: ``python benchmarks/autotune.py`` (about 6 minutes; ``--runs 3`` repeats every case).
 Every number is elements per second of a consumer that only iterates.
 """
 
@@ -92,14 +98,20 @@ def steady_rate(fn: Callable[[int], int], options: gm.ReadOptions, window: float
 
 
 def tuned_rates(
-    fn: Callable[[int], int], options: gm.ReadOptions, seconds: float, window: float
+    fn: Callable[[int], int],
+    options: gm.ReadOptions,
+    seconds: float,
+    window: float,
+    *,
+    tune: bool = True,
 ) -> tuple[list[tuple[float, float]], dict[str, Any], list[Any]]:
     """(end of window in s since start, rate over the window) for each window; the settings
-    chosen; the tuner's changes."""
+    chosen; the tuner's changes. ``tune=False``: the same run with ``options`` fixed."""
     started = time.perf_counter()
     it = _iterator(fn, options)
     next(it)
-    it.plan().autotune()
+    if tune:
+        it.plan().autotune()
     rates, count, began = [], 0, time.perf_counter()
     while (now := time.perf_counter()) - started < seconds:
         next(it)
@@ -130,19 +142,19 @@ def main() -> None:
     args = parser.parse_args()
     print(
         f"{'case':<42} {'hand-tuned':>11} {'tuned>10s':>10} {'ratio':>6} {'90% at':>7} "
-        f"{'chosen':>7}  settings chosen"
+        f"{'chosen':>7} {'control':>7}  settings chosen"
     )
-    ratios: dict[str, list[tuple[float, float]]] = {}
+    ratios: dict[str, list[tuple[float, float, float]]] = {}
     for _ in range(args.runs):
         for name, case in CASES.items():
             if not args.only or any(text in name for text in args.only):
                 ratios.setdefault(name, []).append(compare(name, *case, args))
     if args.runs > 1:
-        print(f"median over {args.runs} runs: ratio, chosen")
-        for name, pairs in ratios.items():
-            tuned = statistics.median(r for r, _ in pairs)
-            chosen = statistics.median(c for _, c in pairs)
-            print(f"{name:<42} {tuned:>6.2f} {chosen:>6.2f}")
+        print(f"median over {args.runs} runs: ratio, chosen, control")
+        for name, triples in ratios.items():
+            columns = zip(*triples, strict=True)
+            tuned, chosen, control = (statistics.median(column) for column in columns)
+            print(f"{name:<42} {tuned:>6.2f} {chosen:>6.2f} {control:>6.2f}")
 
 
 def compare(
@@ -151,9 +163,10 @@ def compare(
     wrong: gm.ReadOptions,
     sweep: list[gm.ReadOptions],
     args: argparse.Namespace,
-) -> tuple[float, float]:
-    """One case: the sweep, the tuned run, the chosen settings and the sweep again; one
-    line. Returns the tuned and the chosen settings' ratios to hand-tuned."""
+) -> tuple[float, float, float]:
+    """One case: the sweep, the tuned run, the chosen settings, the control run and the
+    sweep again; one line. Returns the tuned run's, the chosen settings' and the control
+    run's ratios to hand-tuned."""
     before = [steady_rate(fn, o, args.hand_window) for o in sweep]
     rates, settings, changes = tuned_rates(fn, wrong, args.seconds, args.window)
     (chosen,) = settings.values()
@@ -161,19 +174,24 @@ def compare(
         num_threads=chosen["workers"], prefetch_buffer_size=chosen["buffer_size"]
     )
     chosen_rate = steady_rate(fn, frozen, args.hand_window)
+    # the control: the best setting of the first sweep, fixed, run and measured exactly as
+    # the tuned run is (the same seconds, the same late windows): what a run that starts
+    # hand-tuned scores, this VM's noise alone
+    control_options = max(zip(before, sweep, strict=True), key=lambda pair: pair[0])[1]
+    control_rates, _, _ = tuned_rates(fn, control_options, args.seconds, args.window, tune=False)
     after = [steady_rate(fn, o, args.hand_window) for o in sweep]
     means = [(a + b) / 2 for a, b in zip(before, after, strict=True)]
     best, best_options = max(zip(means, sweep, strict=True), key=lambda pair: pair[0])
-    late = [r for t, r in rates if t > 10.0] or [rates[-1][1]]
-    at_10 = sum(late) / len(late)
+    at_10 = _late_mean(rates)
+    control = _late_mean(control_rates) / best
     reached = next((t for t, r in rates if r >= 0.9 * best), None)
     # the chosen settings run alone, against the sweep right after them: the tuner's choice
     # without the noise of the tuned run's own late seconds
     chosen_ratio = chosen_rate / max(after)
     print(
         f"{name:<42} {best:>11,.0f} {at_10:>10,.0f} {at_10 / best:>6.2f} "
-        f"{'never' if reached is None else f'{reached:.1f} s':>7} {chosen_ratio:>7.2f}  "
-        f"{chosen} (hand: {best_options})",
+        f"{'never' if reached is None else f'{reached:.1f} s':>7} {chosen_ratio:>7.2f} "
+        f"{control:>7.2f}  {chosen} (hand: {best_options})",
         flush=True,
     )
     if args.verbose:
@@ -184,9 +202,20 @@ def compare(
                 f"({c.rate_before:,.0f} -> {c.rate_after:,.0f})"
             )
         print(f"    chosen {frozen}: {chosen_rate:,.0f}", flush=True)
+        print(
+            f"    control {control_options}, rate per window: "
+            f"{[round(r) for _, r in control_rates]}",
+            flush=True,
+        )
         for options, a, b in zip(sweep, before, after, strict=True):
             print(f"    {options}: {a:,.0f} before, {b:,.0f} after", flush=True)
-    return at_10 / best, chosen_ratio
+    return at_10 / best, chosen_ratio, control
+
+
+def _late_mean(rates: list[tuple[float, float]]) -> float:
+    """The mean rate of the windows that end after 10 s (the last window's if none does)."""
+    late = [r for t, r in rates if t > 10.0] or [rates[-1][1]]
+    return sum(late) / len(late)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ def test_the_autotune_benchmark_runs_and_sums_up_its_runs():
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert sum(line.startswith("16 threads on a CPU-bound read") for line in lines) == 3
-    assert "median over 2 runs: ratio, chosen" in lines
+    assert "median over 2 runs: ratio, chosen, control" in lines
+    assert sum("    control ReadOptions(" in line for line in lines) == 2
     assert sum("    chosen ReadOptions(" in line for line in lines) == 2
     assert sum(line.startswith("    tuned run, rate per window: [") for line in lines) == 2

@@ -1,7 +1,6 @@
 """mp_prefetch: reads in worker processes; output and state never depend on the worker count."""
 
 import gc
-import multiprocessing
 import os
 import signal
 import sys
@@ -13,7 +12,6 @@ import numpy as np
 import pytest
 
 import gristmill as gm
-from gristmill._src.engine import worker_pool
 
 SUPPORT = Path(__file__).parents[1] / "support"
 if str(SUPPORT) not in sys.path:
@@ -243,22 +241,6 @@ def test_no_segment_is_left_by_an_early_close_or_a_killed_worker():
     assert fns.own_shm_segments() <= before
 
 
-def _no_worker_or_thread_within(seconds):
-    """Whether every worker process and gristmill thread is gone within ``seconds``. Idle
-    workers may be kept for the next stage, busy ones must be gone: the reaper, stopping a
-    stage on its own thread, may pool an idle one at any time, so the pool is emptied on
-    every check."""
-    deadline = time.monotonic() + seconds
-    while True:
-        worker_pool.shutdown_idle_workers()
-        threads = [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
-        if not multiprocessing.active_children() and not threads:
-            return True
-        if time.monotonic() > deadline:
-            raise AssertionError(f"left: {multiprocessing.active_children()}, {threads}")
-        time.sleep(0.05)
-
-
 def test_ctrl_c_again_while_the_stage_closes_still_stops_every_worker():
     """A second Ctrl-C that lands in the close the first one started (here: in the grace a
     busy worker gets to stop) interrupts that close; the rest of it runs on gristmill's
@@ -274,7 +256,7 @@ def test_ctrl_c_again_while_the_stage_closes_still_stops_every_worker():
         caught.set()
     del it
     gc.collect()
-    assert _no_worker_or_thread_within(5)
+    assert interrupts.nothing_left_within(5)
 
 
 def test_keyboard_interrupt_while_waiting_leaves_no_worker_or_thread():
@@ -290,4 +272,4 @@ def test_keyboard_interrupt_while_waiting_leaves_no_worker_or_thread():
         caught.set()
     del it
     gc.collect()
-    assert _no_worker_or_thread_within(5)
+    assert interrupts.nothing_left_within(5)

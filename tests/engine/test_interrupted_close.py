@@ -4,7 +4,6 @@ resource's shutdown again to finish it. Each shutdown is safe to run again after
 stopped at any point: no worker process, thread or segment is left, and no worker is
 pooled twice."""
 
-import multiprocessing
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ from gristmill.pipeline import PipelineBuilder, defs, iterate_in_subprocess
 SUPPORT = Path(__file__).parents[1] / "support"
 if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))
+import interrupts  # noqa: E402
 import mp_fns  # noqa: E402
 import subprocess_fns  # noqa: E402
 
@@ -48,34 +48,25 @@ def ctrl_c_in_the_first_stop(monkeypatch):
 
 
 def nothing_left_within(seconds):
-    """Whether every worker process, stage thread and reaper thread is gone within
-    ``seconds``, with no worker pooled twice (checked once the reaper has finished; the
-    pool is then emptied on every check: idle workers may be kept for the next stage)."""
+    """Once the reaper has finished: no worker process, stage thread, reaper or pool thread."""
     deadline = time.monotonic() + seconds
     while reaper.is_running() and time.monotonic() < deadline:
         time.sleep(0.01)
-    with worker_pool._lock:
-        idle = [w.process.pid for w in worker_pool._idle]
-    assert len(idle) == len(set(idle)), f"a worker pooled twice: {idle}"
-    while True:
-        worker_pool.shutdown_idle_workers()
-        threads = [
-            t.name for t in threading.enumerate() if t.name.startswith(("gristmill[", "gristmill-"))
-        ]
-        if not multiprocessing.active_children() and not threads:
-            return True
-        if time.monotonic() > deadline:
-            raise AssertionError(f"left: {multiprocessing.active_children()}, {threads}")
-        time.sleep(0.05)
+    return interrupts.nothing_left_within(
+        max(0.0, deadline - time.monotonic()), threads=("gristmill[", "gristmill-")
+    )
 
 
 class Resource:
-    def __init__(self):
+    """Records the thread of each shutdown; the first is interrupted if ``interrupted``."""
+
+    def __init__(self, *, interrupted):
+        self.interrupted = interrupted
         self.threads = []
 
     def shutdown(self):
         self.threads.append(threading.current_thread().name)
-        if len(self.threads) == 1:
+        if self.interrupted and len(self.threads) == 1:
             raise KeyboardInterrupt
 
 
@@ -84,7 +75,7 @@ class Owner:
 
 
 def test_a_shutdown_cut_short_is_run_again_on_the_reaper_thread_which_then_ends():
-    owner, resource = Owner(), Resource()
+    owner, resource = Owner(), Resource(interrupted=True)
     watch = reaper.watch(owner, resource)
     with pytest.raises(KeyboardInterrupt):
         watch.close()
@@ -97,14 +88,13 @@ def test_a_shutdown_cut_short_is_run_again_on_the_reaper_thread_which_then_ends(
 
 
 def test_a_shutdown_that_runs_to_its_end_runs_once_on_the_closing_thread():
-    owner, resource = Owner(), Resource()
-    resource.threads.append("a first, interrupted call")  # so this one does not raise
+    owner, resource = Owner(), Resource(interrupted=False)
     watch = reaper.watch(owner, resource)
     assert watch.close() is True
-    assert resource.threads[1:] == [threading.current_thread().name]
+    assert resource.threads == [threading.current_thread().name]
     del owner
     time.sleep(0.1)
-    assert len(resource.threads) == 2  # collected after close: nothing more to shut down
+    assert len(resource.threads) == 1  # collected after close: nothing more to shut down
 
 
 def test_an_mp_prefetch_stage_closed_with_busy_workers(ctrl_c_in_the_first_stop):

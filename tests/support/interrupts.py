@@ -8,6 +8,7 @@ collected at that moment; :func:`until_caught` sends it every 50 ms until ``caug
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import signal
 import threading
 import time
@@ -44,3 +45,21 @@ def until_caught(after_s: float = 0.1) -> Iterator[threading.Event]:
         sender.join()
         time.sleep(0.01)  # the main thread handles a pending signal (ignored)
         signal.signal(signal.SIGINT, previous)
+
+
+def nothing_left_within(seconds: float, *, threads: tuple[str, ...] = ("gristmill[",)) -> bool:
+    """True once every worker process, and every thread whose name starts with one of
+    ``threads``, is gone; AssertionError naming them after ``seconds``. Idle workers may be
+    kept for the next stage, busy ones must be gone: the reaper, stopping a stage on its own
+    thread, may pool an idle one at any time, so the pool is emptied on every check."""
+    from gristmill._src.engine import worker_pool
+
+    deadline = time.monotonic() + seconds
+    while True:
+        worker_pool.shutdown_idle_workers()
+        alive = [t.name for t in threading.enumerate() if t.name.startswith(threads)]
+        if not multiprocessing.active_children() and not alive:
+            return True
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left: {multiprocessing.active_children()}, {alive}")
+        time.sleep(0.05)

@@ -123,7 +123,7 @@ class Watch(weakref.finalize):
         info = self.detach()
         if info is None:
             return False
-        resource = info[2][0]
+        _, _, (resource, _armed), _ = info  # finalize's (owner, _reap, its args, kwargs)
         try:
             resource.shutdown()
         except BaseException:

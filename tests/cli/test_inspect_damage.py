@@ -58,21 +58,24 @@ def one_line_error(err, path, where):
     assert re.fullmatch(pattern + r"[^\n]*\n", err), err
 
 
-def test_a_flipped_byte_in_a_later_row_group_fails_its_page_checksum(tmp_path, capsys):
-    path = write_parquet(tmp_path / "crc.parquet", checksums=True)
-    damage_page(path, group=2, column=1, width=1)
+@pytest.mark.parametrize(
+    ("checksums", "group", "width", "reason"),
+    [
+        # one flipped byte: its page's CRC-32 fails
+        (True, 2, 1, r"OSError: [^\n]*CRC"),
+        # no checksum to fail: 16 bytes hold a whole 4-byte length (a value is 12 bytes),
+        # which turns negative, and decoding the page fails
+        (False, 3, 16, ""),
+    ],
+)
+def test_a_damaged_page_in_a_later_row_group_is_named(
+    tmp_path, capsys, checksums, group, width, reason
+):
+    path = write_parquet(tmp_path / "d.parquet", checksums=checksums)
+    damage_page(path, group=group, column=1, width=width)
     code, out, err = inspect(capsys, path, "--records", "1")
     assert (code, out) == (1, f"{path}\n")
-    one_line_error(err, path, r"\(decoding row group 2, column 'name'\): OSError: [^\n]*CRC")
-
-
-def test_damage_in_a_page_without_checksums_is_found_by_decoding_it(tmp_path, capsys):
-    # 16 bytes hold a whole 4-byte length (a value is 12 bytes): it turns negative.
-    path = write_parquet(tmp_path / "plain.parquet", checksums=False)
-    damage_page(path, group=3, column=1, width=16)
-    code, out, err = inspect(capsys, path, "--records", "1")
-    assert (code, out) == (1, f"{path}\n")
-    one_line_error(err, path, r"\(decoding row group 3, column 'name'\): ")
+    one_line_error(err, path, rf"\(decoding row group {group}, column 'name'\): {reason}")
 
 
 def test_a_truncated_parquet_file_is_one_line_naming_its_footer(tmp_path, capsys):

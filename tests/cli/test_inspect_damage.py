@@ -154,6 +154,8 @@ def test_quick_on_a_tfrecord_file_does_not_count_what_it_did_not_read(tmp_path, 
     gm.sources.write_tfrecord(str(path), [b"x"] * 10)
     code, out, _ = inspect(capsys, path, "--records", "1", "--quick")
     assert code == 0
+    lines = out.splitlines()
+    assert lines[1] == "  format: TFRecord (CRC-32C checksums of the records read verified)"
     assert "  records: not counted (--quick)" in out.splitlines()
     code, out, _ = inspect(capsys, path, "--records", "10", "--quick")
     assert "  records: 10, sizes min 1 / mean 1.0 / max 1 bytes" in out.splitlines()

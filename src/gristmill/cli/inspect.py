@@ -195,7 +195,8 @@ def _tfrecord(path: str, shown: int, quick: bool) -> list[str]:
 
     try:
         tfrecord.crc32c()
-        verify, checks = True, "CRC-32C checksums verified"
+        verify = True
+        checks = f"CRC-32C checksums{' of the records read' if quick else ''} verified"
     except ImportError:
         hint = install_command("tfrecord")
         verify, checks = False, f"checksums not verified: needs google_crc32c: {hint}"

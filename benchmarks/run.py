@@ -21,6 +21,7 @@ import dataclasses
 import datetime
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -52,6 +53,8 @@ WORKLOAD_MODULES = (
 # spdl = SPDL's PipelineBuilder, torch = PyTorch's DataLoader: peers, run where installed.
 CONTENDERS = ("grain", "gristmill", "spdl", "torch", "limit")
 BASELINE, SUBJECT, LIMIT = "grain", "gristmill", "limit"
+# The module each peer contender imports; the `bench` extra installs them.
+PEERS = {"grain": "grain", "spdl": "spdl", "torch": "torch"}
 # Distributions whose versions a run records (peers only where installed).
 _VERSIONED = ("grain", "gristmill", "numpy", "spdl", "torch", "jax")
 # Prefix of the one stdout line through which a child reports (contender code may print).
@@ -457,6 +460,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def missing_peers(workloads: dict[str, Any], contenders: list[str]) -> list[str]:
+    """The peer contenders that ``workloads`` would run among ``contenders`` whose module
+    is not installed (each of their runs would fail with a ModuleNotFoundError)."""
+    used = {c for workload in workloads.values() for c in workload.builders if c in contenders}
+    return [c for c in PEERS if c in used and importlib.util.find_spec(PEERS[c]) is None]
+
+
+def peers_message(missing: list[str]) -> str:
+    """One line: which peers are missing, how to install them, how to run without them."""
+    names = " and ".join(missing) if len(missing) < 3 else ", ".join(missing)
+    verb = "is" if len(missing) == 1 else "are"
+    return (
+        f"{names} {verb} not installed: the benchmarks compare gristmill with them; install "
+        f"the peers with pip install -e '.[bench]' (in {HERE.parent}), or measure without "
+        "them: --contender gristmill --contender limit"
+    )
+
+
 def rerender(path: Path) -> str:
     """The header and table of a saved run (``--json``), recomputed from its raw timings."""
     saved = json.loads(path.read_text())
@@ -522,6 +543,10 @@ def main(argv: list[str] | None = None) -> int:
         if not explicit or n in (args.only or ()) or w.family in (args.family or ())
     }
     contenders = [c for c in CONTENDERS if not args.contender or c in args.contender]
+    missing = missing_peers(selected, contenders)
+    if missing:
+        print(peers_message(missing), file=sys.stderr)
+        return 1
 
     env = environment(profile, args.quick)
     rows = run_all(selected, contenders, profile, args.quick, explicit)

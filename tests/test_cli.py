@@ -1,6 +1,7 @@
 """The ``gristmill`` command."""
 
 import io
+import re
 import subprocess
 import sys
 
@@ -97,9 +98,136 @@ def test_demo_format_choice():
     assert demo_files.resolve("memory") == "memory"
     with pytest.raises(ValueError, match=r"format must be one of \('auto', 'memory'"):
         demo_files.resolve("csv")
-    out = io.StringIO()
-    assert run_demo(records=64, batch_size=16, threads=1, seed=1, file_format="memory", out=out)
-    hint = "records in memory (install a format extra to read the records from a file: "
-    assert hint + install_command("tfrecord") + " (or the parquet or array-record extra)" in (
-        out.getvalue()
+
+
+SMALL_DEMO = ("demo", "--records", "64", "--batch-size", "16", "--threads", "1")
+
+
+def run_cli(*arguments, hide=()):
+    """``gristmill ARGUMENTS`` in a fresh process where the modules ``hide`` cannot be
+    imported (as if not installed); its stdout."""
+    script = (
+        "import sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(','))); "
+        "from gristmill.cli.main import main; sys.exit(main(sys.argv[2:]))"
     )
+    done = subprocess.run(
+        [sys.executable, "-c", script, ",".join(hide), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_demo_in_memory_when_asked_for_names_no_extra():
+    out = run_cli(*SMALL_DEMO, "--format", "memory")
+    assert "  records kept in memory (--format memory)\n" in out
+    assert "install" not in out
+
+
+def test_demo_in_memory_for_want_of_an_extra_names_the_extras():
+    out = run_cli(*SMALL_DEMO, hide=("google_crc32c", "pyarrow", "array_record"))
+    hint = "records kept in memory (install a format extra to read the records from a file: "
+    assert hint + install_command("tfrecord") + " (or the parquet or array-record extra))\n" in out
+
+
+def test_demo_says_what_it_does_before_the_seconds_it_takes(capfd, monkeypatch):
+    from gristmill.cli import demo, demo_files
+
+    said = {}
+
+    def spy(name, function):
+        def call(*args, **kwargs):
+            said[name] = capfd.readouterr().out  # what the user has read by then
+            return function(*args, **kwargs)
+
+        monkeypatch.setattr(module_of[name], name, call)
+
+    module_of = {"make_records": demo, "write": demo_files}
+    spy("make_records", demo.make_records)
+    spy("write", demo_files.write)
+    assert main([*SMALL_DEMO, "--format", "parquet"]) == 0
+    rest = capfd.readouterr().out
+    assert said["make_records"].endswith(
+        "\n  generating the images (64x64x3 uint8, zlib-compressed) ... "
+    )
+    assert re.fullmatch(r"\d+\.\d s\n  writing them to a Parquet file \.\.\. ", said["write"])
+    assert re.match(r"\d+\.\d s: \S+/demo\.parquet, read back by random access\n", rest)
+
+
+DEMO_COMMAND = [sys.executable, "-m", "gristmill.cli.main", "demo", "--records", "256"]
+DEMO_COMMAND += ["--batch-size", "32", "--threads", "2"]
+
+
+def run_on_a_terminal(command, columns=100, timeout=120):
+    """Everything ``command`` writes to a pseudo-terminal of ``columns`` columns."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, close_fds=True
+    )
+    os.close(follower)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the command closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert process.wait(timeout=max(1.0, deadline - time.monotonic())) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(leader)
+    return b"".join(chunks).decode()
+
+
+def test_the_demo_on_a_terminal_draws_a_tqdm_bar():
+    text = run_on_a_terminal(DEMO_COMMAND)
+    final = [part for part in text.split("\r") if "epoch: 100%|" in part]
+    assert final, text
+    assert "█" in final[-1]  # tqdm's bar itself
+    assert "| 8/8 [" in final[-1]
+    assert "data wait" in final[-1]
+    assert "batches, " not in text  # no quarter lines beside the bar
+    assert "progress bar needs" not in text
+
+
+def test_the_demo_into_a_pipe_prints_a_line_per_quarter_and_no_redraws():
+    done = subprocess.run(DEMO_COMMAND, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stdout + done.stderr
+    quarters = [line for line in done.stdout.splitlines() if " batches, " in line]
+    assert [line.split()[0] for line in quarters] == ["2/8", "4/8", "6/8", "8/8"]
+    assert done.stderr == ""
+
+
+def test_the_demos_parquet_file_decodes_each_row_group_once_per_epoch(tmp_path):
+    from gristmill.cli import demo, demo_files
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    records = demo.make_records(2560, seed=3)
+    path = demo_files.write(records, "parquet", str(tmp_path))
+    groups = pq.ParquetFile(path).metadata.num_row_groups
+    assert groups > 8  # more than ParquetDataSource's default cache holds
+    with demo_files.source(records, "parquet", path) as source:
+        batches = list(demo.build(source, seed=3, threads=2, batch_size=64))
+        assert len(batches) == 40
+        assert source.cache_info().misses == groups  # a global shuffle, each row group once

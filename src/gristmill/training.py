@@ -2,8 +2,7 @@
 
 ``Epochs(ds, pipeline)`` iterates epoch by epoch (a new permutation each, never mixed in a
 batch) and checkpoints ``(epoch, position)`` as one state; ``progress(batches)`` shows
-batches/s and the share of the loop's time spent waiting for data (needs tqdm:
-``pip install 'gristmill[progress]'``).
+batches/s and the share of the loop's time spent waiting for data on a tqdm bar.
 """
 
 from gristmill._src.public import export as _export

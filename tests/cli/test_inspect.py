@@ -75,21 +75,22 @@ def test_parquet_schema_row_groups_and_rows(tmp_path, capsys):
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[1].startswith("  format: Parquet (written by parquet-cpp-arrow")
-    assert lines[2] == f"  file size: {path.stat().st_size} bytes"
-    assert lines[3] == "  rows: 3 in 2 row groups"
-    assert lines[4] == "  rows per row group: min 1 / mean 1.5 / max 2 rows"
+    assert lines[2].startswith("  verified: every row group decoded")
+    assert lines[3] == f"  file size: {path.stat().st_size} bytes"
+    assert lines[4] == "  rows: 3 in 2 row groups"
+    assert lines[5] == "  rows per row group: min 1 / mean 1.5 / max 2 rows"
     assert re.fullmatch(
         r"  row group bytes: min \d+ / mean [\d.]+ / max \d+ bytes compressed, \d+ "
         "uncompressed in all",
-        lines[5],
+        lines[6],
     )
-    assert lines[6:10] == [
+    assert lines[7:11] == [
         "  schema: 3 columns",
         "    id: int64",
         "    name: string",
         "    blob: binary",
     ]
-    assert lines[10:] == [
+    assert lines[11:] == [
         "  row 0:",
         "    id: 1",
         "    name: 'a'",

@@ -4,26 +4,28 @@ Records are zlib-compressed 64x64x3 images with labels (generated here), written
 TFRecord or Parquet file when that format's package is installed (``demo_files``) and read
 back through its random-access source. The pipeline shuffles them, decompresses and decodes
 each into an array, augments it with a per-record
-RNG (random flip, crop and noise), and batches. The demo runs one epoch behind the public
-progress meter (``gristmill.training.progress``: a tqdm bar on a terminal, a line per quarter
-otherwise), prints the per-stage statistics and the bottleneck (``iterator.statistics()``),
-checkpoints mid-way, restores the checkpoint in a fresh iterator and checks that the
-continuation is identical.
+RNG (random flip, crop and noise), and batches. The demo says what it does as it goes
+(making and writing the data takes seconds), runs one epoch behind the public progress meter
+(``gristmill.training.progress``: a tqdm bar on a terminal, a line per quarter otherwise, so
+that a log gets four lines rather than a bar's redraws), prints the per-stage statistics and
+the bottleneck (``iterator.statistics()``), checkpoints mid-way, restores the checkpoint in a
+fresh iterator and checks that the continuation is identical.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import importlib.util
 import sys
 import tempfile
+import time
 import zlib
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 import numpy as np
 
 import gristmill as gm
-from gristmill._src.core.extras import install_command
 from gristmill.cli import demo_files
 
 IMAGE_SHAPE = (64, 64, 3)
@@ -80,8 +82,7 @@ def digest(batch: dict[str, np.ndarray]) -> str:
 
 
 def _progress_line(out: TextIO, meter: gm.training.ProgressMeter[Any], total: int) -> None:
-    """Without a bar (no terminal, or no tqdm): a line at each quarter of the epoch, with
-    the meter's figures."""
+    """Without a terminal: a line at each quarter of the epoch, with the meter's figures."""
     figures = meter.summary()
     done = int(figures["items"])
     if done % max(total // 4, 1) and done != total:
@@ -93,8 +94,22 @@ def _progress_line(out: TextIO, meter: gm.training.ProgressMeter[Any], total: in
     out.flush()
 
 
-def _has_tqdm() -> bool:
-    return importlib.util.find_spec("tqdm") is not None
+def _threads(count: int) -> str:
+    """``4 threads``, ``1 thread``, ``0 threads (inline)``: ReadOptions.num_threads."""
+    return f"{count} thread{'' if count == 1 else 's'}{' (inline)' if count == 0 else ''}"
+
+
+@contextlib.contextmanager
+def _step(out: TextIO, what: str) -> Iterator[None]:
+    """Says ``what`` is being done before doing it, and how long it took after."""
+    out.write(f"  {what} ... ")
+    out.flush()
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        out.write(f"{time.perf_counter() - started:.1f} s")
+        out.flush()
 
 
 def run_demo(
@@ -104,20 +119,38 @@ def run_demo(
     threads: int,
     seed: int,
     file_format: str = "auto",
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> bool:
-    """Runs the demo; returns True when the restored continuation matched."""
+    """Runs the demo; returns True when the restored continuation matched.
+
+    Args:
+      records, batch_size, threads, seed: the pipeline's (``gristmill demo --help``).
+      file_format: where the records live (``demo_files``).
+      out: where the demo writes (``sys.stdout`` when it is called); a bar when it is a
+        terminal, a line per quarter of the epoch otherwise.
+
+    Returns:
+      Whether the restored iterator continued exactly as the uninterrupted run.
+    """
+    out = sys.stdout if out is None else out
     fmt = demo_files.resolve(file_format)
     out.write(f"gristmill demo: {records} synthetic compressed images, batch {batch_size}, ")
-    out.write(f"{threads} threads\n")
+    out.write(f"{_threads(threads)}\n")
     with tempfile.TemporaryDirectory(prefix="gristmill-demo-") as directory:
-        data = make_records(records, seed)
+        shape = "x".join(map(str, IMAGE_SHAPE))
+        with _step(out, f"generating the images ({shape} uint8, zlib-compressed)"):
+            data = make_records(records, seed)
+        out.write("\n")
         path = None
         if fmt == "memory":
-            out.write(f"  records in memory ({demo_files.install_hint()})\n")
+            # Asked for by name, memory needs no excuse; chosen by `auto`, say how to get a file.
+            why = "--format memory" if file_format == "memory" else demo_files.install_hint()
+            out.write(f"  records kept in memory ({why})\n")
         else:
-            path = demo_files.write(data, fmt, directory)
-            out.write(f"  written to {path} ({fmt}), read back by random access\n")
+            title = demo_files.TITLES[fmt]
+            with _step(out, f"writing them to {'an' if title[0] in 'AEIOU' else 'a'} {title} file"):
+                path = demo_files.write(data, fmt, directory)
+            out.write(f": {path}, read back by random access\n")
         source = demo_files.source(data, fmt, path)
         try:
             return _run(source, records, batch_size, threads, seed, out)
@@ -136,9 +169,7 @@ def _run(source: Any, records: int, batch_size: int, threads: int, seed: int, ou
     digests: list[str] = []
     state = None
     # the public progress meter (gristmill.training.progress): a tqdm bar on a terminal
-    bar = out.isatty() and _has_tqdm()
-    if out.isatty() and not bar:
-        out.write(f"  (a progress bar needs tqdm: {install_command('progress')})\n")
+    bar = out.isatty()
     meter = gm.training.progress(iterator, total=total, desc="  epoch", show=bar, file=out)
     for batch in meter:
         digests.append(digest(batch))
@@ -163,14 +194,14 @@ def _run(source: Any, records: int, batch_size: int, threads: int, seed: int, ou
         f"checkpoint after batch {checkpoint_at}: {gm.checkpoint.to_grain_state(state)} "
         f"(+ format version and pipeline fingerprint {meta!r})\n"
     )
+    # Said before the remaining batches are read (seconds): the verdict ends the line.
+    out.write(f"restored in a fresh iterator with {_threads(max(1, threads // 2))}: ")
+    out.flush()
     restored = iter(build(source, seed=seed, threads=max(1, threads // 2), batch_size=batch_size))
     restored.set_state(state)
     tail = [digest(batch) for batch in restored]
     restored.close()
     same = tail == digests[checkpoint_at:]
     verdict = "identical" if same else "DIFFERENT"
-    out.write(
-        f"restored in a fresh iterator with {max(1, threads // 2)} threads: the remaining "
-        f"{len(tail)} batches are {verdict} to the uninterrupted run\n"
-    )
+    out.write(f"the remaining {len(tail)} batches are {verdict} to the uninterrupted run\n")
     return same

@@ -19,6 +19,9 @@ import gristmill as gm
 from gristmill._src.core.extras import install_command
 from gristmill.cli.main import DEMO_FORMATS as FORMATS
 
+TITLES = {"tfrecord": "TFRecord", "parquet": "Parquet", "array_record": "ArrayRecord"}
+"""Each file format's name, as a user reads it."""
+
 _NEEDS = {
     "tfrecord": ("google_crc32c", "tfrecord"),
     "parquet": ("pyarrow", "parquet"),
@@ -60,6 +63,10 @@ def decode_fields(record: Any) -> tuple[bytes, int]:
     return record["jpeg"], int(record["label"])
 
 
+PARQUET_ROW_GROUP = 256
+"""Rows per row group of the demo's Parquet file."""
+
+
 def write(records: list[dict[str, Any]], fmt: str, directory: str) -> str:
     """Writes ``records`` in ``fmt`` into ``directory``; returns the file's path."""
     if fmt == "tfrecord":
@@ -72,7 +79,7 @@ def write(records: list[dict[str, Any]], fmt: str, directory: str) -> str:
             "jpeg": [r["jpeg"] for r in records],
             "label": np.asarray([r["label"] for r in records], np.int64),
         }
-        gm.sources.write_parquet(path, columns, row_group_size=256)
+        gm.sources.write_parquet(path, columns, row_group_size=PARQUET_ROW_GROUP)
         return path
     if fmt == "array_record":
         path = os.path.join(directory, "demo.array_record")
@@ -89,4 +96,9 @@ def source(records: list[dict[str, Any]], fmt: str, path: str | None) -> Any:
         return gm.sources.TFRecordDataSource(path)
     if fmt == "array_record":
         return gm.sources.ArrayRecordDataSource(path)
-    return gm.sources.ParquetDataSource(path)
+    # The demo shuffles globally: with the default cache (8 row groups) nearly every row
+    # would decode its whole row group again. Its few tens of MB fit in memory, so the
+    # cache holds every row group and each is decoded once (a training set larger than
+    # memory shuffles within windows instead: ParquetDataSource's docstring).
+    groups = -(-len(records) // PARQUET_ROW_GROUP)
+    return gm.sources.ParquetDataSource(path, cache_row_groups=max(8, groups))

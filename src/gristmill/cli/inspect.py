@@ -2,10 +2,12 @@
 
 For each file: its format, size, record count and record sizes (Parquet: rows and bytes
 per row group, from the footer), its schema (Parquet) or what its first records are
-(``inspect_records``), and those records decoded. TFRecord and ArrayRecord files are read
-whole through gristmill's readers, so a damaged record anywhere is reported with the file
-and the record's byte offset or index; a Parquet file's footer and the row groups holding
-the rows shown are read (``ParquetFile``: a damaged one names the file and row group).
+(``inspect_records``), and those records decoded. Every file is verified whole, so damage
+anywhere is reported with the file and where it is: TFRecord and ArrayRecord files are read
+through gristmill's readers (a damaged record is named by its byte offset or index), and
+every row group of a Parquet file is decoded in bounded memory, its page checksums checked
+where the writer wrote them (``parquet_verify``: the row group and column are named).
+``quick=True`` (``--quick``) reads only the footer and the records shown, and says so.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import os
 import re
 import struct
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import TextIO
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO
 
 from gristmill._src.core.extras import install_command
 from gristmill._src.sources import files
@@ -36,6 +38,7 @@ _RIEGELI = bytes.fromhex("83af70d10d884a3f00000000000000004000000000000000")
 _PARQUET = b"PAR1"
 _INDEX_SUFFIX = ".gmidx"  # TFRecordDataSource's cached indexes, next to the files
 _READ_BYTES = 16 << 20  # about this many bytes of ArrayRecord records per read
+_QUICK = "not verified (--quick): only the records shown were read"
 
 
 def expand(patterns: Iterable[str]) -> list[str]:
@@ -127,6 +130,7 @@ def run_inspect(
     *,
     records: int = 3,
     file_format: str = "auto",
+    quick: bool = False,
     out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
@@ -137,7 +141,13 @@ def run_inspect(
       records: how many records (rows) of each file to show.
       file_format: ``auto`` (by name, else content), ``tfrecord``, ``parquet`` or
         ``array_record``.
+      quick: read only what is shown (and the footer), not the whole file: damage further
+        on goes unreported, and the description says so.
       out, err: where the descriptions and the one-line errors go (stdout, stderr).
+
+    Returns:
+      0 when every file was described, 1 when one could not be (its error is one line on
+      ``err``, naming the file and where the damage is).
     """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
@@ -148,7 +158,7 @@ def run_inspect(
         out.write(f"{path}\n")
         try:
             fmt = format_of(path) if file_format == "auto" else file_format
-            lines = _REPORTS[fmt](path, records)
+            lines = _REPORTS[fmt](path, records, quick)
             for line in lines:
                 out.write(f"  {line}\n")
         except (ValueError, OSError, ImportError) as error:
@@ -161,9 +171,9 @@ def run_inspect(
     return 1 if failed else 0
 
 
-def _records_text(records: Sequence[bytes], sizes: _Sizes, shown: int) -> Iterable[str]:
+def _records_text(records: Sequence[bytes], count: str, shown: int) -> Iterable[str]:
     """The lines shared by TFRecord and ArrayRecord: count, sizes, kinds, the records."""
-    yield f"records: {sizes.count}" + (f", sizes {sizes.text('bytes')}" if sizes.count else "")
+    yield f"records: {count}"
     sample = records[: max(shown, 1)]
     first, *rest = inspect_records.spec(sample)
     of = f" (the first {len(sample)})" if len(sample) > 1 else ""
@@ -175,12 +185,18 @@ def _records_text(records: Sequence[bytes], sizes: _Sizes, shown: int) -> Iterab
         yield from more
 
 
-def _tfrecord(path: str, shown: int) -> list[str]:
+def _count(sizes: _Sizes) -> str:
+    """``5, sizes min 1 / mean 1.5 / max 2 bytes`` (the records line of a file read whole)."""
+    return f"{sizes.count}" + (f", sizes {sizes.text('bytes')}" if sizes.count else "")
+
+
+def _tfrecord(path: str, shown: int, quick: bool) -> list[str]:
     from gristmill._src.sources.tfrecord import TFRecordIterDataset
 
     try:
         tfrecord.crc32c()
-        verify, checks = True, "CRC-32C checksums verified"
+        verify = True
+        checks = f"CRC-32C checksums{' of the records read' if quick else ''} verified"
     except ImportError:
         hint = install_command("tfrecord")
         verify, checks = False, f"checksums not verified: needs google_crc32c: {hint}"
@@ -192,24 +208,30 @@ def _tfrecord(path: str, shown: int) -> list[str]:
             sizes.add(len(record))
             if len(first) < max(shown, 1):
                 first.append(record)
+            elif quick:
+                break
     finally:
         iterator.close()
+    # A TFRecord file has no index: only a reader that reaches its end can count it.
+    count = "not counted (--quick)" if quick and len(first) < sizes.count else _count(sizes)
     return [
         f"format: TFRecord ({checks})",
+        *([_QUICK] if quick else []),
         f"file size: {size} bytes",
-        *_records_text(first, sizes, shown),
+        *_records_text(first, count, shown),
     ]
 
 
-def _array_record(path: str, shown: int) -> list[str]:
+def _array_record(path: str, shown: int, quick: bool) -> list[str]:
     from gristmill._src.sources.array_record import ArrayRecordDataSource, array_record_module
 
     with ArrayRecordDataSource(path) as source:
         count, size = len(source), files.file_size(path)
         per_read = max(1, min(1024, _READ_BYTES * max(count, 1) // max(size, 1)))
         sizes, first = _Sizes(), list[bytes]()
-        for start in range(0, count, per_read):
-            indices = list(range(start, min(count, start + per_read)))
+        stop = min(count, max(shown, 1)) if quick else count
+        for start in range(0, stop, per_read):
+            indices = list(range(start, min(stop, start + per_read)))
             try:
                 batch = source._getitems(indices)
             except ValueError:
@@ -227,61 +249,89 @@ def _array_record(path: str, shown: int) -> list[str]:
         options = reader.writer_options_string()
     finally:
         reader.close()
+    counted = f"{count} (sizes not read: --quick)" if sizes.count < count else _count(sizes)
     return [
         f"format: ArrayRecord (writer options {options})",
+        *([_QUICK] if quick else []),
         f"file size: {size} bytes",
-        *_records_text(first, sizes, shown),
+        *_records_text(first, counted, shown),
     ]
 
 
-def _parquet(path: str, shown: int) -> list[str]:
-    from gristmill._src.sources.parquet_io import ParquetFile, rows_of
+def _parquet(path: str, shown: int, quick: bool) -> list[str]:
+    from gristmill._src.sources import parquet_verify
+    from gristmill._src.sources.parquet_io import ParquetFile
 
-    file = ParquetFile(path, None, {})
+    file = ParquetFile(path, None, parquet_verify.STREAMING)
     try:
         meta = file.metadata
+        if quick:
+            checks = _QUICK
+        else:
+            parquet_verify.verify(file)
+            checks = f"verified: {parquet_verify.describe(file)}"
         lines = [
             f"format: Parquet (written by {meta.created_by or 'an unnamed writer'})",
+            checks,
             f"file size: {files.file_size(path)} bytes",
         ]
-        rows, stored = _Sizes(), _Sizes()
-        uncompressed = 0
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            rows.add(group.num_rows)
-            stored.add(sum(group.column(c).total_compressed_size for c in range(group.num_columns)))
-            uncompressed += group.total_byte_size
-        groups = f"{meta.num_row_groups} row group{'s' if meta.num_row_groups != 1 else ''}"
-        lines.append(f"rows: {meta.num_rows} in {groups}")
-        if rows.count:
-            lines.append(f"rows per row group: {rows.text('rows')}")
-            lines.append(
-                f"row group bytes: {stored.text('bytes')} compressed, {uncompressed} "
-                "uncompressed in all"
-            )
+        lines += _row_groups(meta)
         lines.append(f"schema: {len(file.schema)} columns")
         for field in file.schema:
             lines.append(f"  {field.name}: {field.type}{'' if field.nullable else ' not null'}")
-        index = 0
-        for g in range(file.num_row_groups):
-            if index >= shown:
-                break
-            names, arrays, _ = file.read_row_group(g)
-            for row in rows_of(names, arrays, file.row_counts[g]):
-                if index >= shown:
-                    break
-                lines.append(f"row {index}:")
-                lines.extend(
-                    f"  {name}: {inspect_records.short(value)}"
-                    for name, value in zip(names, row, strict=True)
-                )
-                index += 1
+        for index, (names, row) in enumerate(_first_rows(file, shown)):
+            lines.append(f"row {index}:")
+            lines.extend(
+                f"  {name}: {inspect_records.short(value)}"
+                for name, value in zip(names, row, strict=True)
+            )
     finally:
         file.close()
     return lines
 
 
-_REPORTS: dict[str, Callable[[str, int], list[str]]] = {
+def _first_rows(file: Any, count: int) -> Iterator[tuple[list[str], tuple[Any, ...]]]:
+    """``(column names, row)`` of the first ``count`` rows, decoding no more of the file
+    than they need (a row group may be larger than memory)."""
+    from gristmill._src.sources.parquet_io import rows_of
+
+    left = count
+    for group in range(file.num_row_groups):
+        if left <= 0:
+            return
+        batches = file.iter_batches(group, rows=left)
+        batch = next(batches, None)
+        batches.close()
+        if batch is None:
+            continue
+        names = list(batch.schema.names)
+        arrays = [column.to_numpy(zero_copy_only=False) for column in batch.columns]
+        for row in rows_of(names, arrays, batch.num_rows):
+            yield names, row
+        left -= batch.num_rows
+
+
+def _row_groups(meta: Any) -> list[str]:
+    """The rows, and the rows and bytes per row group, of a Parquet footer."""
+    rows, stored = _Sizes(), _Sizes()
+    uncompressed = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        rows.add(group.num_rows)
+        stored.add(sum(group.column(c).total_compressed_size for c in range(group.num_columns)))
+        uncompressed += group.total_byte_size
+    groups = f"{meta.num_row_groups} row group{'s' if meta.num_row_groups != 1 else ''}"
+    lines = [f"rows: {meta.num_rows} in {groups}"]
+    if rows.count:
+        lines.append(f"rows per row group: {rows.text('rows')}")
+        lines.append(
+            f"row group bytes: {stored.text('bytes')} compressed, {uncompressed} "
+            "uncompressed in all"
+        )
+    return lines
+
+
+_REPORTS: dict[str, Callable[[str, int, bool], list[str]]] = {
     "tfrecord": _tfrecord,
     "array_record": _array_record,
     "parquet": _parquet,

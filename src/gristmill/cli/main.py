@@ -115,9 +115,10 @@ def _add_inspect(commands: Any) -> None:
         "schema and the first records",
         description="Describes each file: its format, record count and sizes, the schema "
         "(Parquet) or what the records are (tf.train.Example features, a pickle, a .npy "
-        "array, bytes), and its first records. TFRecord and ArrayRecord files are read "
-        "whole, so a damaged record anywhere is reported (the file and the record's offset "
-        "or index).",
+        "array, bytes), and its first records. Every file is read whole, so damage anywhere "
+        "is reported in one line with exit status 1: the file and the record's offset or "
+        "index (TFRecord, ArrayRecord) or the row group and column (Parquet: every page "
+        "decoded, its checksum verified where the writer wrote one).",
         epilog=_EPILOG,
     )
     inspect.add_argument(
@@ -128,6 +129,12 @@ def _add_inspect(commands: Any) -> None:
         "pattern skips the .gmidx index files TFRecordDataSource writes)",
     )
     _add_count(inspect, "--records", minimum=0, default=3, help="records to show of each file (3)")
+    inspect.add_argument(
+        "--quick",
+        action="store_true",
+        help="read only the footer and the records shown, not the whole file: faster on a "
+        "large file, but damage further on is not found (the output says so)",
+    )
     inspect.add_argument(
         "--format",
         choices=INSPECT_FORMATS,
@@ -193,7 +200,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "inspect":
         from gristmill.cli.inspect import run_inspect
 
-        return run_inspect(args.paths, records=args.records, file_format=args.format)
+        return run_inspect(
+            args.paths, records=args.records, file_format=args.format, quick=args.quick
+        )
     if args.command == "profile":
         return profile.run(args)
     if args.command == "bench":

@@ -64,9 +64,8 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
       device_buffer_size: how many elements the background thread (pinning or a
         ``device``) prepares ahead; 0 does that work in the caller's thread.
       shard_by_rank: slice a MapDataset by ``torch.distributed`` rank (see above).
-      progress: show a progress bar for each pass (batches/s and the share of the loop's
-        time spent waiting for data; needs tqdm: ``pip install 'gristmill[progress]'``);
-        the figures are ``iterator.progress.summary()``.
+      progress: show a tqdm progress bar for each pass (batches/s and the share of the
+        loop's time spent waiting for data); the figures are ``iterator.progress.summary()``.
 
     Raises:
       TypeError: ``data`` is none of the accepted kinds, or a flag is not a bool.

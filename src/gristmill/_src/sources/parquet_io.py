@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import IO, Any
 
@@ -222,6 +222,31 @@ class ParquetFile:
                 f"{table.num_rows} rows, its metadata says {expected}"
             )
         return list(table.column_names), arrays, nbytes
+
+    def iter_batches(
+        self, index: int, *, rows: int, columns: Sequence[str] | None = None
+    ) -> Generator[Any, None, None]:
+        """Row group ``index`` as ``pyarrow.RecordBatch``es of at most ``rows`` rows (all
+        columns, or ``columns``), for a reader that need not hold a row group whole.
+
+        Raises:
+          ParquetFormatError: a page that cannot be decoded or fails its checksum, naming
+            the row group (and the column, when ``columns`` names one).
+        """
+        where = f"decoding row group {index}"
+        if columns is not None and len(columns) == 1:
+            where += f", column {columns[0]!r}"
+        batches = self._file.iter_batches(
+            batch_size=rows, row_groups=[index], columns=columns, use_threads=False
+        )
+        try:
+            for batch in batches:
+                batch.validate(full=True)  # offsets in bounds, strings UTF-8
+                yield batch
+        except _decode_errors() as error:
+            if _is_os_problem(error):
+                raise
+            raise format_error(self.path, where, error) from error
 
     def close(self) -> None:
         file = getattr(self, "_file", None)

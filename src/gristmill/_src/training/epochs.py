@@ -58,7 +58,7 @@ class Epochs:
       pipeline: builds an epoch's IterDataset from its MapDataset (default
         ``epoch.to_iter_dataset()``), e.g. ``lambda e: e.to_iter_dataset().batch(32)``.
       num_epochs: how many epochs (``None``: for ever).
-      progress: show a progress bar per epoch (batches/s, data wait; needs tqdm).
+      progress: show a tqdm progress bar per epoch (batches/s, data wait).
 
     >>> import gristmill as gm
     >>> ds = gm.MapDataset.range(6).seed(1).shuffle()

@@ -3,7 +3,7 @@
 ``progress(batches)`` wraps an iterable. For every item it measures the time spent inside
 ``next()`` (the loop waiting for data) and the time from handing the item over to the next
 request (the training step), and shows the rate and the data-wait share on a tqdm bar
-(``pip install 'gristmill[progress]'``). The figures are also available as
+(tqdm is one of gristmill's dependencies). The figures are also available as
 :meth:`ProgressMeter.summary`, with or without a bar.
 """
 
@@ -15,7 +15,6 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any, Generic, TypeVar
 
 from gristmill._src.core import validation
-from gristmill._src.sources.files import optional_import
 
 T = TypeVar("T")
 
@@ -33,7 +32,7 @@ class StepMeter:
     Args:
       total: items expected (the bar's length), or ``None``.
       desc: the bar's label.
-      show: draw a tqdm bar (needs tqdm); ``False`` only measures.
+      show: draw a tqdm bar; ``False`` only measures.
       file: where the bar is drawn (default: stderr, tqdm's default).
     """
 
@@ -108,7 +107,8 @@ class StepMeter:
     def _make_bar(self) -> Any:
         if not self._show:
             return None
-        tqdm = optional_import("tqdm", extra="progress", purpose="the progress bar")
+        import tqdm  # a dependency, imported with the first bar rather than with gristmill
+
         return tqdm.tqdm(total=self._total, desc=self._desc, unit="batch", file=self._file)
 
     def wait_share(self) -> float:
@@ -146,7 +146,7 @@ class ProgressMeter(StepMeter, Generic[T]):
       iterable: batches (any iterable).
       total: items expected (the bar's length); ``None``: ``len(iterable)`` if it has one.
       desc: the bar's label.
-      show: draw a tqdm bar (needs tqdm); ``False`` only measures.
+      show: draw a tqdm bar; ``False`` only measures.
       file: where the bar is drawn (default: stderr, tqdm's default).
     """
 

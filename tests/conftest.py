@@ -4,6 +4,8 @@ runs in the background (long commands that overlap the rest of the suite)."""
 import contextlib
 import faulthandler
 import gc
+import hashlib
+import json
 import logging
 import multiprocessing
 import os
@@ -139,19 +141,30 @@ def no_orphaned_processes():
     assert not orphans, f"processes outlived their parent worker: {orphans}"
 
 
-_SUMMARY_LINES = pytest.StashKey[list]()
+_SUMMARY = "gristmill_summary"
+_summary_lines = []  # this process's reports' summary lines (the controller's, under xdist)
 
 
 @pytest.fixture
 def record_summary_line(request):
     """``record_summary_line(line)``: shows ``line`` in pytest's terminal summary (an upstream
-    suite's closing line, the soak's measurements)."""
-    lines = request.config.stash.setdefault(_SUMMARY_LINES, [])
-    return lines.append
+    suite's closing line, the soak's measurements). The line travels in the test's report,
+    so that under pytest-xdist the controller prints it."""
+
+    def record(line):
+        request.node.user_properties.append((_SUMMARY, line))
+
+    return record
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":  # the last report of a test: it carries every line
+        lines = [value for key, value in report.user_properties if key == _SUMMARY]
+        _summary_lines.extend(lines)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    for line in config.stash.get(_SUMMARY_LINES, []):
+    for line in _summary_lines:
         terminalreporter.write_line(line)
 
 
@@ -178,65 +191,140 @@ def no_children_left():
 # ends, so that it overlaps the rest of the suite; the test takes the finished run from the
 # ``background_run`` fixture. What it writes goes under its own ``out_dir``; a run still going
 # when the session ends is killed with its whole process group.
+#
+# Under pytest-xdist the runs belong to the controller, which lives for the whole session
+# (a worker may end while another still waits for a run): the first worker to finish
+# collecting writes the runs' specification (``runs.json``) into a folder shared by the
+# session, the controller starts them when it hears the collection is done, and the test,
+# in whichever worker, waits for the ``exit_code`` file the controller writes when its run
+# ends. Without xdist the one process plays both parts.
 
 _BACKGROUND = pytest.StashKey[dict]()
+_BACKGROUND_DIR = pytest.StashKey[Path]()
+_SPEC = "runs.json"
+
+
+def _background_dir(config):
+    """The folder this session's background runs live in (made by the controller)."""
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None:
+        return Path(worker_input["gristmill_background_dir"])
+    if _BACKGROUND_DIR not in config.stash:
+        config.stash[_BACKGROUND_DIR] = Path(tempfile.mkdtemp(prefix="gristmill-background-"))
+    return config.stash[_BACKGROUND_DIR]
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent under -p no:xdist
+def pytest_configure_node(node):
+    """(xdist controller) Tells each worker where the session's background runs live."""
+    node.workerinput["gristmill_background_dir"] = str(_background_dir(node.config))
 
 
 class BackgroundRun:
-    """A command started by ``pytest_collection_finish`` for one marked test."""
+    """A command started (by the session's controller) for one marked test."""
 
-    def __init__(self, argv):
-        self.out_dir = Path(tempfile.mkdtemp(prefix="gristmill-background-"))
-        self.argv = [str(a) for a in argv(self.out_dir)]
-        self._stdout = open(self.out_dir / "stdout.txt", "wb")  # noqa: SIM115 (closed in stop)
-        self._stderr = open(self.out_dir / "stderr.txt", "wb")  # noqa: SIM115
-        self.started = time.monotonic()
+    def __init__(self, out_dir, argv):
+        self.out_dir = Path(out_dir)
+        self.argv = argv
+
+    def start(self):
+        """Starts the command; a thread records its exit code when it ends."""
+        stdout = open(self.out_dir / "stdout.txt", "wb")  # noqa: SIM115 (closed by _reap)
+        stderr = open(self.out_dir / "stderr.txt", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
-            self.argv, stdout=self._stdout, stderr=self._stderr, start_new_session=True
+            self.argv, stdout=stdout, stderr=stderr, start_new_session=True
         )
+        (self.out_dir / "pid").write_text(str(self.process.pid))
+        threading.Thread(
+            target=self._reap, args=(stdout, stderr), name="background-reaper", daemon=True
+        ).start()
+        return self
+
+    def _reap(self, stdout, stderr):
+        code = self.process.wait()
+        stdout.close()
+        stderr.close()
+        partial = self.out_dir / "exit_code.partial"
+        partial.write_text(str(code))
+        partial.rename(self.out_dir / "exit_code")  # whole or absent, never half-written
 
     def wait(self, timeout_s):
         """``(exit code, stdout, stderr)`` once the command ends; fails the test (and kills
         the command) when it runs past ``timeout_s`` from its start."""
-        remaining = max(0.0, timeout_s - (time.monotonic() - self.started))
-        try:
-            code = self.process.wait(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            pytest.fail(
-                f"{' '.join(self.argv)} ran past {timeout_s} s; its output so far:\n"
-                f"{self._read('stdout.txt')[-4000:]}\n{self._read('stderr.txt')[-4000:]}"
-            )
-        self._stdout.flush()
-        self._stderr.flush()
-        return code, self._read("stdout.txt"), self._read("stderr.txt")
+        started = (self.out_dir / "started").stat().st_mtime
+        exit_code = self.out_dir / "exit_code"
+        while not exit_code.exists():  # written by the controller's reaper thread
+            if time.time() - started > timeout_s:
+                self.stop()
+                pytest.fail(
+                    f"{' '.join(self.argv)} ran past {timeout_s} s; its output so far:\n"
+                    f"{self._read('stdout.txt')[-4000:]}\n{self._read('stderr.txt')[-4000:]}"
+                )
+            time.sleep(0.5)
+        return int(exit_code.read_text()), self._read("stdout.txt"), self._read("stderr.txt")
 
     def _read(self, name):
-        return (self.out_dir / name).read_text(errors="replace")
+        path = self.out_dir / name
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self):
-        if self.process.poll() is None:
+        """Kills the command's process group if it still runs (from any process)."""
+        pid_file = self.out_dir / "pid"
+        if pid_file.exists() and not (self.out_dir / "exit_code").exists():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self._stdout.close()
-        self._stderr.close()
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def pytest_collection_finish(session):
-    if session.config.option.collectonly:
+def _start_runs(config, folder):
+    """Starts every run of the specification in ``folder`` (once per session)."""
+    runs = config.stash.setdefault(_BACKGROUND, {})
+    if runs or not (folder / _SPEC).exists():
         return
-    runs = session.config.stash.setdefault(_BACKGROUND, {})
+    for nodeid, spec in json.loads((folder / _SPEC).read_text()).items():
+        runs[nodeid] = BackgroundRun(spec["out_dir"], spec["argv"]).start()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist tells the controller the collection is done
+def pytest_collection_finish(session):
+    config = session.config
+    if config.option.collectonly:
+        return
+    folder = _background_dir(config)
+    specs = {}
     for item in session.items:
         marker = item.get_closest_marker("background")
         if marker is not None:
-            runs[item.nodeid] = BackgroundRun(marker.args[0])
+            out_dir = folder / hashlib.sha1(item.nodeid.encode()).hexdigest()[:12]
+            out_dir.mkdir(exist_ok=True)
+            (out_dir / "started").touch()
+            specs[item.nodeid] = {
+                "out_dir": str(out_dir),
+                "argv": [str(a) for a in marker.args[0](out_dir)],
+            }
+    if specs and not (folder / _SPEC).exists():
+        partial = folder / f"{_SPEC}.{os.getpid()}"
+        partial.write_text(json.dumps(specs))
+        with contextlib.suppress(FileExistsError):  # another worker wrote the same first
+            os.link(partial, folder / _SPEC)
+        partial.unlink()
+    if not hasattr(config, "workerinput"):  # no xdist: this process runs them
+        _start_runs(config, folder)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """(xdist controller) A worker's collection is done, so the runs' specification is
+    written: start them."""
+    _start_runs(node.config, _background_dir(node.config))
 
 
 def pytest_unconfigure(config):
+    if hasattr(config, "workerinput"):
+        return  # the controller owns the runs and the folder
     for run in config.stash.get(_BACKGROUND, {}).values():
         run.stop()
-        shutil.rmtree(run.out_dir, ignore_errors=True)
+    if _BACKGROUND_DIR in config.stash:
+        shutil.rmtree(config.stash[_BACKGROUND_DIR], ignore_errors=True)
 
 
 @pytest.fixture
@@ -244,9 +332,7 @@ def background_run(request):
     """The :class:`BackgroundRun` of this ``background``-marked test (started at collection)."""
     # The wait has its own timeout: the suite-wide faulthandler_timeout would only dump it.
     faulthandler.cancel_dump_traceback_later()
-    runs = request.config.stash.setdefault(_BACKGROUND, {})
-    if request.node.nodeid not in runs:
-        runs[request.node.nodeid] = BackgroundRun(
-            request.node.get_closest_marker("background").args[0]
-        )
-    return runs[request.node.nodeid]
+    folder = _background_dir(request.config)
+    specs = json.loads((folder / _SPEC).read_text())
+    spec = specs[request.node.nodeid]
+    return BackgroundRun(spec["out_dir"], spec["argv"])

@@ -17,21 +17,17 @@ import bisect
 import concurrent.futures
 import hashlib
 import importlib
-import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import ModuleType, TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from gristmill._src.core import validation
 from gristmill._src.sources import array_record_errors as errors
-from gristmill._src.sources import files
-
-logger = logging.getLogger("gristmill.source")
-T = TypeVar("T")
+from gristmill._src.sources import file_changes, files
 
 # A readahead buffer only helps sequential scans; for random access it reads bytes the next
 # record does not need (array_record's own advice, and what Grain passes too).
@@ -144,20 +140,6 @@ def _is_instruction(item: Any) -> bool:
     return all(hasattr(item, name) for name in ("filename", "skip", "take"))
 
 
-def _once_more(path: str, attempt: Callable[..., T], *args: Any) -> T:
-    """``attempt(*args)`` on ``path``'s file, tried a second time after a failure that a
-    second try may not meet (a busy machine's EMFILE or EINTR, a file rewritten as it was
-    opened): a passing failure is not reported, a lasting one is, as what the OS or the
-    file said (``array_record_errors``)."""
-    try:
-        return attempt(*args)
-    except OSError as error:
-        if not errors.worth_retrying(error):
-            raise
-        logger.warning("%r: %s; trying once more", path, error)
-    return attempt(*args)
-
-
 class ArrayRecordDataSource:
     """The records (bytes) of ArrayRecord files, as one random-access source.
 
@@ -210,7 +192,7 @@ class ArrayRecordDataSource:
         self._module = array_record_module()
         self._lock = threading.Lock()
         self._readers: list[Any] = [None] * len(shards)
-        self._states: list[errors.FileState | None] = [None] * len(shards)  # when opened
+        self._states: list[file_changes.FileState | None] = [None] * len(shards)  # when opened
         self._call_records: list[int] = [1] * len(shards)  # records per read call, per file
 
     def _setup(self) -> None:
@@ -233,14 +215,14 @@ class ArrayRecordDataSource:
                 reader = self._readers[k]
                 if reader is None:
                     path = self._shards[k].path
-                    reader = self._readers[k] = _once_more(path, self._open, k)
+                    reader = self._readers[k] = file_changes.once_more(path, self._open, k)
         return reader
 
     def _open(self, k: int) -> Any:
         shard = self._shards[k]
         path = shard.path
         files.open_binary(path).close()  # an OSError (subclass) naming the path
-        before = errors.file_state(path)
+        before = file_changes.local_file_state(path)
         try:
             reader = self._module.ArrayRecordReader(files.local_path(path), self._options)
         except ValueError as error:
@@ -276,7 +258,9 @@ class ArrayRecordDataSource:
     def _read(self, k: int, positions: list[int]) -> list[bytes]:
         """The records at ``positions`` (in the file) of shard ``k``, in one call (or one
         per ~_CALL_BYTES of records)."""
-        records = _once_more(self._shards[k].path, self._read_calls, self._reader(k), k, positions)
+        records = file_changes.once_more(
+            self._shards[k].path, self._read_calls, self._reader(k), k, positions
+        )
         if b"" in records:
             # array_record answers b"" for records past the end of a file truncated after
             # it was opened; a real empty record leaves the file as it was.
@@ -304,7 +288,7 @@ class ArrayRecordDataSource:
 
     def _changed_since_open(self, k: int) -> str | None:
         """How shard ``k``'s file changed since it was opened, if it did."""
-        opened, now = self._states[k], errors.file_state(self._shards[k].path)
+        opened, now = self._states[k], file_changes.local_file_state(self._shards[k].path)
         if opened is None or now == opened:
             return None
         return (

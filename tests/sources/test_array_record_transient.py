@@ -19,17 +19,13 @@ from gristmill._src.sources import files  # the seam where the sources open a fi
 array_record_module = pytest.importorskip("array_record.python.array_record_module")
 Source = gm.sources.ArrayRecordDataSource
 RECORDS = [bytes([i]) * 100 for i in range(50)]  # one file of two 64 KiB blocks
-AN_HOUR_AGO = 3600
 
 
 @pytest.fixture
-def path(tmp_path):
+def path(tmp_path, written_earlier):
     written = tmp_path / "good.array_record"
     gm.sources.write_array_record(written, RECORDS)
-    # written a while ago, as a dataset is: a later rewrite shows in its modification time
-    earlier = os.stat(written).st_mtime - AN_HOUR_AGO
-    os.utime(written, (earlier, earlier))
-    return str(written)
+    return written_earlier(written)
 
 
 def _python_open_failing(monkeypatch, path, code, times):

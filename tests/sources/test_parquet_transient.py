@@ -13,17 +13,13 @@ import gristmill as gm
 
 pq = pytest.importorskip("pyarrow.parquet")
 ROWS = {"a": list(range(100))}
-AN_HOUR_AGO = 3600
 
 
 @pytest.fixture
-def path(tmp_path):
+def path(tmp_path, written_earlier):
     written = tmp_path / "good.parquet"
     gm.sources.write_parquet(written, ROWS)
-    # written a while ago, as a dataset is: a later rewrite shows in its modification time
-    earlier = os.stat(written).st_mtime - AN_HOUR_AGO
-    os.utime(written, (earlier, earlier))
-    return str(written)
+    return written_earlier(written)
 
 
 def _rewritten_while_opened(real, source, **kwargs):

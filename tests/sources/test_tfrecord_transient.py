@@ -16,17 +16,13 @@ import gristmill as gm
 from gristmill._src.sources import files  # the seam where the sources open a file
 
 RECORDS = [bytes([i]) * 50 for i in range(40)]
-AN_HOUR_AGO = 3600
 
 
 @pytest.fixture
-def path(tmp_path):
+def path(tmp_path, written_earlier):
     written = tmp_path / "good.tfrecord"
     gm.sources.write_tfrecord(written, RECORDS)
-    # written a while ago, as a dataset is: a later rewrite shows in its modification time
-    earlier = os.stat(written).st_mtime - AN_HOUR_AGO
-    os.utime(written, (earlier, earlier))
-    return str(written)
+    return written_earlier(written)
 
 
 def _rewritten_at_open(monkeypatch, path, times):

@@ -319,6 +319,24 @@ def test_queue_class_may_be_a_partial_of_a_subclass():
     assert made[1][1].endswith(":1:sink")
 
 
+def test_queue_classes_are_generic_in_their_item_type_as_in_spdl():
+    entered = []
+
+    class Typed(StatsQueue[int]):  # SPDL's queues are generic (asyncio.Queue[int])
+        @contextlib.asynccontextmanager
+        async def stage_hook(self):
+            entered.append(self.name.split(":", 1)[1])
+            async with super().stage_hook():
+                yield
+
+    assert AsyncQueue[int] is not None
+    pipeline = PipelineBuilder().add_source(range(3)).add_sink(3)
+    assert list(pipeline.build(num_threads=1, queue_class=Typed)) == [0, 1, 2]
+    assert entered == ["0:src_queue", "1:sink_queue"]
+    # the subscripted class itself is accepted, as SPDL's builder accepts it
+    assert list(pipeline.build(num_threads=1, queue_class=StatsQueue[int])) == [0, 1, 2]
+
+
 @pytest.mark.parametrize(
     ("queue_class", "match"),
     [

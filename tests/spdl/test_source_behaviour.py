@@ -25,6 +25,35 @@ class Shuffleable:
         self.seeds.append(seed)
 
 
+def test_a_source_derived_from_the_generic_protocols_of_source_utils_is_repeated():
+    # SPDL 0.8.0's spdl.source.utils has the protocols too, and its users import them there
+    from gristmill.source.utils import (
+        IterableWithShuffle,
+        SizedIterable,
+        SizedIterableWithShuffle,
+    )
+
+    assert SizedIterable is gristmill.source.SizedIterable
+
+    class Numbers(SizedIterableWithShuffle[int]):
+        def __init__(self):
+            self.seeds = []
+
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            return iter([10 * len(self.seeds), 10 * len(self.seeds) + 1])
+
+        def shuffle(self, seed):
+            self.seeds.append(seed)
+
+    source = Numbers()
+    assert isinstance(source, IterableWithShuffle)
+    assert list(itertools.islice(repeat_source(source, epoch=5), 4)) == [10, 11, 20, 21]
+    assert source.seeds == [5, 6]
+
+
 def test_repeat_source_of_an_empty_source_stops_with_a_warning():
     """Deliberate difference: spdl 0.8.0 loops for ever without yielding."""
     with pytest.warns(RuntimeWarning, match=r"repeat_source stops: pass 0 of \[\] yielded nothing"):

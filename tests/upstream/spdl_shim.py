@@ -27,7 +27,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "spdl.pipeline.defs": ("gristmill.pipeline.defs",),
     "spdl.pipeline.config": ("gristmill.pipeline.config",),
     "spdl.source": ("gristmill.source",),
-    "spdl.source.utils": ("gristmill.source.utils", "gristmill.source"),
+    "spdl.source.utils": ("gristmill.source.utils",),
     "spdl.dataloader": ("gristmill.dataloader",),
     # SPDL's internal modules: the public names they hold map onto gristmill's public ones
     "spdl.pipeline._arena": ("gristmill.pipeline",),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
-import errno
 import hashlib
 import importlib
 import os
@@ -27,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.core import validation
-from gristmill._src.sources import files
+from gristmill._src.sources import array_record_errors as errors
+from gristmill._src.sources import file_changes, files
 
 # A readahead buffer only helps sequential scans; for random access it reads bytes the next
 # record does not need (array_record's own advice, and what Grain passes too).
@@ -55,31 +55,6 @@ def check_local(path: str, what: str) -> str:
             f"(e.g. fsspec.get({path!r}, '/tmp/data.array_record'))"
         )
     return files.local_path(path)
-
-
-# Errors array_record reports as text ("open() failed: No such file or directory; ...").
-_ERRNOS = {os.strerror(code): code for code in (
-    errno.ENOENT, errno.EACCES, errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG,
-    errno.EMFILE, errno.ENFILE, errno.EIO, errno.EPERM,
-)}  # fmt: skip
-
-
-def os_error_from(path: str, message: str) -> OSError | None:
-    """The OSError subclass array_record's text describes, naming ``path``; else None."""
-    for reason, code in _ERRNOS.items():
-        if f"failed: {reason}" in message:
-            made = OSError(code, f"cannot open {path!r}: {reason}")
-            made.filename = path
-            return made
-    return None
-
-
-def _open_error(path: str, error: Exception) -> Exception:
-    # array_record gives no reason for some truncated files (one cut at a block boundary).
-    reason = str(error) or "its footer cannot be read: the file is truncated or damaged"
-    return os_error_from(path, reason) or ValueError(
-        f"{path!r} is not a readable ArrayRecord file: {reason}"
-    )
 
 
 def _check_reader_options(reader_options: Any) -> dict[str, str]:
@@ -175,9 +150,13 @@ class ArrayRecordDataSource:
         "offloaded"}``; ``readahead_buffer_size`` is 0 unless set here.
 
     Raises:
-      FileNotFoundError, PermissionError (OSError): a file cannot be opened.
-      ValueError: a file is not an ArrayRecord file, a path is a URL, or array_record
-        rejects ``reader_options``.
+      OSError: a file cannot be opened (the OS's error, errno and path: FileNotFoundError,
+        PermissionError, ...), or it changed while it was opened (another process rewrote
+        it). A failure a second try may not meet (EMFILE, EINTR, a rewrite) is tried once
+        more first; reads the same.
+      ValueError: a file is not an ArrayRecord file (it stayed the same while it was
+        opened and its bytes are wrong), a path is a URL, or array_record rejects
+        ``reader_options``.
 
     ``source[i]`` accepts negative indices; ``source._getitems(indices)`` (also
     ``__getitems__``) reads a list with one call per file. The source pickles cheaply
@@ -213,7 +192,7 @@ class ArrayRecordDataSource:
         self._module = array_record_module()
         self._lock = threading.Lock()
         self._readers: list[Any] = [None] * len(shards)
-        self._sizes: list[int] = [0] * len(shards)
+        self._states: list[file_changes.FileState | None] = [None] * len(shards)  # when opened
         self._call_records: list[int] = [1] * len(shards)  # records per read call, per file
 
     def _setup(self) -> None:
@@ -235,14 +214,15 @@ class ArrayRecordDataSource:
             with self._lock:
                 reader = self._readers[k]
                 if reader is None:
-                    reader = self._readers[k] = self._open(k)
+                    path = self._shards[k].path
+                    reader = self._readers[k] = file_changes.once_more(path, self._open, k)
         return reader
 
     def _open(self, k: int) -> Any:
         shard = self._shards[k]
         path = shard.path
         files.open_binary(path).close()  # an OSError (subclass) naming the path
-        self._sizes[k] = files.file_size(path)
+        before = file_changes.local_file_state(path)
         try:
             reader = self._module.ArrayRecordReader(files.local_path(path), self._options)
         except ValueError as error:
@@ -251,19 +231,20 @@ class ArrayRecordDataSource:
                 f"(opening {path!r}): {error}"
             ) from error
         except RuntimeError as error:
-            raise _open_error(path, error) from error
+            raise errors.open_failure(path, str(error), before) from error
         if not reader.ok():
             # A reader that failed to open only says why when asked to close.
             try:
                 reader.close()
             except RuntimeError as error:
-                raise _open_error(path, error) from error
-            raise ValueError(f"{path!r} is not a readable ArrayRecord file")
+                raise errors.open_failure(path, str(error), before) from error
+            raise errors.open_failure(path, None, before)
+        self._states[k] = before
         count = reader.num_records()
         # array_record stages a call's records in one buffer before copying them out: past a
         # few MiB that misses the CPU caches (100 KiB records: ~50 us each in calls of 16,
         # ~105 us in calls of 128), so a call carries about _CALL_BYTES of records.
-        self._call_records[k] = max(1, _CALL_BYTES * max(count, 1) // max(self._sizes[k], 1))
+        self._call_records[k] = max(1, _CALL_BYTES * max(count, 1) // max(before.size, 1))
         if shard.take is None:
             shard.take = count
         elif shard.skip + shard.take > count:
@@ -277,40 +258,60 @@ class ArrayRecordDataSource:
     def _read(self, k: int, positions: list[int]) -> list[bytes]:
         """The records at ``positions`` (in the file) of shard ``k``, in one call (or one
         per ~_CALL_BYTES of records)."""
-        reader = self._reader(k)
+        records = file_changes.once_more(
+            self._shards[k].path, self._read_calls, self._reader(k), k, positions
+        )
+        if b"" in records:
+            # array_record answers b"" for records past the end of a file truncated after
+            # it was opened; a real empty record leaves the file as it was.
+            changed = self._changed_since_open(k)
+            if changed:
+                raise self._read_error(k, positions[records.index(b"")], changed)
+        return records
+
+    def _read_calls(self, reader: Any, k: int, positions: list[int]) -> list[bytes]:
         per_call = self._call_records[k]
         try:
             if len(positions) <= per_call:
                 records: list[bytes] = reader.read(positions)
-            else:
-                records = []
-                for start in range(0, len(positions), per_call):
-                    records.extend(reader.read(positions[start : start + per_call]))
+                return records
+            records = []
+            for start in range(0, len(positions), per_call):
+                records.extend(reader.read(positions[start : start + per_call]))
+            return records
         except TypeError:
             for position in positions:
                 validation.check_index(position)
             raise
         except (RuntimeError, ValueError, IndexError) as error:
-            raise self._read_error(k, positions[0], str(error)) from error
-        if b"" in records:
-            # array_record answers b"" for records past the end of a file truncated after
-            # it was opened; a real empty record leaves the file's size as it was.
-            size = files.file_size(self._shards[k].path)
-            if size != self._sizes[k]:
-                position = positions[records.index(b"")]
-                raise self._read_error(
-                    k,
-                    position,
-                    f"the file changed since it was opened (it had {self._sizes[k]} bytes, "
-                    f"now {size}); open the source again",
-                )
-        return records
+            raise self._read_failure(k, positions[0], str(error)) from error
+
+    def _changed_since_open(self, k: int) -> str | None:
+        """How shard ``k``'s file changed since it was opened, if it did."""
+        opened, now = self._states[k], file_changes.local_file_state(self._shards[k].path)
+        if opened is None or now == opened:
+            return None
+        return (
+            f"the file changed since it was opened (it had {opened.size} bytes, now "
+            f"{now.size}); open the source again"
+        )
+
+    def _read_failure(self, k: int, position: int, reason: str) -> OSError | ValueError:
+        """What array_record's read failure ``reason`` means: the OS error it reports, a file
+        that changed since it was opened, or damage (the file is as it was)."""
+        doing = f"read record {self._index_of(k, position)} of"
+        os_error = errors.os_error_from(self._shards[k].path, reason, doing=doing)
+        if os_error is not None:
+            return os_error
+        return self._read_error(k, position, self._changed_since_open(k) or reason)
+
+    def _index_of(self, k: int, position: int) -> int:
+        return self._starts[k] + position - self._shards[k].skip
 
     def _read_error(self, k: int, position: int, reason: str) -> ValueError:
-        shard = self._shards[k]
-        index = self._starts[k] + position - shard.skip
         return ValueError(
-            f"cannot read record {index} (position {position} of {shard.path!r}): {reason}"
+            f"cannot read record {self._index_of(k, position)} (position {position} of "
+            f"{self._shards[k].path!r}): {reason}"
         )
 
     # -- reading ---------------------------------------------------------------------------

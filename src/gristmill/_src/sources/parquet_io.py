@@ -10,6 +10,10 @@ Errors: a path that cannot be opened raises the OSError subclass the OS reported
 path (``files.open_binary``); bytes that are not valid Parquet (wrong magic, a truncated or
 corrupted file, a data page whose CRC-32 checksum fails) raise :class:`ParquetFormatError`, a
 ValueError naming the file, the row group where one is involved, and pyarrow's reason.
+A local file that changed while its footer was being read (another process rewriting it in
+place: its half-written footer looks truncated) is a ``file_changes.FileChangedError`` (an
+OSError), not a ParquetFormatError; that, and an OS error a second try may not meet
+(EMFILE, EINTR, ...), is tried once more first.
 
 Checksums: ``write_parquet`` writes a CRC-32 per page, and the readers verify the pages that
 carry one (``page_checksum_verification=True``, unless ``read_kwargs`` say otherwise); pages
@@ -26,7 +30,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from gristmill._src.sources import files
+from gristmill._src.sources import file_changes, files
 
 _VERIFY_PAGES = {"page_checksum_verification": True}
 
@@ -136,37 +140,11 @@ class ParquetFile:
     def __init__(
         self, path: str, columns: tuple[str, ...] | None, read_kwargs: Mapping[str, Any]
     ) -> None:
-        pq = pyarrow_parquet()
         self.path = path
         self._handle: IO[bytes] | None = None
-        source: Any = path
-        if "filesystem" not in read_kwargs:  # else a pyarrow filesystem opens `path`
-            handle: IO[bytes] = files.open_binary(path)  # OS errors name the path
-            if files.is_local(path):
-                # pyarrow's own reader is faster than a Python file object (no GIL per read).
-                handle.close()
-                source = files.local_path(path)
-            else:
-                self._handle = source = handle
-        try:
-            self._file = pq.ParquetFile(source, **{**_VERIFY_PAGES, **read_kwargs})
-            metadata = self._file.metadata
-            self.row_counts: list[int] = [
-                metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)
-            ]
-            names: list[str] = list(self._file.schema_arrow.names)
-            total = metadata.num_rows
-        except TypeError as error:  # a read_kwargs pyarrow does not take
-            self.close()
-            raise TypeError(
-                f"opening {path!r}: pyarrow.parquet.ParquetFile rejected the read options "
-                f"{dict(read_kwargs)!r}: {error}"
-            ) from error
-        except _decode_errors() as error:
-            self.close()
-            if _is_os_problem(error):
-                raise
-            raise format_error(path, "reading its footer", error) from error
+        # a file rewritten as it is opened looks damaged: that, and a busy machine's OS
+        # errors, get a second try (file_changes)
+        names, total = file_changes.once_more(path, self._open, read_kwargs)
         try:
             _check_stored_schema(path, self._file)
         except ParquetFormatError:
@@ -190,6 +168,48 @@ class ParquetFile:
                         f"are {names}"
                     )
         self.columns = None if columns is None else list(columns)
+
+    def _open(self, read_kwargs: Mapping[str, Any]) -> tuple[list[str], int]:
+        """Opens the file and reads its footer: its column names and row count.
+
+        Raises:
+          OSError: the OS's error, or FileChangedError (the file changed meanwhile).
+          ParquetFormatError: the footer is not valid (the file stayed the same).
+        """
+        pq = pyarrow_parquet()
+        path = self.path
+        source: Any = path
+        before = None
+        if "filesystem" not in read_kwargs:  # else a pyarrow filesystem opens `path`
+            handle: IO[bytes] = files.open_binary(path)  # OS errors name the path
+            if files.is_local(path):
+                # pyarrow's own reader is faster than a Python file object (no GIL per read).
+                handle.close()
+                source = files.local_path(path)
+                before = file_changes.local_file_state(path)
+            else:
+                self._handle = source = handle
+        try:
+            self._file = pq.ParquetFile(source, **{**_VERIFY_PAGES, **read_kwargs})
+            metadata = self._file.metadata
+            self.row_counts: list[int] = [
+                metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)
+            ]
+            return list(self._file.schema_arrow.names), metadata.num_rows
+        except TypeError as error:  # a read_kwargs pyarrow does not take
+            self.close()
+            raise TypeError(
+                f"opening {path!r}: pyarrow.parquet.ParquetFile rejected the read options "
+                f"{dict(read_kwargs)!r}: {error}"
+            ) from error
+        except _decode_errors() as error:
+            self.close()
+            if _is_os_problem(error):
+                raise
+            raise (
+                file_changes.changed_while_opened(path, before)
+                or format_error(path, "reading its footer", error)
+            ) from error
 
     @property
     def num_row_groups(self) -> int:

@@ -14,7 +14,7 @@ from typing import IO, Any, cast
 
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import state_count, state_fields
-from gristmill._src.sources import files
+from gristmill._src.sources import file_changes, files
 from gristmill._src.sources import tfrecord_format as fmt
 
 # Bytes read per system call; any size restores the same state (it is not in the state).
@@ -46,6 +46,8 @@ class TFRecordIterDataset(IterDataset[bytes]):
       ImportError: ``verify_crc=True`` without google_crc32c.
       ValueError (on reading): a truncated or damaged file; the message names the file,
         the record and its byte offset.
+      OSError (on reading): the OS's error, or a file that changed since ``iter()`` opened
+        it (another process rewrote it: not damage).
 
     >>> import os, tempfile
     >>> import gristmill as gm
@@ -80,6 +82,7 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         self._path = path
         self._verify = verify_crc
         self._file: IO[bytes] | None = files.open_binary(path, buffered=False)
+        self._opened = file_changes.file_state(path)
         try:
             self._size = _size_of(self._file, path)
         except BaseException:
@@ -113,6 +116,17 @@ class _TFRecordIterator(DatasetIterator[bytes]):
     def _next_slow(self) -> bytes:
         """Reads one record with every check (and I/O as needed), then parses ahead."""
         self._check_open()
+        try:
+            return self._read_record()
+        except ValueError as error:
+            # a file rewritten or cut by another process since it was opened reads as
+            # damaged: say which it is
+            changed = file_changes.changed_since_opened(self._path, self._opened)
+            if changed is None:
+                raise
+            raise changed from error
+
+    def _read_record(self) -> bytes:
         self._index += self._n
         self._records, self._ends, self._i, self._n = [], [], 0, 0
         offset = self._base + self._pos

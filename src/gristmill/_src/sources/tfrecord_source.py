@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gristmill._src.core import validation
-from gristmill._src.sources import files
+from gristmill._src.sources import file_changes, files
 from gristmill._src.sources import tfrecord_format as fmt
 from gristmill._src.sources import tfrecord_index as idx
 
@@ -36,7 +36,9 @@ class TFRecordDataSource:
         always (google_crc32c required); False: never.
 
     Raises:
-      FileNotFoundError, PermissionError: a file cannot be read (the message names it).
+      OSError: a file cannot be read (FileNotFoundError, PermissionError, ...: the OS's
+        error, naming it), or it changed while it was indexed (another process rewrote it);
+        a failure a second try may not meet (EMFILE, a rewrite) is tried once more first.
       ValueError: a file is not a valid TFRecord file, or (reading) a record is damaged; the
         message names the file, the record and its byte offset.
 
@@ -80,12 +82,26 @@ class TFRecordDataSource:
         self._readers = [files.RangeReader(path) for path in self._paths]
 
     def _count(self, k: int) -> int:
-        cache, sig = self._caches[k], self._signatures[k]
+        # a file rewritten as it is indexed, and a busy machine's OS errors, are not damage:
+        # they get a second try (file_changes)
+        return file_changes.once_more(self._paths[k], self._count_once, k)
+
+    def _count_once(self, k: int) -> int:
+        path, cache = self._paths[k], self._caches[k]
+        sig = self._signatures[k] = idx.signature(path)
         if cache is not None:
             count = idx.read_cached_count(cache, sig)
             if count is not None:
                 return count
-        offsets = idx.scan(self._paths[k], sig.size, verify_crc=self._verify)
+        try:
+            offsets = idx.scan(path, sig.size, verify_crc=self._verify)
+        except ValueError as error:
+            now = idx.signature(path)
+            if now == sig:
+                raise
+            raise file_changes.FileChangedError(
+                path, f"the file changed while it was being indexed (size {sig.size} -> {now.size})"
+            ) from error
         self._offsets[k] = offsets
         if cache is not None:
             idx.write_cache(cache, sig, offsets)

@@ -28,7 +28,7 @@ import time
 import warnings
 from collections.abc import Awaitable, Callable, Sized
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_origin
 
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl import config
@@ -50,9 +50,11 @@ _ITEM_METHODS = ("get", "put", "get_nowait", "put_nowait")
 T = TypeVar("T")
 
 
-def _queue_class_of(queue_class: Any) -> type[AsyncQueue] | None:
-    """The class ``queue_class`` instantiates (unwrapping ``functools.partial``), if any."""
+def _queue_class_of(queue_class: Any) -> type[AsyncQueue[Any]] | None:
+    """The class ``queue_class`` instantiates (unwrapping ``functools.partial`` and a
+    subscripted generic such as ``StatsQueue[int]``), if any."""
     target = queue_class.func if isinstance(queue_class, functools.partial) else queue_class
+    target = get_origin(target) or target
     if isinstance(target, type) and issubclass(target, AsyncQueue):
         return target
     return None

@@ -20,12 +20,14 @@ import math
 import numbers
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gristmill._src.core.validation import check_positive_int
 from gristmill._src.engine.stats import StageStatistics, Waits
 
 logger = logging.getLogger("gristmill.pipeline")
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,12 +100,14 @@ def reading_of(waits: Waits | StageStatistics, items: int) -> BoundaryReading:
     )
 
 
-class AsyncQueue:
+class AsyncQueue(Generic[T]):
     """One stage boundary of a pipeline, with a ``stage_hook`` run around the pipeline's life.
 
     SPDL's ``AsyncQueue`` is the ``asyncio.Queue`` the items pass through. gristmill's
     stages hand items over in chunks, so this object carries no items: its ``get`` / ``put``
-    do not exist and are never called. Subclass it (or :class:`StatsQueue`) and override
+    do not exist and are never called. It is generic in the boundary's item type ``T`` as
+    SPDL's is (``AsyncQueue[int]``, ``class Mine(StatsQueue[bytes])``), for annotations
+    only. Subclass it (or :class:`StatsQueue`) and override
     :meth:`stage_hook` to run code when the pipeline starts and ends; pass the class as
     ``build(queue_class=...)``. The builder creates one per boundary as
     ``queue_class(info, buffer_size=...)``.
@@ -163,7 +167,7 @@ def check_interval(value: Any, name: str) -> float:
     return seconds
 
 
-class StatsQueue(AsyncQueue):
+class StatsQueue(AsyncQueue[T]):
     """An :class:`AsyncQueue` that measures its boundary and logs a line when the pipeline ends.
 
     The line goes to the ``gristmill.pipeline`` logger at INFO level, in SPDL's format (a

@@ -127,13 +127,12 @@ def test_state_round_trips_through_torch_save(tmp_path):
     assert head + [plain(b) for b in restored] == [plain(b) for b in TorchLoader(iter_dataset())]
 
 
-def test_state_before_iter_is_the_loaded_one_and_after_a_pass_the_start():
+def test_state_before_iter_is_the_start_and_after_a_pass_the_next_epochs_start():
     loader = TorchLoader(gm.MapDataset.range(4))
     start = loader.state_dict()
-    assert start["iterator"] is None
-    assert start["position"] == 0
+    assert (start["epoch"], start["iterator"], start["position"]) == (0, None, 0)
     assert [int(x) for x in loader] == [0, 1, 2, 3]
-    assert loader.state_dict() == start  # the next pass reads everything
+    assert loader.state_dict() == {**start, "epoch": 1}  # the next pass reads all of epoch 1
     assert [int(x) for x in loader] == [0, 1, 2, 3]
 
 
@@ -371,7 +370,7 @@ def test_data_of_another_kind_is_a_type_error(data, match):
 
 def test_a_built_pipeline_is_refused_with_the_fix():
     pipeline = spdl_pipeline()
-    with pytest.raises(TypeError, match=r"TorchLoader\(lambda: builder.build"):
+    with pytest.raises(TypeError, match=r"TorchLoader\(lambda epoch: builder.build"):
         TorchLoader(pipeline)
     pipeline.stop()
 

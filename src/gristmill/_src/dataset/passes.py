@@ -124,6 +124,21 @@ def _inputs(node: IterDataset[Any]) -> Any:
     return node.parents
 
 
+def epoch_sources(ds: IterDataset[Any]) -> list[MapDataset[Any]]:
+    """The MapDatasets with epochs that ``ds`` reads in index order: those whose epoch
+    :func:`iter_epoch` reads."""
+    found: list[MapDataset[Any]] = []
+    pending: list[Any] = [ds]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, MapDataset):
+            if has_epochs(node):
+                found.append(node)
+        elif isinstance(node, IterDataset) and type(node).__module__.startswith("gristmill"):
+            pending.extend(_inputs(node))
+    return found
+
+
 def shuffles(ds: Any) -> bool:
     """Whether a node of the graph of ``ds`` shuffles (a ``shuffle``, a window shuffle)."""
     return _contains(ds, _SHUFFLES)
@@ -178,5 +193,5 @@ def _contains(ds: Any, node_types: type[Any] | tuple[type[Any], ...]) -> bool:
         node = pending.pop()
         if isinstance(node, node_types):
             return True
-        pending.extend(getattr(node, "parents", ()))
+        pending.extend(_inputs(node) if isinstance(node, IterDataset) else node.parents)
     return False

@@ -99,7 +99,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
     >>> import gristmill as gm
     >>> loader = TorchLoader(gm.MapDataset.range(6).seed(0).shuffle().batch(3))
     >>> len(loader), [[batch.tolist() for batch in loader] for epoch in range(2)]
-    (2, [[[4, 0, 2], [1, 5, 3]], [[2, 0, 5], [3, 4, 1]]])
+    (2, [[[1, 2, 4], [5, 3, 0]], [[5, 3, 1], [4, 2, 0]]])
     """
 
     def __init__(

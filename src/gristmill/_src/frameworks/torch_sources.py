@@ -164,13 +164,14 @@ class Data:
                 "num_epochs=E and read one pass for E epochs, or pass TorchLoader a "
                 "MapDataset or a gristmill.training.Epochs"
             )
-        no_epochs = kind is SourceKind.ITER_DATASET and passes.iter_epoch(data, 1) is None
-        if no_epochs and passes.shuffles(data):
-            return (
-                "it shuffles, but no to_iter_dataset() in it reads a MapDataset, so its "
-                "order has no epochs: shuffle a MapDataset and call to_iter_dataset() after "
-                "it, or pass TorchLoader a gristmill.training.Epochs"
-            )
+        if kind is SourceKind.ITER_DATASET and passes.shuffles(data):
+            sources = passes.epoch_sources(data)
+            if not any(passes.shuffles(source) for source in sources):
+                return (
+                    "it shuffles, but not in a MapDataset that a to_iter_dataset() in it "
+                    "reads, so its order has no epochs: shuffle the MapDataset (ds.shuffle()"
+                    ".to_iter_dataset()...), or pass TorchLoader a gristmill.training.Epochs"
+                )
         return None
 
 

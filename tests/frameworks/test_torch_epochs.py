@@ -77,6 +77,19 @@ def test_each_iter_reads_the_next_epoch_in_the_order_epochs_gives(kind, no_child
     assert len(set(orders)) == EPOCHS
 
 
+def grain_order(epoch):
+    order = gm.multiprocessing.MultiprocessingOrder.GRAIN_PER_WORKER
+    options = gm.MultiprocessingOptions(num_workers=2, order=order)
+    return epoch.to_iter_dataset().batch(BATCH).mp_prefetch(options)
+
+
+def test_grains_per_worker_order_reads_each_epoch_as_epochs_does(no_children_left):
+    expected = [listed(e) for e in gm.training.Epochs(shuffled(), grain_order, num_epochs=2)]
+    loader = TorchLoader(grain_order(shuffled()))
+    assert [listed(loader) for _ in range(2)] == expected
+    assert expected[0] != expected[1]
+
+
 def test_an_interleave_of_a_shuffled_map_dataset_of_datasets_reads_a_new_order():
     parts = gm.MapDataset.source([gm.MapDataset.range(10 * i, 10 * i + 2) for i in range(6)])
     loader = TorchLoader(
@@ -371,6 +384,15 @@ def test_a_pipeline_function_of_the_epoch_is_called_with_it_and_resumes_exactly(
     restored.load_state_dict(state)
     assert head + ints(restored) == expected[1]
     assert ints(restored) == expected[2]
+
+
+def test_a_pipeline_function_with_a_keyword_epoch_gets_it_by_name():
+    def build(*, epoch=0, num_threads=1):
+        return sampler_pipeline(epoch)
+
+    orders = [[int(i) for i in sampler(epoch)] for epoch in range(2)]
+    loader = TorchLoader(build)
+    assert [[x for batch in ints(loader) for x in batch] for _ in range(2)] == orders
 
 
 def test_a_pipeline_function_of_two_arguments_is_refused():

@@ -69,37 +69,46 @@ def classify(data: Any) -> Data:
             "builder.build(num_threads=4)), so that every iter() gets a new pipeline"
         )
     if callable(data) and not isinstance(data, type):
-        return Data(SourceKind.PIPELINE, data, _takes_epoch(data))
+        return Data(SourceKind.PIPELINE, data, _epoch_argument(data))
     raise TypeError(f"data must be {_ACCEPTED}, got {data!r:.200} of type {type(data).__name__}")
 
 
-def _takes_epoch(build: Callable[..., Any]) -> bool:
-    """Whether the pipeline function takes the epoch: one required positional parameter,
-    or one named ``epoch``; a TypeError for a function that needs more."""
+class EpochArgument(enum.Enum):
+    """How a pipeline function takes the epoch."""
+
+    NONE = "none"  # build()
+    POSITIONAL = "positional"  # build(epoch): its one required parameter
+    KEYWORD = "keyword"  # build(epoch=epoch): a parameter named epoch
+
+
+def _epoch_argument(build: Callable[..., Any]) -> EpochArgument:
+    """How ``build`` takes the epoch: a parameter named ``epoch`` by keyword, else its one
+    required positional parameter; a TypeError for a function that needs more."""
     try:
         parameters = inspect.signature(build).parameters.values()
     except (TypeError, ValueError):  # no signature (some builtins): called with none
-        return False
+        return EpochArgument.NONE
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     required = [p for p in parameters if p.default is p.empty and p.kind in positional]
-    if any(p.name == "epoch" for p in parameters) and len(required) <= 1:
-        return True
+    named = [p for p in parameters if p.name == "epoch"]
+    if named and named[0].kind is not inspect.Parameter.POSITIONAL_ONLY and required in ([], named):
+        return EpochArgument.KEYWORD
     if len(required) > 1:
         raise TypeError(
             f"data must be {_ACCEPTED}; got {build!r:.100}, which needs "
             f"{len(required)} arguments ({', '.join(p.name for p in required)})"
         )
-    return len(required) == 1
+    return EpochArgument.POSITIONAL if required else EpochArgument.NONE
 
 
 @dataclasses.dataclass(frozen=True)
 class Data:
-    """What a TorchLoader reads: ``value`` of ``kind``; ``epoch_argument``: a pipeline
-    function that takes the epoch."""
+    """What a TorchLoader reads: ``value`` of ``kind``; ``epoch_argument``: how a pipeline
+    function takes the epoch."""
 
     kind: SourceKind
     value: Any
-    epoch_argument: bool = False
+    epoch_argument: EpochArgument = EpochArgument.NONE
 
     def open(self, slot: Slot, epoch: int) -> Source:
         """One pass over epoch ``epoch``; a MapDataset sliced for ``slot`` (rank, then
@@ -115,7 +124,7 @@ class Data:
             return _DatasetSource(data.epoch_dataset(epoch))
         if kind is SourceKind.DATA_LOADER:
             return _LoaderSource(data)
-        return _PipelineSource(data, epoch if self.epoch_argument else None)
+        return _PipelineSource(data, self.epoch_argument, epoch)
 
     def _map_epoch(self, slot: Slot, epoch: int) -> MapDataset[Any]:
         dataset: MapDataset[Any] = self.value
@@ -260,11 +269,14 @@ class _LoaderSource:
 
 
 class _PipelineSource:
-    """A pipeline built for this pass (``build(epoch)``, or ``build()`` when ``epoch`` is
-    None): restored before it starts, stopped at close."""
+    """A pipeline built for this pass (given ``epoch`` as ``argument`` says): restored
+    before it starts, stopped at close."""
 
-    def __init__(self, build: Callable[..., Any], epoch: int | None) -> None:
-        pipeline = build() if epoch is None else build(epoch)
+    def __init__(self, build: Callable[..., Any], argument: EpochArgument, epoch: int) -> None:
+        if argument is EpochArgument.KEYWORD:
+            pipeline = build(epoch=epoch)
+        else:
+            pipeline = build(epoch) if argument is EpochArgument.POSITIONAL else build()
         if not isinstance(pipeline, Pipeline):
             raise TypeError(
                 f"data must return a built gristmill.pipeline.Pipeline when called, but "

@@ -2,7 +2,7 @@
 
 Each ``iter()`` is one epoch: the next one after the latest pass (finished or not, as
 PyTorch's DataLoader), or the one ``set_epoch()`` / ``load_state_dict()`` named; what each
-kind of data reads in epoch ``e`` is in ``torch_sources``. Elements become
+kind of data reads in epoch ``e`` is in ``torch_kinds``. Elements become
 ``torch.Tensor`` trees (``torch_convert``), optionally pinned and moved to a device on a
 background thread, and the loader's ``state_dict()`` is the epoch and the position after
 the last element the caller received, in the protocol of torchdata's
@@ -24,16 +24,12 @@ from gristmill._src.core import validation
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.frameworks import torch_convert
+from gristmill._src.frameworks.torch_kinds import Data, SourceKind, a_kind, classify
 from gristmill._src.frameworks.torch_ranks import Slot, current_slot
-from gristmill._src.frameworks.torch_sources import Data, Reader, SourceKind, a_kind, classify
+from gristmill._src.frameworks.torch_sources import Reader
+from gristmill._src.frameworks.torch_state import check_slot, check_state, make_state
 from gristmill._src.training.epochs import Epochs
 from gristmill._src.training.progress import StepMeter
-
-STATE_VERSION = 2
-_STATE_KEYS = ("version", "kind", "slot", "epoch", "iterator", "position")
-# Version 1 (no epoch: every pass read the same order) restores as epoch 0, which reads
-# the data exactly as a version-1 pass did.
-_V1_STATE_KEYS = ("version", "kind", "slot", "iterator", "position")
 
 
 class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,unused-ignore]
@@ -52,8 +48,8 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
     it reads through ``to_iter_dataset()``; an ``Epochs`` its epoch ``e`` (nothing past
     its ``num_epochs``); a pipeline function that takes an argument is called with the
     epoch. The order of a DataLoader (its sampler's), of a stream with no MapDataset and
-    of a pipeline function of no argument is the same every epoch; where such data
-    shuffles, the first repeated epoch warns.
+    of a pipeline function of no argument is the same every epoch; where the sampler or
+    the stream shuffles, the first repeated epoch warns.
 
     Elements are converted as ``torch.utils.data.default_convert`` does: numpy arrays and
     scalars become tensors sharing their memory (a read-only array or one with negative
@@ -129,17 +125,17 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         self._pending: dict[str, Any] | None = None
         self._next_epoch = 0
         self._cursor: _Cursor | None = None  # the latest iter()'s position
-        self._warned_same_order = False
+        self._order_checked = False  # whether epochs repeat the order of shuffled data
         if isinstance(data, Epochs):  # start where the Epochs stands (e.g. after set_state)
             where = data.get_state()
-            self._pending = _state(self._kind, slot, where["epoch"], where["iterator"], 0)
+            self._pending = make_state(self._kind, slot, where["epoch"], where["iterator"], 0)
 
     def __iter__(self) -> TorchLoaderIterator:
         slot = self._slot()
         state = self._pending
         if state is None:
-            state = _state(self._kind, slot, self._next_epoch, None, 0)
-        _check_slot(state, slot)
+            state = make_state(self._kind, slot, self._next_epoch, None, 0)
+        check_slot(state, slot)
         epoch = state["epoch"]
         if epoch > 0:
             self._warn_if_same_order(epoch)
@@ -168,7 +164,13 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
           TypeError: only reading the data would tell (a filter, a stream, a DataLoader, a
             pipeline), as ``len()`` of a PyTorch ``IterableDataset``.
         """
-        return self._data.length(self._slot())
+        length = self._data.length(self._slot())
+        if length is None:
+            raise TypeError(
+                f"len(TorchLoader) is not known for {a_kind(self._kind.value)}: "
+                f"{self._data.no_length}"
+            )
+        return length
 
     def set_epoch(self, epoch: int) -> None:
         """The next ``iter()`` reads epoch ``epoch`` from its start, as
@@ -195,7 +197,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
                 UserWarning,
                 stacklevel=2,
             )
-        self._pending = _state(self._kind, self._slot(), epoch, None, 0)
+        self._pending = make_state(self._kind, self._slot(), epoch, None, 0)
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the position after the last element the caller received from the
@@ -209,7 +211,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         if self._pending is not None:
             return self._pending
         if self._cursor is None:
-            return _state(self._kind, self._slot(), self._next_epoch, None, 0)
+            return make_state(self._kind, self._slot(), self._next_epoch, None, 0)
         return self._cursor.state()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -222,7 +224,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
             ``data``, or one past an ``Epochs``' ``num_epochs``. Whether it fits this
             ``data`` is checked by ``data`` at ``iter()``.
         """
-        state = _check_state(state_dict, self._kind)
+        state = check_state(state_dict, self._kind)
         self._check_epoch(state["epoch"], "state_dict['epoch']")
         self._pending = state
 
@@ -239,12 +241,12 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
 
     def _warn_if_same_order(self, epoch: int) -> None:
         """Warns once if ``data`` shuffles but every epoch reads it in the same order."""
-        if self._warned_same_order:
+        if self._order_checked:
             return
+        self._order_checked = True  # the data does not change: once is enough
         reason = self._data.same_order_every_epoch()
         if reason is None:
             return
-        self._warned_same_order = True
         warnings.warn(
             f"TorchLoader: epoch {epoch} reads {a_kind(self._kind.value)} in the same order "
             f"as epoch 0: {reason}",
@@ -380,7 +382,7 @@ class _Cursor:
     def finished(self) -> None:
         """The pass ended: its state is the start of the next epoch."""
         self.live = None
-        self._state = _state(self._kind, self._slot, self._epoch + 1, None, 0)
+        self._state = make_state(self._kind, self._slot, self._epoch + 1, None, 0)
 
     def stop(self) -> None:
         if self.live is not None:
@@ -389,12 +391,12 @@ class _Cursor:
 
     def _wrap(self, reader_state: dict[str, Any]) -> dict[str, Any]:
         iterator, position = reader_state["iterator"], reader_state["position"]
-        return _state(self._kind, self._slot, self._epoch, iterator, position)
+        return make_state(self._kind, self._slot, self._epoch, iterator, position)
 
 
 def _reader(data: Data, slot: Slot, epoch: int) -> Reader:
     source = data.open(slot, epoch)
-    if data.kind is SourceKind.MAP_DATASET or slot.workers == 1:
+    if data.slices_by_worker or slot.workers == 1:
         return Reader(source)  # a MapDataset was sliced for the worker already
     return Reader(source, slot.worker, slot.workers)
 
@@ -453,66 +455,3 @@ def _check_device(device: Any) -> torch.device | None:
         raise ValueError(
             f"device must name a torch device (e.g. 'cpu', 'cuda', 'cuda:1'), got {device!r}"
         ) from error
-
-
-def _state(
-    kind: SourceKind, slot: Slot, epoch: int, iterator: Any, position: int
-) -> dict[str, Any]:
-    return {
-        "version": STATE_VERSION,
-        "kind": kind.value,
-        "slot": [slot.rank, slot.world_size, slot.worker, slot.workers],
-        "epoch": epoch,
-        "iterator": iterator,
-        "position": position,
-    }
-
-
-def _check_state(state: Any, kind: SourceKind) -> dict[str, Any]:
-    """``state`` checked, as a version-2 state (a version-1 one in epoch 0)."""
-    version = state.get("version") if isinstance(state, dict) else None
-    if version not in (None, 1, STATE_VERSION):
-        raise ValueError(
-            f"state_dict has version {version!r}; this gristmill reads versions 1 and "
-            f"{STATE_VERSION} (a newer gristmill wrote it?)"
-        )
-    if version == 1:
-        _check_keys(state, _V1_STATE_KEYS)
-        state = {**state, "version": STATE_VERSION, "epoch": 0}
-    _check_keys(state, _STATE_KEYS)
-    if state["kind"] != kind.value:
-        raise ValueError(
-            f"state_dict was saved by a TorchLoader reading {a_kind(state['kind'])}, but "
-            f"this one reads {a_kind(kind.value)}: restore it into a TorchLoader over the "
-            "same data"
-        )
-    slot, position = state["slot"], state["position"]
-    if not (isinstance(slot, list) and len(slot) == 4 and all(type(v) is int for v in slot)):
-        raise ValueError(f"state_dict['slot'] must be a list of 4 ints, got {slot!r}")
-    validation.check_int_in_range(position, "state_dict['position']", low=0)
-    validation.check_int_in_range(state["epoch"], "state_dict['epoch']", low=0)
-    return dict(state)
-
-
-def _check_keys(state: Any, keys: tuple[str, ...]) -> None:
-    if not isinstance(state, dict) or sorted(state) != sorted(keys):
-        found = sorted(state) if isinstance(state, dict) else None
-        raise ValueError(
-            f"state_dict must be a TorchLoader.state_dict() (keys {list(keys)}), got "
-            f"{type(state).__name__} with keys {found}: {state!r:.200}"
-        )
-
-
-def _check_slot(state: dict[str, Any], slot: Slot) -> None:
-    """A state restores where it was saved: the same rank and DataLoader worker (the
-    start, which a finished pass also gives, restores anywhere)."""
-    here = [slot.rank, slot.world_size, slot.worker, slot.workers]
-    at_start = state["iterator"] is None and state["position"] == 0
-    if state["slot"] != here and not at_start:
-        rank, world, worker, workers = state["slot"]
-        raise ValueError(
-            f"the state given to load_state_dict was saved at rank {rank} of {world}, "
-            f"DataLoader worker {worker} of {workers}, but is restored at rank {slot.rank} "
-            f"of {slot.world_size}, worker {slot.worker} of {slot.workers}: each rank and "
-            "worker restores its own state (torchdata's StatefulDataLoader does this)"
-        )

@@ -7,8 +7,10 @@ any ``--workers``, and every later step's loss is bit for bit what an uninterrup
 gives.
 
 The data: 8x8 digit images, shuffled anew every epoch, with seeded gaussian noise as the
-augmentation, batched in worker processes. ``gristmill.training.Epochs`` keeps the epoch and
-the position in it as one state, checkpointed next to the model and the optimizer.
+augmentation, batched in worker processes. ``gristmill.training.Epochs`` defines the epochs
+and ``gristmill.torch.TorchLoader`` reads one of them per ``iter()`` as ``torch.Tensor``
+batches; its ``state_dict()`` (the epoch and the position in it) is checkpointed next to
+the model and the optimizer.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import gristmill as gm
-from gristmill.torch import to_tensors
+from gristmill.torch import TorchLoader
 
 BATCH_SIZE = 32
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -59,7 +61,7 @@ def add_noise(record: dict[str, np.ndarray], rng: np.random.Generator) -> dict[s
     return {"image": record["image"] + noise, "label": record["label"]}
 
 
-def make_epochs(records: list, seed: int, workers: int, num_epochs: int) -> gm.training.Epochs:
+def make_loader(records: list, seed: int, workers: int, num_epochs: int) -> TorchLoader:
     dataset = gm.MapDataset.source(records).seed(seed).shuffle().random_map(add_noise)
     options = gm.MultiprocessingOptions(num_workers=workers)
 
@@ -67,7 +69,9 @@ def make_epochs(records: list, seed: int, workers: int, num_epochs: int) -> gm.t
         batches = epoch.to_iter_dataset().batch(BATCH_SIZE, drop_remainder=True)
         return batches.mp_prefetch(options)
 
-    return gm.training.Epochs(dataset, pipeline, num_epochs=num_epochs)
+    # Each iter() of the loader is the next epoch, as torch.Tensor batches (sharing the
+    # numpy arrays' memory; device="cuda", pin_memory=True on a GPU).
+    return TorchLoader(gm.training.Epochs(dataset, pipeline, num_epochs=num_epochs))
 
 
 def make_model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)  # one thread: the same sums in the same order, every run
     records, test_x, test_y = digits(args.seed)
-    epochs = make_epochs(records, args.seed, args.workers, args.epochs)
+    loader = make_loader(records, args.seed, args.workers, args.epochs)
     model, optimizer = make_model(args.seed)
 
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -107,36 +111,37 @@ def main(argv: list[str] | None = None) -> None:
         checkpoint = torch.load(checkpoint_path)  # weights_only: tensors and plain data
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        epochs.set_state(checkpoint["data"])
+        loader.load_state_dict(checkpoint["data"])
         step = checkpoint["step"]
-        print(f"resumed from step {step} (epoch {epochs.epoch})", flush=True)
+        print(f"resumed from step {step} (epoch {checkpoint['data']['epoch']})", flush=True)
 
     log = open(args.loss_log, "a") if args.loss_log else None  # noqa: SIM115 (closed below)
     loss = torch.tensor(float("nan"))
     try:
-        with epochs:
-            for epoch in epochs:
-                for batch in epoch:
-                    batch = to_tensors(batch)  # numpy -> torch.Tensor, sharing the memory
-                    images, labels = batch["image"], batch["label"]
-                    optimizer.zero_grad()
-                    loss = torch.nn.functional.cross_entropy(model(images), labels)
-                    loss.backward()
-                    optimizer.step()
-                    step += 1
-                    if log is not None:
-                        log.write(f"{step} {loss.item().hex()}\n")
-                        log.flush()
-                    if step % args.checkpoint_every == 0:
-                        save_checkpoint(
-                            checkpoint_path,
-                            {
-                                "step": step,
-                                "model": model.state_dict(),
-                                "optimizer": optimizer.state_dict(),
-                                "data": epochs.get_state(),  # the epoch and the position
-                            },
-                        )
+        # A resumed loader continues its epoch where the checkpoint was taken.
+        for epoch in range(loader.state_dict()["epoch"], args.epochs):
+            loader.set_epoch(epoch)  # optional (as for a DistributedSampler): iter() reads
+            # the next epoch anyway, and a restored position in this epoch is kept
+            for batch in loader:
+                images, labels = batch["image"], batch["label"]
+                optimizer.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                if log is not None:
+                    log.write(f"{step} {loss.item().hex()}\n")
+                    log.flush()
+                if step % args.checkpoint_every == 0:
+                    save_checkpoint(
+                        checkpoint_path,
+                        {
+                            "step": step,
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "data": loader.state_dict(),  # the epoch and the position
+                        },
+                    )
     finally:
         if log is not None:
             log.close()

@@ -22,6 +22,7 @@ if str(SUPPORT) not in sys.path:
     sys.path.insert(0, str(SUPPORT))  # so that worker processes import the helpers by name
 import mp_fns  # noqa: E402
 import torch_fns  # noqa: E402
+from torch_fns import as_rank, as_worker  # noqa: E402
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -127,13 +128,12 @@ def test_state_round_trips_through_torch_save(tmp_path):
     assert head + [plain(b) for b in restored] == [plain(b) for b in TorchLoader(iter_dataset())]
 
 
-def test_state_before_iter_is_the_loaded_one_and_after_a_pass_the_start():
+def test_state_before_iter_is_the_start_and_after_a_pass_the_next_epochs_start():
     loader = TorchLoader(gm.MapDataset.range(4))
     start = loader.state_dict()
-    assert start["iterator"] is None
-    assert start["position"] == 0
+    assert (start["epoch"], start["iterator"], start["position"]) == (0, None, 0)
     assert [int(x) for x in loader] == [0, 1, 2, 3]
-    assert loader.state_dict() == start  # the next pass reads everything
+    assert loader.state_dict() == {**start, "epoch": 1}  # the next pass reads all of epoch 1
     assert [int(x) for x in loader] == [0, 1, 2, 3]
 
 
@@ -250,23 +250,15 @@ def test_a_closed_iterator_ends():
 # --- PyTorch DataLoader workers and ranks -------------------------------------------------
 
 
-@pytest.mark.parametrize("dialect", ["MapDataset", "IterDataset"])
-def test_under_a_torch_dataloader_with_two_workers_each_element_comes_once(
-    dialect, no_children_left
-):
-    data = {
-        "MapDataset": gm.MapDataset.range(23),
-        "IterDataset": gm.MapDataset.range(23).to_iter_dataset(),
-    }[dialect]
+def test_under_a_torch_dataloader_with_two_workers_each_element_comes_once(no_children_left):
+    # A MapDataset's epochs there: tests/frameworks/test_torch_epochs.py
     loader = torch.utils.data.DataLoader(
-        TorchLoader(data), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+        TorchLoader(gm.MapDataset.range(23).to_iter_dataset()),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="spawn",
     )
     assert sorted(int(x) for x in loader) == list(range(23))
-
-
-def as_worker(monkeypatch, worker, workers):
-    info = type("WorkerInfo", (), {"id": worker, "num_workers": workers})()
-    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
 
 
 @pytest.mark.parametrize("dialect", ["MapDataset", "IterDataset"])
@@ -283,20 +275,6 @@ def test_a_worker_restored_from_its_state_keeps_its_share(dialect, monkeypatch):
     restored = TorchLoader(data)
     restored.load_state_dict(state)
     assert head + [int(x) for x in restored] == list(range(1, 20, 3))
-
-
-@pytest.fixture
-def process_group(tmp_path):
-    """An initialised gloo process group of one rank (its rank and size can be patched)."""
-    dist = torch.distributed
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
-    yield dist
-    dist.destroy_process_group()
-
-
-def as_rank(monkeypatch, dist, rank, world_size):
-    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: rank)
-    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: world_size)
 
 
 def test_a_map_dataset_is_sliced_by_rank(process_group, monkeypatch):
@@ -371,7 +349,7 @@ def test_data_of_another_kind_is_a_type_error(data, match):
 
 def test_a_built_pipeline_is_refused_with_the_fix():
     pipeline = spdl_pipeline()
-    with pytest.raises(TypeError, match=r"TorchLoader\(lambda: builder.build"):
+    with pytest.raises(TypeError, match=r"TorchLoader\(lambda epoch: builder.build"):
         TorchLoader(pipeline)
     pipeline.stop()
 

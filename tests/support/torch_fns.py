@@ -51,3 +51,17 @@ class Images:
 
     def __repr__(self):
         return f"Images({self.n})"
+
+
+def as_worker(monkeypatch, worker, workers):
+    """Makes this process look like PyTorch DataLoader worker ``worker`` of ``workers``."""
+    import torch.utils.data
+
+    info = type("WorkerInfo", (), {"id": worker, "num_workers": workers})()
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
+
+
+def as_rank(monkeypatch, dist, rank, world_size):
+    """Makes the process group ``dist`` report rank ``rank`` of ``world_size``."""
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: rank)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: world_size)

@@ -84,16 +84,6 @@ def check_sequential(sequential_slice: bool, owner: str) -> None:
         )
 
 
-def _on_parents(node: _Node, parents: tuple[Any, ...]) -> _Node:
-    if isinstance(node, MapDataset):
-        rebuilt: _Node = node._on_parents(parents)
-        return rebuilt
-    node._default_seed  # noqa: B018 (derived from the whole graph: the copy keeps it)
-    clone = copy.copy(node)
-    clone._parents = parents
-    return clone
-
-
 def sliced_copy(ds: _Node, sl: slice, sequential_slice: bool, hint: str = "") -> _Node:
     """A copy of ``ds`` whose sliceable nodes read only ``sl`` (see the module doc).
 
@@ -112,4 +102,5 @@ def sliced_copy(ds: _Node, sl: slice, sequential_slice: bool, hint: str = "") ->
             + (hint or "implement set_slice on it, or read it through a to_iter_dataset()")
         )
     parents = tuple(sliced_copy(p, sl, sequential_slice, hint) for p in ds.parents)
-    return _on_parents(ds, parents)
+    rebuilt: _Node = ds._on_parents(parents)
+    return rebuilt

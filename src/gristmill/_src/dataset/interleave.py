@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from gristmill._src.core import specs, validation
 from gristmill._src.core.dataset_options import IteratorContext
@@ -106,6 +106,18 @@ class InterleaveIterDataset(IterDataset[Any]):
             num_make_iter_threads=self._num_make_iter_threads,
             make_iter_buffer_size=self._make_iter_buffer_size,
         )
+
+    def _on_parents(self, parents: tuple[Any, ...]) -> InterleaveIterDataset:
+        clone = cast(InterleaveIterDataset, super()._on_parents(parents))
+        if parents:  # a MapDataset of datasets is the parent, and what is interleaved
+            clone._datasets = parents[0]
+        return clone
+
+    def _on_datasets(self, datasets: Sequence[Any]) -> InterleaveIterDataset:
+        """A copy interleaving the sequence ``datasets`` instead (another epoch of each)."""
+        clone = cast(InterleaveIterDataset, super()._on_parents(()))
+        clone._datasets = list(datasets)
+        return clone
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """From now on interleaves only ``datasets[sl]`` (in place; ``sequential_slice`` is

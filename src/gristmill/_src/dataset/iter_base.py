@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import copy
 import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -79,6 +80,18 @@ class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
         return seeds.derive_default_seed(
             self, lambda node: node.parents, lambda node: getattr(node, "_own_seed", None)
         )
+
+    def _on_parents(self, parents: tuple[Any, ...]) -> IterDataset[T]:
+        """A copy of this node reading ``parents`` instead (a worker's sliced sources, a
+        later epoch of its MapDatasets).
+
+        The copy keeps the default seed derived from the original graph. A node that keeps
+        its inputs in another attribute too overrides this to put ``parents`` there.
+        """
+        self._default_seed  # noqa: B018 (derived from the original graph: the copy keeps it)
+        clone = copy.copy(self)
+        clone._parents = tuple(parents)
+        return clone
 
     def pipe(self, func: Callable[..., S], /, *args: Any, **kwargs: Any) -> S:
         """Returns ``func(self, *args, **kwargs)``."""

@@ -11,7 +11,6 @@ Nodes above the fused run (batch, random_map, …) are re-attached unchanged on 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -133,10 +132,7 @@ def _label(kind: str, transform_name: str) -> str:
 def _reattach(lowered: IterDataset[Any], nodes: list[IterDataset[Any]]) -> IterDataset[Any]:
     """Copies of ``nodes`` (bottom-up) stacked on ``lowered``."""
     for node in nodes:
-        node._default_seed  # noqa: B018 (derived from the original graph; the copy keeps it)
-        clone = copy.copy(node)
-        clone._parents = (lowered,)
-        lowered = clone
+        lowered = node._on_parents((lowered,))
     return lowered
 
 

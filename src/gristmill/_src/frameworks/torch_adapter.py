@@ -1,9 +1,12 @@
 """``TorchLoader``: a gristmill dataset, DataLoader or pipeline as a PyTorch data loader.
 
-Each ``iter()`` is one pass: elements become ``torch.Tensor`` trees (``torch_convert``),
-optionally pinned and moved to a device on a background thread, and the loader's
-``state_dict()`` is the position after the last element the caller received, in the
-protocol of torchdata's ``StatefulDataLoader`` (``state_dict()`` / ``load_state_dict()``).
+Each ``iter()`` is one epoch: the next one after the latest pass (finished or not, as
+PyTorch's DataLoader), or the one ``set_epoch()`` / ``load_state_dict()`` named; what each
+kind of data reads in epoch ``e`` is in ``torch_kinds``. Elements become
+``torch.Tensor`` trees (``torch_convert``), optionally pinned and moved to a device on a
+background thread, and the loader's ``state_dict()`` is the epoch and the position after
+the last element the caller received, in the protocol of torchdata's
+``StatefulDataLoader`` (``state_dict()`` / ``load_state_dict()``).
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ from gristmill._src.core import validation
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.frameworks import torch_convert
+from gristmill._src.frameworks.torch_kinds import Data, SourceKind, a_kind, classify
 from gristmill._src.frameworks.torch_ranks import Slot, current_slot
-from gristmill._src.frameworks.torch_sources import Reader, SourceKind, classify, open_source
+from gristmill._src.frameworks.torch_sources import Reader
+from gristmill._src.frameworks.torch_state import check_slot, check_state, make_state
+from gristmill._src.training.epochs import Epochs
 from gristmill._src.training.progress import StepMeter
-
-STATE_VERSION = 1
-_STATE_KEYS = ("version", "kind", "slot", "iterator", "position")
 
 
 class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,unused-ignore]
@@ -34,7 +37,19 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
 
     Iterate it directly (``for batch in TorchLoader(ds)``), or wrap it:
     ``torch.utils.data.DataLoader(TorchLoader(ds), batch_size=None, num_workers=K)`` (an
-    ``IterableDataset``). Each ``iter()`` is one pass over ``data``.
+    ``IterableDataset``).
+
+    Epochs. Each ``iter()`` reads one epoch: the first reads epoch 0, every later one the
+    epoch after the latest pass's (read to its end or not, as PyTorch's ``DataLoader``
+    starts a new epoch at every ``iter()``), unless :meth:`set_epoch` or
+    :meth:`load_state_dict` named where to start. Epoch ``e`` of a MapDataset is what
+    ``gristmill.training.Epochs`` reads, ``ds.repeat()[e*n:(e+1)*n]``: a shuffled one
+    comes in a new order every epoch. An IterDataset reads epoch ``e`` of each MapDataset
+    it reads through ``to_iter_dataset()``; an ``Epochs`` its epoch ``e`` (nothing past
+    its ``num_epochs``); a pipeline function that takes an argument is called with the
+    epoch. The order of a DataLoader (its sampler's), of a stream with no MapDataset and
+    of a pipeline function of no argument is the same every epoch; where the sampler or
+    the stream shuffles, the first repeated epoch warns.
 
     Elements are converted as ``torch.utils.data.default_convert`` does: numpy arrays and
     scalars become tensors sharing their memory (a read-only array or one with negative
@@ -42,19 +57,23 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
     numbers are unchanged.
 
     Sharding. Under an initialised ``torch.distributed`` process group with
-    ``shard_by_rank``, a MapDataset is read as ``data[rank::world_size]``; other kinds are
-    sharded at their source (``gristmill.torch.ShardByTorchRank``), and giving one with
+    ``shard_by_rank``, a MapDataset's epoch is read as ``[rank::world_size]``; other kinds
+    are sharded at their source (``gristmill.torch.ShardByTorchRank``), and giving one with
     ``shard_by_rank=True`` and ``world_size > 1`` is an error. Inside PyTorch DataLoader
     worker ``k`` of ``K``, a MapDataset is further read as ``[k::K]``, and any other kind
     is read whole by every worker, which keeps the elements at positions ``k, k + K, …``:
     correct (each element once) but each worker reads everything, so prefer gristmill's
     own workers (``mp_prefetch``, ``DataLoader(worker_count=…)``) there. PyTorch's workers
-    are daemon processes, which cannot start gristmill worker processes.
+    are daemon processes, which cannot start gristmill worker processes, and they read
+    copies of this loader: call :meth:`set_epoch` before each epoch (or pass
+    ``persistent_workers=True``) for a new order per epoch.
 
     Args:
       data: a gristmill ``MapDataset`` (read as ``data.to_iter_dataset()`` after the
-        slicing above), ``IterDataset`` or ``DataLoader``, or a zero-argument callable
-        returning a built ``gristmill.pipeline.Pipeline`` (called at every ``iter()``).
+        slicing above), ``IterDataset``, ``gristmill.training.Epochs`` or ``DataLoader``,
+        or a function returning a built ``gristmill.pipeline.Pipeline``, called at every
+        ``iter()`` with the epoch if it takes an argument (one without a default, or one
+        named ``epoch``), else with none.
       device: a ``torch.device`` (or its name) to move every tensor to, on a background
         thread ``device_buffer_size`` elements ahead; ``None`` keeps them on the CPU.
       pin_memory: copy tensors into page-locked memory (on the background thread) for a
@@ -73,9 +92,9 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         kind that is sharded at its source, under a process group of several ranks.
 
     >>> import gristmill as gm
-    >>> loader = TorchLoader(gm.MapDataset.range(6).batch(3))
-    >>> [batch.tolist() for batch in loader]
-    [[0, 1, 2], [3, 4, 5]]
+    >>> loader = TorchLoader(gm.MapDataset.range(6).seed(0).shuffle().batch(3))
+    >>> len(loader), [[batch.tolist() for batch in loader] for epoch in range(2)]
+    (2, [[[1, 2, 4], [5, 3, 0]], [[5, 3, 1], [4, 2, 0]]])
     """
 
     def __init__(
@@ -89,8 +108,8 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         shard_by_rank: bool = True,
         progress: bool = False,
     ) -> None:
-        self._kind = classify(data)
-        self._data = data
+        self._data: Data = classify(data)
+        self._kind = self._data.kind
         self._device = _check_device(device)
         self._pin_memory = validation.check_bool(pin_memory, "pin_memory")
         self._non_blocking = validation.check_bool(non_blocking, "non_blocking")
@@ -99,61 +118,151 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         )
         self._shard_by_rank = validation.check_bool(shard_by_rank, "shard_by_rank")
         self._progress = validation.check_bool(progress, "progress")
-        self._slot()  # a kind that cannot be sharded here fails now, not at iter()
-        self._pending: dict[str, Any] | None = None  # from load_state_dict, for the next iter
+        slot = self._slot()  # a kind that cannot be sharded here fails now, not at iter()
+        # The state the next iter() starts from (load_state_dict, set_epoch); without one,
+        # the start of epoch _next_epoch.
+        self._pending: dict[str, Any] | None = None
+        self._next_epoch = 0
         self._cursor: _Cursor | None = None  # the latest iter()'s position
+        self._order_checked = False  # whether epochs repeat the order of shuffled data
+        if isinstance(data, Epochs):  # start where the Epochs stands (e.g. after set_state)
+            where = data.get_state()
+            self._pending = make_state(self._kind, slot, where["epoch"], where["iterator"], 0)
 
     def __iter__(self) -> TorchLoaderIterator:
         slot = self._slot()
         state = self._pending
-        if state is not None:
-            _check_slot(state, slot)
-        reader = _reader(self._kind, self._data, slot)
+        if state is None:
+            state = make_state(self._kind, slot, self._next_epoch, None, 0)
+        check_slot(state, slot)
+        epoch = state["epoch"]
+        if epoch > 0:
+            self._warn_if_same_order(epoch)
+        reader = _reader(self._data, slot, epoch)
         try:
-            if state is not None and state["iterator"] is not None:
+            if state["iterator"] is not None:
                 reader.restore(state["iterator"], state["position"])
             cursor = _Cursor(self._kind, slot, state)
             pin = self._pin_memory and _can_pin()
         except BaseException:
             reader.close()
             raise
-        self._pending = None  # used: a later iter() reads a whole pass
+        self._pending = None  # used: a later iter() reads the next epoch
+        self._next_epoch = epoch + 1
         self._cursor = cursor
-        meter = StepMeter(desc="TorchLoader") if self._progress else None
+        meter = StepMeter(desc=f"TorchLoader epoch {epoch}") if self._progress else None
         return TorchLoaderIterator(
             reader, cursor, self._transfer(pin), self._background(pin), meter
         )
 
+    def __len__(self) -> int:
+        """Elements (batches, for batched data) in one epoch at this rank (and PyTorch
+        worker), as ``len()`` of a PyTorch ``DataLoader`` over a sampler.
+
+        Raises:
+          TypeError: only reading the data would tell (a filter, a stream, a DataLoader, a
+            pipeline), as ``len()`` of a PyTorch ``IterableDataset``.
+        """
+        length = self._data.length(self._slot())
+        if length is None:
+            raise TypeError(
+                f"len(TorchLoader) is not known for {a_kind(self._kind.value)}: "
+                f"{self._data.no_length}"
+            )
+        return length
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``iter()`` reads epoch ``epoch`` from its start, as
+        ``DistributedSampler.set_epoch`` before each epoch. Where the next ``iter()`` is in
+        that epoch already (the next one anyway, or a state given to ``load_state_dict``
+        inside it) nothing changes, so a loop that calls it reads what one that does not
+        reads, and a restored position is kept.
+
+        Raises:
+          TypeError, ValueError: ``epoch`` is not an int >= 0, or past an ``Epochs``'
+            ``num_epochs``.
+        """
+        epoch = self._check_epoch(epoch, "epoch")
+        pending = self._pending
+        upcoming = self._next_epoch if pending is None else pending["epoch"]
+        if epoch == upcoming:
+            return
+        if pending is not None and pending["iterator"] is not None:
+            warnings.warn(
+                f"TorchLoader.set_epoch({epoch}) replaces the state given to "
+                f"load_state_dict, which continues epoch {pending['epoch']} mid-way: call "
+                f"set_epoch({pending['epoch']}) to resume there (for epoch in "
+                "range(state['epoch'], num_epochs): ...)",
+                UserWarning,
+                stacklevel=2,
+            )
+        self._pending = make_state(self._kind, self._slot(), epoch, None, 0)
+
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last element the caller received from the latest
-        ``iter()`` (what a background thread prepared ahead is not counted), as a
-        JSON-able dict; before any ``iter()``, the state given to ``load_state_dict``
-        or the start. After a pass ends, the start (the next pass is a whole one).
+        """The epoch and the position after the last element the caller received from the
+        latest ``iter()`` (what a background thread prepared ahead is not counted), as a
+        JSON-able dict; its ``"epoch"`` key is the epoch. Before any ``iter()``, the state
+        given to ``load_state_dict`` or ``set_epoch``, or the start of epoch 0. After a
+        pass ends, the start of the next epoch. A pass left before its end keeps its
+        position (restore it to continue there), though the next ``iter()`` of this
+        loader starts the next epoch.
         """
         if self._pending is not None:
             return self._pending
         if self._cursor is None:
-            return _state(self._kind, self._slot(), None, 0)
+            return make_state(self._kind, self._slot(), self._next_epoch, None, 0)
         return self._cursor.state()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The next ``iter()`` continues from ``state_dict`` (from :meth:`state_dict`).
+        """The next ``iter()`` continues from ``state_dict`` (from :meth:`state_dict`),
+        and the epochs after it are those of an uninterrupted run. A version-1 state (no
+        epoch) continues in epoch 0, which reads what a version-1 pass read.
 
         Raises:
-          ValueError: ``state_dict`` is not a TorchLoader state, or one of another kind of
-            ``data``. Whether it fits this ``data`` is checked by ``data`` at ``iter()``.
+          ValueError: ``state_dict`` is not a TorchLoader state, one of another kind of
+            ``data``, or one past an ``Epochs``' ``num_epochs``. Whether it fits this
+            ``data`` is checked by ``data`` at ``iter()``.
         """
-        self._pending = _check_state(state_dict, self._kind)
+        state = check_state(state_dict, self._kind)
+        self._check_epoch(state["epoch"], "state_dict['epoch']")
+        self._pending = state
+
+    def _check_epoch(self, value: Any, name: str) -> int:
+        epoch: int = validation.check_int_in_range(value, name, low=0)
+        last = self._data.num_epochs
+        if last is not None and epoch > last:
+            raise ValueError(
+                f"{name} must be <= {last}, got {epoch}: the Epochs this TorchLoader reads "
+                f"has num_epochs={last} (epochs 0 to {last - 1}; {last}: after the last). "
+                "A state saved under more epochs restores into an Epochs with as many"
+            )
+        return epoch
+
+    def _warn_if_same_order(self, epoch: int) -> None:
+        """Warns once if ``data`` shuffles but every epoch reads it in the same order."""
+        if self._order_checked:
+            return
+        self._order_checked = True  # the data does not change: once is enough
+        reason = self._data.same_order_every_epoch()
+        if reason is None:
+            return
+        warnings.warn(
+            f"TorchLoader: epoch {epoch} reads {a_kind(self._kind.value)} in the same order "
+            f"as epoch 0: {reason}",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _slot(self) -> Slot:
         slot = current_slot(self._shard_by_rank)
         if slot.world_size > 1 and self._kind is not SourceKind.MAP_DATASET:
             raise ValueError(
                 f"TorchLoader(shard_by_rank=True) slices only a MapDataset by rank, but data "
-                f"is a {self._kind.value} and this is rank {slot.rank} of {slot.world_size}: "
-                "shard it at its source with gristmill.torch.ShardByTorchRank() (e.g. "
-                "IndexSampler(..., shard_options=ShardByTorchRank())), or slice the "
-                "MapDataset before to_iter_dataset(), and pass shard_by_rank=False"
+                f"is {a_kind(self._kind.value)} and this is rank {slot.rank} of "
+                f"{slot.world_size}: shard it at its source with "
+                "gristmill.torch.ShardByTorchRank() (e.g. IndexSampler(..., shard_options="
+                "ShardByTorchRank())), or slice the MapDataset before to_iter_dataset() or "
+                "Epochs (Epochs(ds[rank::world_size], ...)), and pass shard_by_rank=False"
             )
         return slot
 
@@ -177,7 +286,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
 
     def __repr__(self) -> str:
         return (
-            f"TorchLoader({self._data!r:.100}, device={self._device}, "
+            f"TorchLoader({self._data.value!r:.100}, device={self._device}, "
             f"pin_memory={self._pin_memory}, shard_by_rank={self._shard_by_rank}, "
             f"progress={self._progress})"
         )
@@ -250,14 +359,16 @@ class TorchLoaderIterator(Iterator[Any]):
 
 
 class _Cursor:
-    """The state of what the caller received from one pass: read from the reader while
-    the caller reads it directly (``live``), else the state delivered with each element."""
+    """The state of what the caller received from one pass (of epoch ``start["epoch"]``):
+    read from the reader while the caller reads it directly (``live``), else the state
+    delivered with each element."""
 
-    def __init__(self, kind: SourceKind, slot: Slot, start: dict[str, Any] | None) -> None:
+    def __init__(self, kind: SourceKind, slot: Slot, start: dict[str, Any]) -> None:
         self._kind = kind
         self._slot = slot
+        self._epoch: int = start["epoch"]
         self.live: Reader | None = None
-        self._state = start if start is not None else _state(kind, slot, None, 0)
+        self._state = start
 
     def state(self) -> dict[str, Any]:
         if self.live is not None:
@@ -268,9 +379,9 @@ class _Cursor:
         self._state = self._wrap(reader_state)
 
     def finished(self) -> None:
-        """The pass ended: its state is the start (so the next ``iter()`` reads all)."""
+        """The pass ended: its state is the start of the next epoch."""
         self.live = None
-        self._state = _state(self._kind, self._slot, None, 0)
+        self._state = make_state(self._kind, self._slot, self._epoch + 1, None, 0)
 
     def stop(self) -> None:
         if self.live is not None:
@@ -278,12 +389,13 @@ class _Cursor:
             self.live = None
 
     def _wrap(self, reader_state: dict[str, Any]) -> dict[str, Any]:
-        return _state(self._kind, self._slot, reader_state["iterator"], reader_state["position"])
+        iterator, position = reader_state["iterator"], reader_state["position"]
+        return make_state(self._kind, self._slot, self._epoch, iterator, position)
 
 
-def _reader(kind: SourceKind, data: Any, slot: Slot) -> Reader:
-    source = open_source(kind, data, slot)
-    if kind is SourceKind.MAP_DATASET or slot.workers == 1:
+def _reader(data: Data, slot: Slot, epoch: int) -> Reader:
+    source = data.open(slot, epoch)
+    if data.slices_by_worker or slot.workers == 1:
         return Reader(source)  # a MapDataset was sliced for the worker already
     return Reader(source, slot.worker, slot.workers)
 
@@ -342,56 +454,3 @@ def _check_device(device: Any) -> torch.device | None:
         raise ValueError(
             f"device must name a torch device (e.g. 'cpu', 'cuda', 'cuda:1'), got {device!r}"
         ) from error
-
-
-def _state(kind: SourceKind, slot: Slot, iterator: Any, position: int) -> dict[str, Any]:
-    return {
-        "version": STATE_VERSION,
-        "kind": kind.value,
-        "slot": [slot.rank, slot.world_size, slot.worker, slot.workers],
-        "iterator": iterator,
-        "position": position,
-    }
-
-
-def _check_state(state: Any, kind: SourceKind) -> dict[str, Any]:
-    if not isinstance(state, dict) or sorted(state) != sorted(_STATE_KEYS):
-        keys = sorted(state) if isinstance(state, dict) else None
-        raise ValueError(
-            f"state_dict must be a TorchLoader.state_dict() (keys {list(_STATE_KEYS)}), got "
-            f"{type(state).__name__} with keys {keys}: {state!r:.200}"
-        )
-    if state["version"] != STATE_VERSION:
-        raise ValueError(
-            f"state_dict has version {state['version']!r}; this gristmill reads version "
-            f"{STATE_VERSION}"
-        )
-    if state["kind"] != kind.value:
-        raise ValueError(
-            f"state_dict was saved by a TorchLoader reading {_a(state['kind'])}, but this "
-            f"one reads {_a(kind.value)}: restore it into a TorchLoader over the same data"
-        )
-    slot, position = state["slot"], state["position"]
-    if not (isinstance(slot, list) and len(slot) == 4 and all(type(v) is int for v in slot)):
-        raise ValueError(f"state_dict['slot'] must be a list of 4 ints, got {slot!r}")
-    validation.check_int_in_range(position, "state_dict['position']", low=0)
-    return state
-
-
-def _a(kind: Any) -> str:
-    return f"an {kind}" if str(kind)[:1] in "AEIOU" else f"a {kind}"
-
-
-def _check_slot(state: dict[str, Any], slot: Slot) -> None:
-    """A state restores where it was saved: the same rank and DataLoader worker (the
-    start, which a finished pass also gives, restores anywhere)."""
-    here = [slot.rank, slot.world_size, slot.worker, slot.workers]
-    at_start = state["iterator"] is None and state["position"] == 0
-    if state["slot"] != here and not at_start:
-        rank, world, worker, workers = state["slot"]
-        raise ValueError(
-            f"the state given to load_state_dict was saved at rank {rank} of {world}, "
-            f"DataLoader worker {worker} of {workers}, but is restored at rank {slot.rank} "
-            f"of {slot.world_size}, worker {slot.worker} of {slot.workers}: each rank and "
-            "worker restores its own state (torchdata's StatefulDataLoader does this)"
-        )

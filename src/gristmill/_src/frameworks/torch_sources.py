@@ -1,58 +1,20 @@
-"""What ``TorchLoader`` reads: the accepted kinds of ``data``, one small class per kind.
+"""What ``TorchLoader`` reads in one pass: one small source class per kind of data, and
+the ``Reader`` of a PyTorch DataLoader worker.
 
 Each source is one pass over the data for one ``iter()``: ``next()`` (StopIteration at the
 end), ``state()`` (JSON-able: the position after what ``next()`` returned), ``restore()``
-(before the first ``next()``) and ``close()``.
+(before the first ``next()``) and ``close()``. Which pass (which epoch) is
+``torch_kinds``'.
 """
 
 from __future__ import annotations
 
-import enum
 import json
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import IterDataset
-from gristmill._src.frameworks.torch_ranks import Slot
 from gristmill._src.loader.data_loader import DataLoader
-from gristmill._src.spdl.builder import PipelineBuilder
 from gristmill._src.spdl.pipeline import Pipeline
-
-
-class SourceKind(enum.Enum):
-    """The kind of ``data`` a ``TorchLoader`` was given."""
-
-    MAP_DATASET = "MapDataset"
-    ITER_DATASET = "IterDataset"
-    DATA_LOADER = "DataLoader"
-    PIPELINE = "Pipeline"
-
-
-_ACCEPTED = (
-    "a gristmill MapDataset, an IterDataset, a gristmill DataLoader, or a zero-argument "
-    "callable returning a built gristmill.pipeline.Pipeline (e.g. lambda: builder.build("
-    "num_threads=4))"
-)
-
-
-def classify(data: Any) -> SourceKind:
-    """The kind of ``data``; a TypeError naming the accepted kinds for anything else."""
-    if isinstance(data, MapDataset):
-        return SourceKind.MAP_DATASET
-    if isinstance(data, IterDataset):
-        return SourceKind.ITER_DATASET
-    if isinstance(data, DataLoader):
-        return SourceKind.DATA_LOADER
-    if isinstance(data, Pipeline | PipelineBuilder):
-        raise TypeError(
-            f"data must be {_ACCEPTED}; got the {type(data).__name__} {data}, which runs "
-            "only once: pass a function that builds it, e.g. TorchLoader(lambda: "
-            "builder.build(num_threads=4)), so that every iter() gets a new pipeline"
-        )
-    if callable(data) and not isinstance(data, type):
-        return SourceKind.PIPELINE
-    raise TypeError(f"data must be {_ACCEPTED}, got {data!r:.200} of type {type(data).__name__}")
 
 
 class Source(Protocol):
@@ -62,7 +24,7 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
-class _DatasetSource:
+class DatasetSource:
     """An iterator of a (Map)IterDataset: its own ``get_state()`` dicts."""
 
     def __init__(self, dataset: IterDataset[Any]) -> None:
@@ -81,7 +43,23 @@ class _DatasetSource:
         self._iterator.close()
 
 
-class _LoaderSource:
+class EmptySource:
+    """A pass with nothing in it (an epoch past the last one of an ``Epochs``)."""
+
+    def next(self) -> Any:
+        raise StopIteration
+
+    def state(self) -> Any:
+        return None
+
+    def restore(self, state: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LoaderSource:
     """A gristmill ``DataLoader``'s iterator: its JSON state, parsed (a dict, not bytes)."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -100,17 +78,10 @@ class _LoaderSource:
         self._iterator.close()
 
 
-class _PipelineSource:
+class PipelineSource:
     """A pipeline built for this pass: restored before it starts, stopped at close."""
 
-    def __init__(self, build: Callable[[], Any]) -> None:
-        pipeline = build()
-        if not isinstance(pipeline, Pipeline):
-            raise TypeError(
-                f"data must return a built gristmill.pipeline.Pipeline when called, but "
-                f"{build!r:.100} returned {pipeline!r:.100} of type {type(pipeline).__name__}; "
-                "return builder.build(...) from it"
-            )
+    def __init__(self, pipeline: Pipeline) -> None:
         self._pipeline = pipeline
         self._iterator: Any = None
 
@@ -127,22 +98,6 @@ class _PipelineSource:
 
     def close(self) -> None:
         self._pipeline.stop()
-
-
-def open_source(kind: SourceKind, data: Any, slot: Slot) -> Source:
-    """One pass over ``data``; a MapDataset is sliced for ``slot`` (rank, then worker)."""
-    if kind is SourceKind.MAP_DATASET:
-        dataset: MapDataset[Any] = data
-        if slot.world_size > 1:
-            dataset = dataset[slot.rank :: slot.world_size]
-        if slot.workers > 1:
-            dataset = dataset[slot.worker :: slot.workers]
-        return _DatasetSource(dataset.to_iter_dataset())
-    if kind is SourceKind.ITER_DATASET:
-        return _DatasetSource(data)
-    if kind is SourceKind.DATA_LOADER:
-        return _LoaderSource(data)
-    return _PipelineSource(data)
 
 
 class Reader:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gristmill._src.core import validation
+from gristmill._src.dataset import passes
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.training.progress import ProgressMeter
@@ -104,9 +105,7 @@ class Epochs:
 
     def epoch_dataset(self, epoch: int) -> IterDataset[Any]:
         """The IterDataset of epoch ``epoch``."""
-        epoch = validation.check_int_in_range(epoch, "epoch", low=0)
-        n = self._length
-        built = self._pipeline(self._dataset.repeat()[epoch * n : (epoch + 1) * n])
+        built = self._pipeline(passes.epoch_of(self._dataset, epoch))
         if not isinstance(built, IterDataset):
             raise TypeError(
                 f"pipeline must return an IterDataset, got {type(built).__name__} for epoch "
@@ -145,6 +144,11 @@ class Epochs:
     def epoch(self) -> int:
         """The epoch the next element comes from."""
         return self._epoch
+
+    @property
+    def num_epochs(self) -> int | None:
+        """How many epochs there are (``None``: for ever)."""
+        return self._num_epochs
 
     def get_state(self) -> dict[str, Any]:
         """``{"epoch": e, "iterator": state or None}``: JSON-able; one object to checkpoint."""

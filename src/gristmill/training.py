@@ -3,7 +3,7 @@
 ``Epochs(ds, pipeline)`` iterates epoch by epoch (a new permutation each, never mixed in a
 batch) and checkpoints ``(epoch, position)`` as one state; ``progress(batches)`` shows
 batches/s and the share of the loop's time spent waiting for data (needs tqdm:
-``pip install 'gristmill[progress]'``).
+``pip install -e '.[progress]'`` in a checkout).
 """
 
 from gristmill._src.public import export as _export

@@ -65,7 +65,7 @@ class TorchLoader(torch.utils.data.IterableDataset[Any]):  # type: ignore[misc,u
         ``device``) prepares ahead; 0 does that work in the caller's thread.
       shard_by_rank: slice a MapDataset by ``torch.distributed`` rank (see above).
       progress: show a progress bar for each pass (batches/s and the share of the loop's
-        time spent waiting for data; needs tqdm: ``pip install 'gristmill[progress]'``);
+        time spent waiting for data; needs tqdm: ``pip install -e '.[progress]'``);
         the figures are ``iterator.progress.summary()``.
 
     Raises:

@@ -31,8 +31,8 @@ class TFRecordDataSource:
       paths: a TFRecord file, or a sequence of them (local paths or URLs).
       index_dir: a local directory for the cached indexes (created if missing).
       verify_crc: check each record's length and data CRC-32C, as TFRecordIterDataset:
-        None (default) when google_crc32c is installed (``pip install
-        'gristmill[tfrecord]'``), else unchecked with a warning once per process; True:
+        None (default) when google_crc32c is installed (``pip install -e
+        '.[tfrecord]'``), else unchecked with a warning once per process; True:
         always (google_crc32c required); False: never.
 
     Raises:

@@ -3,7 +3,7 @@
 ``progress(batches)`` wraps an iterable. For every item it measures the time spent inside
 ``next()`` (the loop waiting for data) and the time from handing the item over to the next
 request (the training step), and shows the rate and the data-wait share on a tqdm bar
-(``pip install 'gristmill[progress]'``). The figures are also available as
+(``pip install -e '.[progress]'`` in a checkout). The figures are also available as
 :meth:`ProgressMeter.summary`, with or without a bar.
 """
 

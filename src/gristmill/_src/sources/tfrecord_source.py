@@ -126,14 +126,7 @@ class TFRecordDataSource:
 
     def _locate(self, index: Any) -> tuple[int, int, int]:
         """(file, record in file, index) of a sequence index (negative counts from the end)."""
-        i = validation.check_index(index)
-        if i < 0:
-            i += self._length
-        if not 0 <= i < self._length:
-            raise IndexError(
-                f"index {index} is out of range for {self!r} of length {self._length}; "
-                f"valid indices are {-self._length} to {self._length - 1}"
-            )
+        i = validation.check_sequence_index(index, self._length, repr(self))
         k = bisect.bisect_right(self._ends_list, i)
         return k, i - (self._ends_list[k - 1] if k else 0), i
 

@@ -125,8 +125,15 @@ def test_grains_array_record_source_out_of_range_is_a_value_error(tmp_path):
     pytest.importorskip("array_record")
     path = str(tmp_path / "data")
     gm.sources.write_array_record(path, [b"r%d" % i for i in range(10)])
-    with pytest.raises(ValueError, match=re.escape("Record key should be in [0, num_records)")):
-        grain.sources.ArrayRecordDataSource(path)[10]
+    for index in (10, -1):  # negative indices too (docs/architecture.md)
+        with pytest.raises(ValueError, match=re.escape("Record key should be in [0, num_records)")):
+            grain.sources.ArrayRecordDataSource(path)[index]
+
+
+def test_grains_range_source_rejects_negative_indices_which_gristmills_counts_from_the_end():
+    with pytest.raises(IndexError, match="Index -1 out of range for 10"):
+        grain.sources.RangeDataSource(0, 10, 1)[-1]
+    assert gm.sources.RangeDataSource(0, 10, 1)[-1] == 9
 
 
 def test_grains_shared_memory_source_reads_other_bytes_below_minus_its_length():

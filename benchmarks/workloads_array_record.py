@@ -21,7 +21,7 @@ import numpy as np
 
 from workload import Case, Workload, grain_api
 
-# array_record is an optional extra (``gristmill[array-record]``): missing in some CIs.
+# array_record is an optional extra (the ``array-record`` extra): missing in some CIs.
 STRICT = False
 
 # How many records `sample` digests (by hash: records are large).

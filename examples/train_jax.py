@@ -1,7 +1,7 @@
 """Train a small JAX classifier on scikit-learn's digits, resumable to the exact step.
 
 Run: python examples/train_jax.py --workers 2 --epochs 3 --checkpoint-dir /tmp/digits-jax
-(needs ``pip install 'gristmill[jax,orbax,examples]'``). Run the same command again after
+(needs ``pip install -e '.[jax,orbax,examples]'`` in the checkout). Run the same command again after
 killing it: it resumes from Orbax's latest finished checkpoint, with any ``--workers``, and
 every later step's loss is bit for bit what an uninterrupted run gives.
 

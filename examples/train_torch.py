@@ -1,7 +1,7 @@
 """Train a small PyTorch classifier on scikit-learn's digits, resumable to the exact step.
 
 Run: python examples/train_torch.py --workers 2 --epochs 3 --checkpoint-dir /tmp/digits
-(needs ``pip install 'gristmill[torch,examples]'``). Run the same command again after
+(needs ``pip install -e '.[torch,examples]'`` in the checkout). Run the same command again after
 killing it (Ctrl-C, SIGKILL, a preempted job): it resumes from the last checkpoint, with
 any ``--workers``, and every later step's loss is bit for bit what an uninterrupted run
 gives.

@@ -1,7 +1,7 @@
 """Checkpoints: iterator states, their validation, and saving them to directories.
 
 ``CheckpointSave`` / ``CheckpointRestore`` (Orbax args) exist when ``orbax-checkpoint`` is
-installed (``pip install 'gristmill[orbax]'``); they are created on first access.
+installed (``pip install -e '.[orbax]'`` in a checkout); they are created on first access.
 """
 
 from typing import Any

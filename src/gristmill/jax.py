@@ -1,7 +1,7 @@
 """JAX: global ``jax.Array`` batches for a ``jax.sharding.Sharding``, prefetched to devices.
 
-Needs jax (``pip install 'gristmill[jax]'``); ``import gristmill`` never imports it. Grain's
-one-device ``device_put`` is ``gristmill.experimental.device_put``.
+Needs jax (``pip install -e '.[jax]'`` in a checkout); ``import gristmill`` never imports
+it. Grain's one-device ``device_put`` is ``gristmill.experimental.device_put``.
 """
 
 from gristmill._src.sources.files import optional_import as _optional_import

@@ -1,4 +1,4 @@
-"""Ray: a pipeline's stages run on a pool of Ray actors (``pip install 'gristmill[ray]'``).
+"""Ray: a pipeline's stages run on a pool of Ray actors (``pip install -e '.[ray]'``).
 
 ``RayBackend(num_actors=2)`` is passed to ``IterDataset.mp_prefetch(options, backend=...)``
 or ``DataLoader(..., backend=...)`` (the read stage), and in the SPDL dialect to

@@ -2,7 +2,7 @@
 
 The format sources import their package on first use: ArrayRecord needs ``array-record``,
 Parquet ``pyarrow``, and TFRecord writing (or ``verify_crc=True``) ``google-crc32c``
-(``pip install 'gristmill[array-record,parquet,tfrecord]'``).
+(``pip install -e '.[array-record,parquet,tfrecord]'`` in a checkout).
 """
 
 from gristmill._src.ipc.shared_memory import SharedMemoryDataSource

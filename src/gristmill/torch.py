@@ -1,6 +1,6 @@
 """PyTorch: gristmill datasets, DataLoaders and pipelines as PyTorch data loaders.
 
-Needs torch (``pip install 'gristmill[torch]'``); ``import gristmill`` never imports it.
+Needs torch (``pip install -e '.[torch]'`` in a checkout); ``import gristmill`` never imports it.
 """
 
 from gristmill._src.sources.files import optional_import as _optional_import

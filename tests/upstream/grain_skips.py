@@ -7,7 +7,9 @@ pytest node ids, relative to ``grain/_src/python``.
 ``FAILING`` is not a skip list: those tests run, and count as failed in the closing line.
 They are the known differences, each with its cause: upstream bugs that gristmill fixes on
 purpose (documented in the reference and docs/architecture.md) and the one key gristmill adds
-to a root state; the wrapper test fails when another test fails, or when a listed one passes.
+to a root state. The wrapper test fails when another test fails; a listed one that passes is
+named in the summary. ``FAILING_CAUSES`` names each cause in a few words for the closing
+line, which counts the failures by cause.
 """
 
 _STATS = (
@@ -169,4 +171,13 @@ FAILING: dict[str, str] = {
     "test_parent_dataset_modifies_state": _STATE_KEY,
     "dataset/transformations/process_prefetch_test.py::ProcessPrefetchIterDatasetTest::"
     "test_parent_dataset_modifies_state": _STATE_KEY,
+}
+
+# What each FAILING reason is, in a few words: the suite's closing line groups the failures
+# by it (tests/upstream/test_grain_suite.py), so that the line says why they are expected.
+FAILING_CAUSES: dict[str, str] = {
+    _PER_WORKER_BATCHES: "Grain's per-worker DataLoader batches, google/grain#953",
+    _THREAD_SLICES: "Grain's per-thread multithread_prefetch slices, #953",
+    _MP_ORDER: "Grain's per-worker mp_prefetch order, #953",
+    _STATE_KEY: "a root state compared literally, gristmill adds a version key",
 }

@@ -1,7 +1,7 @@
 """Orbax integration: ``CheckpointSave`` / ``CheckpointRestore`` args for CheckpointHandler.
 
-Defined on first use, and only when ``orbax-checkpoint`` is installed (``pip install
-'gristmill[orbax]'``): importing Orbax pulls in JAX, which ``import gristmill`` must not.
+Defined on first use, and only when ``orbax-checkpoint`` is installed (``pip install -e
+'.[orbax]'``): importing Orbax pulls in JAX, which ``import gristmill`` must not.
 """
 
 from __future__ import annotations

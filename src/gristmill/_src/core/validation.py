@@ -24,6 +24,29 @@ def check_index(index: Any) -> int:
         ) from None
 
 
+def check_sequence_index(index: Any, length: int, owner: object) -> int:
+    """``index`` of a sequence of ``length`` elements, as a position in ``[0, length)``.
+
+    Negative indices count from the end, as in a list. Data sources use it: unlike a
+    ``MapDataset`` (whose indices wrap around, as Grain's do), a source has nothing to read
+    past either end.
+
+    Raises:
+      TypeError: ``index`` is not an integer.
+      IndexError: it is outside ``[-length, length)``; the message names ``owner``.
+
+    >>> check_sequence_index(-1, 3, "source")
+    2
+    """
+    position = check_index(index)
+    if position < 0:
+        position += length
+    if not 0 <= position < length:
+        valid = f"valid indices are {-length} to {length - 1}" if length else "it is empty"
+        raise IndexError(f"index {index} is out of range for {owner} of length {length}; {valid}")
+    return position
+
+
 def empty_dataset_error(dataset: object, index: int) -> IndexError:
     return IndexError(
         f"cannot read index {index} of {dataset}: the dataset is empty (length 0); "

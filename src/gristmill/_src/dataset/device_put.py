@@ -42,7 +42,7 @@ def device_put(
     ``device_buffer_size`` elements already transferred (0: no buffer).
 
     Raises:
-      ImportError: JAX is not installed (``pip install 'gristmill[jax]'``).
+      ImportError: JAX is not installed (the message names the command that installs it).
     """
     cpu_buffer_size = validation.check_int_in_range(cpu_buffer_size, "cpu_buffer_size", low=0)
     device_buffer_size = validation.check_int_in_range(

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from gristmill._src.core import validation
+
 
 @dataclasses.dataclass(frozen=True)
 class SharedMemoryArrayMetadata:
@@ -137,7 +139,9 @@ class SharedMemoryDataSource(shared_memory.ShareableList):
                 super(SharedMemoryDataSource, self).__getitem__(i)
                 for i in range(*index.indices(len(self)))
             ]
-        return super().__getitem__(index)
+        # ShareableList checks only the upper end: below -len it reads other bytes of the
+        # segment (ShareableList([1, 2, 3])[-4] is 113), so the range is checked here
+        return super().__getitem__(validation.check_sequence_index(index, len(self), repr(self)))
 
     def unlink(self) -> None:
         self.shm.unlink()

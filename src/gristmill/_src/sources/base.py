@@ -36,11 +36,16 @@ class RangeDataSource:
         return len(self._range)
 
     def __getitem__(self, index: int) -> int:
-        return self._range[validation.check_index(index)]
+        return self._range[validation.check_sequence_index(index, len(self._range), repr(self))]
 
     def _getitems(self, indices: Sequence[int]) -> list[int]:
         r = self._range
-        return [r[i] for i in indices]
+        try:
+            return [r[i] for i in indices]  # range checks each index itself, tersely
+        except (IndexError, TypeError):
+            for i in indices:  # the error that names the first bad index
+                validation.check_sequence_index(i, len(r), repr(self))
+            raise
 
     def __repr__(self) -> str:
         return f"RangeDataSource(start={self.start}, stop={self.stop}, step={self.step})"

@@ -3,7 +3,7 @@
 A path without a protocol (``/data/a.rec``, ``data/a.rec``, an ``os.PathLike``) or with
 ``file://`` is opened with the builtins: no fsspec needed, and reads release the GIL. Any
 other protocol (``memory://``, ``s3://``, ``gs://``, ...) goes through fsspec, which must be
-installed (``pip install 'gristmill[fsspec]'``), together with the filesystem package for
+installed (``pip install -e '.[fsspec]'``), together with the filesystem package for
 that protocol (``s3fs``, ``gcsfs``). Errors name the path and what went wrong.
 
 ``read_ranges`` reads many byte ranges of one file: ``os.pread`` on one descriptor for a

@@ -31,7 +31,7 @@ class TFRecordIterDataset(IterDataset[bytes]):
 
     ``path`` is a local path or a URL (``gs://...``, ``memory://...``; through fsspec). The
     file is opened by ``iter()``. Records are checked against their CRC-32C checksums when
-    ``google_crc32c`` is installed (``pip install 'gristmill[tfrecord]'``), so a damaged
+    ``google_crc32c`` is installed (``pip install -e '.[tfrecord]'``), so a damaged
     file raises an error instead of reading back different bytes (Grain 0.2.18 never
     checks them).
 

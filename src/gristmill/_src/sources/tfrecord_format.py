@@ -178,7 +178,7 @@ def frame(data: Any) -> bytes:
 class TFRecordWriter:
     """Writes records (bytes) to a TFRecord file, with their checksums.
 
-    Needs ``google_crc32c`` (``pip install 'gristmill[tfrecord]'``). ``path`` is a local
+    Needs ``google_crc32c`` (``pip install -e '.[tfrecord]'``). ``path`` is a local
     path or a URL (through fsspec); the file is created or truncated. Use it as a context
     manager, or call ``close()``.
 

@@ -31,8 +31,8 @@ class TFRecordDataSource:
       paths: a TFRecord file, or a sequence of them (local paths or URLs).
       index_dir: a local directory for the cached indexes (created if missing).
       verify_crc: check each record's length and data CRC-32C, as TFRecordIterDataset:
-        None (default) when google_crc32c is installed (``pip install
-        'gristmill[tfrecord]'``), else unchecked with a warning once per process; True:
+        None (default) when google_crc32c is installed (``pip install -e
+        '.[tfrecord]'``), else unchecked with a warning once per process; True:
         always (google_crc32c required); False: never.
 
     Raises:
@@ -142,14 +142,7 @@ class TFRecordDataSource:
 
     def _locate(self, index: Any) -> tuple[int, int, int]:
         """(file, record in file, index) of a sequence index (negative counts from the end)."""
-        i = validation.check_index(index)
-        if i < 0:
-            i += self._length
-        if not 0 <= i < self._length:
-            raise IndexError(
-                f"index {index} is out of range for {self!r} of length {self._length}; "
-                f"valid indices are {-self._length} to {self._length - 1}"
-            )
+        i = validation.check_sequence_index(index, self._length, repr(self))
         k = bisect.bisect_right(self._ends_list, i)
         return k, i - (self._ends_list[k - 1] if k else 0), i
 

@@ -230,6 +230,15 @@ def _registered_node(x: Any) -> tuple[list[Any], Any] | None:
 _map = _map_jax if JAX_TREES else _map_grain
 
 
+def ordered_as_grain(mapping: dict[Any, Any]) -> dict[Any, Any]:
+    """``mapping`` with its keys in the order of a dict that Grain's tree functions rebuild:
+    sorted where jax is importable (jax's trees), as it is otherwise. For dicts that Grain
+    emits through a tree map and gristmill builds directly (packed rows)."""
+    if not JAX_TREES:
+        return mapping
+    return {key: mapping[key] for key in _sorted_keys(mapping, "")}
+
+
 def _stack_leaves(*leaves: Any) -> np.ndarray:
     try:
         # np.array stacks equal-shaped leaves like np.stack, with the same dtype rules, at a

@@ -23,6 +23,7 @@ import itertools
 
 import grain
 import numpy as np
+from loader_rebuild import rebuilt_loader
 
 GRAIN_CLASS_NAMES = ("MapDataset", "IterDataset", "DataLoader")
 
@@ -82,15 +83,4 @@ class GrainAdapter:
 
         if isinstance(self._dataset, (grain.MapDataset, grain.IterDataset)):
             return self._dataset.map(ConvertToNumpy())
-        old = self._dataset
-        options = old._multiprocessing_options
-        return grain.DataLoader(
-            data_source=old._data_source,
-            sampler=old._sampler,
-            operations=[*old._operations, ConvertToNumpy()],
-            worker_count=options.num_workers,
-            worker_buffer_size=options.per_worker_buffer_size,
-            shard_options=old._shard_options,
-            read_options=old._read_options,
-            enable_profiling=options.enable_profiling,
-        )
+        return rebuilt_loader(grain, self._dataset, ConvertToNumpy())

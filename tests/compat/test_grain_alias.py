@@ -12,20 +12,8 @@ import sys
 import textwrap
 
 HERE = pathlib.Path(__file__).resolve().parent
-CHILD_TIMEOUT_S = 240
-
-
-def run_python(args, cwd=None):
-    proc = subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-        cwd=cwd,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+sys.path.insert(0, str(HERE.parent / "support"))
+from children import CHILD_TIMEOUT_S, run_python  # noqa: E402
 
 
 def run_script(tmp_path, code, *args):

@@ -10,14 +10,15 @@ JSON that keeps every container's type and order.
 """
 
 import json
-import subprocess
+import pathlib
 import sys
 
 import pytest
 
-pytestmark = pytest.mark.parity
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
+from children import run_python
 
-CHILD_TIMEOUT_S = 240
+pytestmark = pytest.mark.parity
 
 BLOCK_JAX = r"""
 import sys
@@ -107,15 +108,7 @@ print(list(b), b["a"], sys.modules.get("jax") is not None)
 
 
 def run_child(code, jax_mode):
-    proc = subprocess.run(
-        [sys.executable, "-c", code, jax_mode],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+    return run_python(["-c", code, jax_mode])
 
 
 @pytest.fixture(scope="module", params=["importable", "blocked"])

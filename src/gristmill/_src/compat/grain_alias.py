@@ -35,6 +35,10 @@ from gristmill._src.engine import process_lane
 GRAIN_HOME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grain_home")
 """The folder whose ``grain`` package installs the alias in a new process."""
 
+ENV_FLAG = "GRISTMILL_GRAIN_ALIAS"
+"""Set to "1" by :func:`install`: gristmill's fork server, started from this environment,
+installs the alias too (``alias_in_workers``)."""
+
 _DOCS = "docs/grain_wrappers.md"
 
 
@@ -183,6 +187,7 @@ def install() -> None:
         sys.path.insert(0, GRAIN_HOME)
     # gristmill's fork server imports the main script's modules (some import grain) before
     # a worker receives this sys.path: it installs the alias first
+    os.environ[ENV_FLAG] = "1"
     process_lane.preload_first("gristmill._src.compat.alias_in_workers")
     importlib.import_module("grain")
 

@@ -240,6 +240,7 @@ class DataLoader(grain_types.DataLoader):
             ds = record_ops.apply(ds, operation)
         ds = ds.map(record_ops.data)
         if self._worker_count:
+            # the loader's iterator logs the statistics itself, for any worker count
             options = dataclasses.replace(self._multiprocessing_options, enable_profiling=False)
             ds = ds.mp_prefetch(options, backend=self._backend)
         return ds

@@ -21,34 +21,23 @@ import pytest
 
 
 def pytest_configure(config):
-    _pin_grain_to_its_no_jax_trees()
+    _load_jax_as_grain_does()
 
 
-def _pin_grain_to_its_no_jax_trees():
-    """With jax installed (the test extra has it), Grain 0.2.18 switches its tree library to
-    jax trees (dict keys sorted, ``None`` an empty subtree), and gristmill deliberately keeps
-    one behaviour, Grain's without jax (docs/architecture.md, differences from Grain). The
-    parity tests compare with that documented behaviour, so the oracle's tree library is
-    loaded as it is where jax is absent. Grain also reads an absl flag once jax is present
-    (its profiler), which needs the flags marked parsed. Grain's own suite runs in its own
-    process (tests/upstream/run_grain.py), with jax, untouched by this.
-    """
-    import importlib
-    import sys
-    from unittest import mock
-
+def _load_jax_as_grain_does():
+    """Imports jax where it is installed (the test extra has it), as Grain 0.2.18's tree
+    library does on ``import grain``: the suite's process state (jax loaded, so workers
+    start from the fork server) is then the same whichever tests are selected. Grain then
+    reads an absl flag (its profiler's), which needs the flags marked parsed. Grain and
+    gristmill both build batches with jax's tree rules then (sorted dict keys, ``None`` an
+    empty subtree): tests/parity/test_batch_trees_parity.py compares them with and without
+    jax, in child processes."""
     try:
         import jax  # noqa: F401
-    except ImportError:
-        return
-    try:
         from absl import flags
-        from grain._src.core import tree_lib
     except ImportError:
         return
     flags.FLAGS.mark_as_parsed()
-    with mock.patch.dict(sys.modules, {"jax": None, "jax.tree_util": None}):
-        importlib.reload(tree_lib)
 
 
 def gristmill_threads():

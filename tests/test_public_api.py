@@ -73,6 +73,7 @@ EXPECTED = {
         "to_grain_state",
     ],
     "gristmill.testing": ["assert_equal_output_after_checkpoint"],
+    "gristmill.compat": ["install_grain_alias"],
     "gristmill.training": ["Epoch", "Epochs", "ProgressMeter", "StepMeter", "progress"],
     "gristmill.samplers": ["IndexSampler", "SequentialSampler", "Sampler"],
     "gristmill.sharding": ["ShardOptions", "NoSharding", "ShardByJaxProcess"],

@@ -71,9 +71,15 @@ def test_shared_memory_output_keeps_strings_whole():
     assert next(iter(ds)).tolist() == ["a", "bbbbbbbbbb"]
 
 
+def _plain(path):
+    """A path's keys and indices (with jax importable, the path holds jax's key entries,
+    ``DictKey(key=...)`` and ``SequenceKey(idx=...)``, as Grain passes them then)."""
+    return tuple(getattr(entry, "key", getattr(entry, "idx", entry)) for entry in path)
+
+
 def test_map_structure_with_path_passes_each_leafs_keys():
     tree = {"a": [1, 2], "b": (3,)}
-    paths = map_structure_with_path(lambda path, x: path, tree)
+    paths = map_structure_with_path(lambda path, x: _plain(path), tree)
     assert paths == {"a": [("a", 0), ("a", 1)], "b": (("b", 0),)}
 
 

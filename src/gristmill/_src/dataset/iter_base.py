@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from gristmill._src.checkpoint import files
+from gristmill._src.compat import grain_types
 from gristmill._src.core import seeds
 from gristmill._src.core import state as state_meta
 from gristmill._src.core.dataset_options import IteratorContext
@@ -54,7 +55,7 @@ class _IterDatasetMeta(abc.ABCMeta):
         return op("iter.mix")(datasets, weights)  # type: ignore[no-any-return]
 
 
-class IterDataset(Generic[T], metaclass=_IterDatasetMeta):
+class IterDataset(Generic[T], grain_types.IterDataset, metaclass=_IterDatasetMeta):
     """A lazy, sequential dataset: ``iter(ds)`` returns a checkpointable DatasetIterator."""
 
     def __init__(self, parents: Any = ()) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.core import tree
+
 SEGMENT_IDS = "_segment_ids"
 POSITIONS = "_positions"
 
@@ -155,7 +157,7 @@ class Packer:
         for m, meta in enumerate(spec.listed):
             row[meta] = [item[3][m] for item in bin_.items]
         row.update(extra)
-        return row
+        return tree.ordered_as_grain(row)  # Grain emits each row through a tree map
 
 
 _ARANGE_SIZE = 1 << 16

@@ -8,10 +8,12 @@ prefetched. ``set_state`` stops the thread, restores the parent and starts afres
 from __future__ import annotations
 
 import dataclasses
+import enum
 import warnings
 from typing import Any
 
 from gristmill._src.core import specs, validation
+from gristmill._src.core.options import MultiprocessingOrder, check_order
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.producer import BackgroundProducer
@@ -48,13 +50,14 @@ class ThreadPrefetchIterDataset(IterDataset[Any]):
             prefetch_buffer_size, "prefetch_buffer_size", low=0, fix="; use 0 to disable it"
         )
         self._profile_every_s: float | None = None  # set by mp_prefetch(enable_profiling)
-        self._reads_grain_mp_states = False  # set by mp_prefetch: see grain_mp_state
+        # set by mp_prefetch and multithread_prefetch: see grain_interleave_state
+        self._reads_grain_states_of: GrainPrefetch | None = None
 
     def __iter__(self) -> ThreadPrefetchDatasetIterator:
         iterator = ThreadPrefetchDatasetIterator(iter(self._parent), self._buffer_size)
         if self._profile_every_s is not None:
             iterator._profiler = PeriodicReporter(iterator.statistics, self._profile_every_s)
-        iterator._reads_grain_mp_states = self._reads_grain_mp_states
+        iterator._reads_grain_states_of = self._reads_grain_states_of
         return iterator
 
     @property
@@ -77,14 +80,38 @@ _GRAIN_MP_KEYS = frozenset(
 )
 
 
-def grain_mp_state(state: Any, own: dict[str, Any]) -> Any:
-    """The pipeline's state in a state Grain's ``mp_prefetch`` wrote, else ``state``.
+class GrainPrefetch(enum.Enum):
+    """A Grain 0.2.18 prefetch whose state is an interleave's over its workers or threads
+    (each reads a slice of the data): what restores it here, and how it is named."""
 
-    Grain's ``mp_prefetch`` state is an interleave's over its workers. With one worker, the
-    worker's state is the pipeline's own (what gristmill writes), so it restores exactly.
-    With several, Grain's per-worker order has no position in the pipeline's order: that
-    is a ValueError naming the option that reproduces it. A pipeline whose own state is an
-    interleave's (``own``, its current state, has those keys) takes ``state`` as its own.
+    MP_PREFETCH = "mp_prefetch"
+    MULTITHREAD_PREFETCH = "multithread_prefetch"
+
+    def describe(self, count: int) -> str:
+        if self is GrainPrefetch.MP_PREFETCH:
+            return f"Grain's mp_prefetch with {count} worker processes"
+        return f"Grain's experimental.multithread_prefetch with num_threads={count}"
+
+    def option(self, count: int) -> str:
+        order = "order=gristmill.multiprocessing.MultiprocessingOrder.GRAIN_PER_WORKER"
+        if self is GrainPrefetch.MP_PREFETCH:
+            return f"MultiprocessingOptions(num_workers={count}, {order})"
+        return (
+            f"gristmill.experimental.multithread_prefetch(ds, num_threads={count}, "
+            f"buffer_size=..., {order})"
+        )
+
+
+def grain_interleave_state(state: Any, own: dict[str, Any], writer: GrainPrefetch) -> Any:
+    """The pipeline's state in a state Grain's ``writer`` wrote, else ``state``.
+
+    Grain's ``mp_prefetch`` and ``multithread_prefetch`` states are an interleave's over
+    their workers (threads). With one, its state is the pipeline's own (what gristmill
+    writes), so it restores exactly. With several, Grain's per-worker order has no position
+    in the pipeline's order: that is a ValueError naming this prefetch (the node whose
+    state differs) and the option that reproduces Grain's order. A pipeline whose own
+    state is an interleave's (``own``, its current state, has those keys) takes ``state``
+    as its own.
     """
     if not isinstance(state, dict) or set(state) != _GRAIN_MP_KEYS:
         return state
@@ -94,14 +121,13 @@ def grain_mp_state(state: Any, own: dict[str, Any]) -> Any:
     if isinstance(workers, list) and len(workers) == 1 and isinstance(workers[0], dict):
         return workers[0]
     count = len(workers) if isinstance(workers, list) else workers
+    unit = "worker" if writer is GrainPrefetch.MP_PREFETCH else "thread"
     raise ValueError(
-        f"this state was written by Grain's mp_prefetch with {count} worker processes (an "
-        "interleave of per-worker states: 'iterators_in_use_states'): Grain slices the data "
-        "per worker and interleaves the workers' outputs, an order in which the position "
-        "does not exist for this pipeline's mp_prefetch (the pipeline's order). Restore it "
-        f"with MultiprocessingOptions(num_workers={count}, "
-        "order=gristmill.multiprocessing.MultiprocessingOrder.GRAIN_PER_WORKER), which "
-        "reproduces Grain's order and states"
+        f"this state was written by {writer.describe(count)} (an interleave of "
+        f"per-{unit} states: 'iterators_in_use_states'): Grain slices the data per {unit} "
+        f"and interleaves the {unit}s' outputs, an order in which the position does not "
+        f"exist for this {writer.value}, which keeps the pipeline's order. Restore it with "
+        f"{writer.option(count)}, which reproduces Grain's order and states"
     )
 
 
@@ -126,7 +152,7 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
         self._counters = StageCounters("thread prefetch", 1, prefetch_buffer_size)
         self._guard = ConsumerGuard()  # set_state from another thread: a clear error
         self._profiler: PeriodicReporter | None = None  # logs statistics (enable_profiling)
-        self._reads_grain_mp_states = False  # mp_prefetch's: see grain_mp_state
+        self._reads_grain_states_of: GrainPrefetch | None = None  # grain_interleave_state
 
     def _start(self) -> BackgroundProducer:
         if self._producer is None:
@@ -181,8 +207,10 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
-        if self._reads_grain_mp_states:
-            state = grain_mp_state(state, self._parent.get_state())
+        if self._reads_grain_states_of is not None:
+            state = grain_interleave_state(
+                state, self._parent.get_state(), self._reads_grain_states_of
+            )
         with self._guard.repositioning(self):
             if self._producer is not None:
                 self._producer.close()
@@ -221,7 +249,12 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
 
 
 def multithread_prefetch(
-    ds: IterDataset[Any], num_threads: int, buffer_size: int, sequential_slice: bool = False
+    ds: IterDataset[Any],
+    num_threads: int,
+    buffer_size: int,
+    sequential_slice: bool = False,
+    *,
+    order: MultiprocessingOrder = MultiprocessingOrder.PIPELINE,
 ) -> IterDataset[Any]:
     """Runs ``ds`` ahead of the consumer on ``num_threads`` threads; output equals ``ds``'s.
 
@@ -230,17 +263,42 @@ def multithread_prefetch(
     chain's read stage (its last ``to_iter_dataset`` and the ``map`` / ``filter`` ops right
     after it) runs on ``num_threads`` engine threads, in index order; the rest of the
     pipeline runs ahead on one prefetch thread holding ``buffer_size`` elements.
+
+    A state Grain wrote with ``num_threads=1`` restores here exactly; one written with more
+    threads is a ValueError naming the option that restores it:
+    ``order=MultiprocessingOrder.GRAIN_PER_WORKER`` gives Grain's order and states (thread
+    ``i`` reads the slice ``i::num_threads`` of the data, or a contiguous block with
+    ``sequential_slice``, and the threads' outputs are interleaved one at a time), so a
+    Grain state continues exactly, under the same ``num_threads``.
+
+    Args:
+      ds: the pipeline to prefetch.
+      num_threads: threads (0 returns ``ds``).
+      buffer_size: elements read ahead (per thread with ``GRAIN_PER_WORKER``).
+      sequential_slice: with ``GRAIN_PER_WORKER``, contiguous blocks per thread.
+      order: a ``gristmill.multiprocessing.MultiprocessingOrder`` (gristmill's option).
+
+    Raises:
+      TypeError: ``order`` is not a ``MultiprocessingOrder``.
+      ValueError: ``num_threads`` or ``buffer_size`` is negative.
     """
     validation.check_int_in_range(num_threads, "num_threads", low=0)
     validation.check_int_in_range(buffer_size, "buffer_size", low=0)
     validation.check_bool(sequential_slice, "sequential_slice")
+    check_order(order)
     if num_threads == 0:
         return ds
+    if order is MultiprocessingOrder.GRAIN_PER_WORKER:
+        from gristmill._src.dataset.process_prefetch import per_thread_prefetch
+
+        return per_thread_prefetch(ds, num_threads, buffer_size, sequential_slice)
     from gristmill._src.dataset.lowering import lower  # lowering imports this module's peers
 
-    return ThreadPrefetchIterDataset(
+    prefetched = ThreadPrefetchIterDataset(
         lower(ds, num_threads, buffer_size), prefetch_buffer_size=max(buffer_size, 1)
     )
+    prefetched._reads_grain_states_of = GrainPrefetch.MULTITHREAD_PREFETCH
+    return prefetched
 
 
 MP_DEFAULT_WORKERS = 10
@@ -279,7 +337,7 @@ def mp_prefetch(
     (``backend.num_actors`` of them; ``options`` still gives the buffer sizes, and its
     ``num_workers`` is not used); ``worker_init_fn`` then runs on each actor.
     """
-    from gristmill._src.core.options import AUTOTUNE, MultiprocessingOptions, MultiprocessingOrder
+    from gristmill._src.core.options import AUTOTUNE, MultiprocessingOptions
     from gristmill._src.dataset.lowering import lower
     from gristmill._src.dataset.to_iter import WorkerStage
     from gristmill._src.engine.backends import ProcessBackend
@@ -332,7 +390,7 @@ def mp_prefetch(
     )
     if options.enable_profiling:  # per-stage statistics logged, as upstream logs profiles
         prefetched._profile_every_s = PROFILE_INTERVAL_S
-    prefetched._reads_grain_mp_states = True
+    prefetched._reads_grain_states_of = GrainPrefetch.MP_PREFETCH
     return prefetched
 
 
@@ -340,7 +398,6 @@ def _check_backend(backend: Any, options: Any, mp_context: str | None) -> Any:
     """``backend`` (a RayBackend) or None; clear errors for what cannot go with it."""
     if backend is None:
         return None
-    from gristmill._src.core.options import MultiprocessingOrder
     from gristmill._src.ray.backend import RayBackend
 
     if not isinstance(backend, RayBackend):

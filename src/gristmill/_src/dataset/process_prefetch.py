@@ -14,6 +14,8 @@ the parent with its data sliced ``i::W`` (or, with ``sequential_slice``, its sou
 ``W`` contiguous blocks) and an interleave takes one element of each worker in turn. Its
 order and its state (an interleave's) are Grain's; ``mp_prefetch`` keeps the order of the
 pipeline instead unless asked for this one (``MultiprocessingOptions(order=...)``).
+:func:`per_thread_prefetch` is the same with threads: Grain's ``multithread_prefetch``
+(``multithread_prefetch(..., order=MultiprocessingOrder.GRAIN_PER_WORKER)``).
 """
 
 from __future__ import annotations
@@ -372,8 +374,6 @@ def multiprocess_prefetch(
       sequential_slice: give each worker a contiguous block of the source instead of every
         ``num_workers``-th element.
     """
-    from gristmill._src.dataset.interleave import InterleaveIterDataset
-
     validation.check_int_in_range(num_workers, "num_workers", low=0)
     validation.check_bool(sequential_slice, "sequential_slice")
     if num_workers == 0:
@@ -391,11 +391,40 @@ def multiprocess_prefetch(
             else functools.partial(worker_init_fn, index, num_workers)
         )
         shards.append(ProcessPrefetchIterDataset(shard, buffer_size, init))
+    return _interleaved(ds, shards, buffer_size, num_make_iter_threads=num_workers)
+
+
+def per_thread_prefetch(
+    ds: IterDataset[Any], num_threads: int, buffer_size: int, sequential_slice: bool
+) -> IterDataset[Any]:
+    """Grain 0.2.18's ``multithread_prefetch``: thread ``i`` of ``num_threads`` reads the
+    slice of ``ds`` that :func:`multiprocess_prefetch`'s worker ``i`` would, up to
+    ``buffer_size`` elements ahead, and an interleave takes one element of each thread in
+    turn: Grain's order (it depends on ``num_threads``) and Grain's states (an
+    interleave's), so a state Grain wrote restores exactly, under its ``num_threads``."""
+    if num_threads == 1:
+        return _interleaved(ds, [ds], buffer_size)
+    shards: list[IterDataset[Any]] = [
+        WorkerSliceIterDataset(ds, index, num_threads, sequential_slice, local=True)
+        for index in range(num_threads)
+    ]
+    return _interleaved(ds, shards, buffer_size)
+
+
+def _interleaved(
+    ds: IterDataset[Any],
+    shards: list[IterDataset[Any]],
+    buffer_size: int,
+    num_make_iter_threads: int = 1,
+) -> IterDataset[Any]:
+    """The shards of ``ds``, one element of each in turn, as Grain interleaves them."""
+    from gristmill._src.dataset.interleave import InterleaveIterDataset
+
     interleaved = InterleaveIterDataset(
         shards,
-        cycle_length=num_workers,
-        num_make_iter_threads=num_workers,
-        make_iter_buffer_size=num_workers,
+        cycle_length=len(shards),
+        num_make_iter_threads=num_make_iter_threads,
+        make_iter_buffer_size=num_make_iter_threads,
         iter_buffer_size=buffer_size,
     )
     # the shards' iterators are opened lazily: the options set inside ds apply above too

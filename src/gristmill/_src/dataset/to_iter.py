@@ -442,8 +442,9 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             next_index = operator.index(state["next_index"])
         except (KeyError, TypeError):
             raise ValueError(
-                f"state must be a dict with an integer 'next_index', got {state!r}; pass a "
-                "dict returned by get_state() of an iterator over the same dataset"
+                f"the state of {self._describe()} must be a dict with an integer "
+                f"'next_index', got {state!r}; pass a dict returned by get_state() of an "
+                "iterator over the same dataset"
             ) from None
         if not 0 <= next_index <= self._length:
             raise StateOutOfRangeError(

@@ -36,14 +36,25 @@ def mark_in_worker() -> None:
 
 
 class WorkerSliceIterDataset(IterDataset[Any]):
-    """``parent`` as worker ``index`` of ``count`` reads it (in a worker process only)."""
+    """``parent`` as worker ``index`` of ``count`` reads it: in a worker process only, or,
+    with ``local`` (``multithread_prefetch``'s threads), in this process too."""
 
-    def __init__(self, parent: IterDataset[Any], index: int, count: int, sequential: bool) -> None:
+    def __init__(
+        self,
+        parent: IterDataset[Any],
+        index: int,
+        count: int,
+        sequential: bool,
+        *,
+        local: bool = False,
+    ) -> None:
         super().__init__(parent)
         self._index, self._count, self._sequential = index, count, sequential
+        self._local = local
 
     def __iter__(self) -> DatasetIterator[Any]:
-        if not _in_worker:  # the parent process: a state before the first element
+        if not (_in_worker or self._local):  # the parent process: a state before the first
+            # element
             unsliced: DatasetIterator[Any] = self._parent.__iter__()
             return unsliced
         part = sliced(self._parent, self._index, self._count, self._sequential)

@@ -60,6 +60,17 @@ def start_method(requested: str | None) -> str:
     return "forkserver" if "forkserver" in methods else "spawn"
 
 
+_FIRST_PRELOADS: list[str] = []
+
+
+def preload_first(module: str) -> None:
+    """Has the fork server, when it starts, import ``module`` before any other: an import
+    hook the workers need before the main script's modules import anything (the ``grain``
+    alias of ``gristmill.compat``). A server already running keeps its preloads."""
+    if module not in _FIRST_PRELOADS:
+        _FIRST_PRELOADS.append(module)
+
+
 def worker_context(requested: str | None, preload: Sequence[str] = ()) -> Any:
     """The multiprocessing context for worker processes (see :func:`start_method`).
 
@@ -79,7 +90,7 @@ def worker_context(requested: str | None, preload: Sequence[str] = ()) -> Any:
         server = forkserver._forkserver
         if getattr(server, "_forkserver_pid", None) is None:
             current = list(getattr(server, "_preload_modules", ["__main__"]))
-            wanted = ("numpy", *preload, *main_guard.main_imports())
+            wanted = (*_FIRST_PRELOADS, "numpy", *preload, *main_guard.main_imports())
             missing = [name for name in dict.fromkeys(wanted) if name not in current]
             if missing:
                 context.set_forkserver_preload(current + missing)

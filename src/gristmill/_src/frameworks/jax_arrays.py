@@ -50,7 +50,7 @@ class _MakeGlobal:
     def __call__(self, element: Any) -> Any:
         sharding = self._sharding
         if _is_sharding(sharding):
-            # gristmill's tree map keeps the element's containers as they are (dict order)
+            # gristmill's tree map: the containers as Grain batches them (jax's rules here)
             return tree.map_structure(lambda leaf: _put(sharding, leaf), element)
         return jax.tree.map(
             lambda s, sub: tree.map_structure(lambda leaf: _put(s, leaf), sub),

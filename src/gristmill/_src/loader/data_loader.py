@@ -24,11 +24,13 @@ Two orders (``order``, a ``MultiprocessingOrder``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from gristmill._src.compat import grain_types
 from gristmill._src.core import transforms, validation
 from gristmill._src.core.options import (
     MultiprocessingOptions,
@@ -113,7 +115,7 @@ def _has(sampler: Any, index: int) -> bool:
 # -- the loader --------------------------------------------------------------------------
 
 
-class DataLoader:
+class DataLoader(grain_types.DataLoader):
     """Reads ``data_source`` in ``sampler`` order, applies ``operations``, in workers.
 
     Args:
@@ -196,16 +198,35 @@ class DataLoader:
         self._shard_options = sharding.check_shard_options(shard_options)
         if not callable(getattr(sampler, "__getitem__", None)):
             raise TypeError(f"sampler must support sampler[index], got {sampler!r}")
-        self._source = data_source
+        # Grain's attribute names: wrappers of Grain read them (Keras rebuilds a DataLoader
+        # from _data_source, _sampler, _operations, _multiprocessing_options, _shard_options
+        # and _read_options; docs/grain_wrappers.md)
+        self._data_source = data_source
         self._sampler = sampler
         self._operations = list(operations)
-        self._worker_count = worker_count
-        self._worker_buffer_size = worker_buffer_size
+        self._multiprocessing_options = MultiprocessingOptions(
+            num_workers=worker_count,
+            per_worker_buffer_size=worker_buffer_size,
+            enable_profiling=validation.check_bool(enable_profiling, "enable_profiling"),
+            order=check_order(order),
+        )
         self._read_options = read_options or ReadOptions()
-        self._enable_profiling = validation.check_bool(enable_profiling, "enable_profiling")
-        self._order = check_order(order)
         self._backend = backend
         self._dataset = self._build()
+
+    @property
+    def multiprocessing_options(self) -> MultiprocessingOptions:
+        """The worker options (Grain's property): ``num_workers`` (the worker count),
+        ``per_worker_buffer_size``, ``enable_profiling`` and ``order``."""
+        return self._multiprocessing_options
+
+    @property
+    def _worker_count(self) -> int:
+        return self._multiprocessing_options.num_workers
+
+    @property
+    def _order(self) -> MultiprocessingOrder:
+        return self._multiprocessing_options.order
 
     @property
     def _per_worker(self) -> bool:
@@ -213,20 +234,15 @@ class DataLoader:
         return self._order is MultiprocessingOrder.GRAIN_PER_WORKER and self._worker_count > 0
 
     def _build(self) -> IterDataset[Any]:
-        records = _SamplerRecords(self._source, self._sampler, self._shard_options)
+        records = _SamplerRecords(self._data_source, self._sampler, self._shard_options)
         ds: IterDataset[Any] = records.to_iter_dataset(self._read_options)
         for operation in self._operations:
             ds = record_ops.apply(ds, operation)
         ds = ds.map(record_ops.data)
         if self._worker_count:
-            ds = ds.mp_prefetch(
-                MultiprocessingOptions(
-                    num_workers=self._worker_count,
-                    per_worker_buffer_size=self._worker_buffer_size,
-                    order=self._order,
-                ),
-                backend=self._backend,
-            )
+            # the loader's iterator logs the statistics itself, for any worker count
+            options = dataclasses.replace(self._multiprocessing_options, enable_profiling=False)
+            ds = ds.mp_prefetch(options, backend=self._backend)
         return ds
 
     def __iter__(self) -> DataLoaderIterator:
@@ -255,7 +271,7 @@ class DataLoaderIterator:
         # end of the data (any worker count; upstream profiles workers only).
         self._profiler = (
             PeriodicReporter(self._iterator.statistics, PROFILE_INTERVAL_S)
-            if loader._enable_profiling
+            if loader._multiprocessing_options.enable_profiling
             else None
         )
         if state is not None:
@@ -346,7 +362,7 @@ class DataLoaderIterator:
             **positions,
             "worker_count": loader._worker_count,
             "sampler": repr(loader._sampler),
-            "data_source": _source_repr(loader._source),
+            "data_source": _source_repr(loader._data_source),
         }
         return json.dumps(state, indent=4).encode()
 
@@ -450,11 +466,11 @@ def _check_same_loader(loader: DataLoader, data: dict[str, Any]) -> None:
             f"sampler in checkpoint: {data['sampler']}\n"
             f"sampler in dataloader: {loader._sampler!r}"
         )
-    if data["data_source"] != _source_repr(loader._source):
+    if data["data_source"] != _source_repr(loader._data_source):
         raise ValueError(
             "DataSource in checkpoint does not match datasource in dataloader.\n"
             f"data source in checkpoint: {data['data_source']}\n"
-            f"data source in dataloader: {_source_repr(loader._source)}"
+            f"data source in dataloader: {_source_repr(loader._data_source)}"
         )
 
 

@@ -70,7 +70,7 @@ def worker_context(requested: str | None, preload: Sequence[str] = ()) -> Any:
     this exits with one paragraph naming the guard.
     """
     method = start_method(requested)
-    main_guard.refuse_while_importing_main(method)
+    main_guard.check_guarded(method)
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         from multiprocessing import forkserver

@@ -142,9 +142,9 @@ def test_a_source_line_only_the_worker_can_read_is_shown_as_the_worker_read_it()
     assert linecache.getline(_ELSEWHERE, 3) == ""
     ds = gm.MapDataset.range(4).map(fail).to_iter_dataset()
     options = gm.MultiprocessingOptions(num_workers=1)
-    with iter(ds.mp_prefetch(options, worker_init_fn=_worker_reads_the_file)) as it:
-        with pytest.raises(KeyError) as info:
-            next(it)
+    it = iter(ds.mp_prefetch(options, worker_init_fn=_worker_reads_the_file))
+    with it, pytest.raises(KeyError) as info:
+        next(it)
     innermost = traceback.extract_tb(info.value.__traceback__)[-1]
     assert (innermost.filename, innermost.lineno) == (_ELSEWHERE, 3)
     assert innermost.line == "raise KeyError(x)  # elsewhere"

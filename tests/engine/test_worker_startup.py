@@ -198,6 +198,25 @@ def test_where_the_scripts_source_cannot_be_read_the_workers_give_the_same_error
     assert "at element index" not in done.stderr
 
 
+_GUARDED_FORMS = {
+    "reversed": 'if "__main__" == __name__:',
+    "and": 'if __name__ == "__main__" and len(sys.argv) >= 1:',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guard", sorted(_GUARDED_FORMS))
+def test_the_guard_written_another_way_is_recognised(tmp_path, guard):
+    # with a user thread, the workers come from the fork server and import the script again
+    stage = textwrap.indent(_UNGUARDED_STAGES["mp_prefetch"], "    ")
+    script = unguarded("mp_prefetch", _USER_THREAD).replace(
+        _UNGUARDED_STAGES["mp_prefetch"], f"import sys\n{_GUARDED_FORMS[guard]}\n{stage}"
+    )
+    done = run_script(tmp_path, script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "[1 2 3 4 5 6 7 8]"
+
+
 _FORKED_ON_REQUEST = """
 from gristmill.pipeline import iterate_in_subprocess
 

@@ -148,3 +148,23 @@ def test_a_source_line_only_the_worker_can_read_is_shown_as_the_worker_read_it()
     innermost = traceback.extract_tb(info.value.__traceback__)[-1]
     assert (innermost.filename, innermost.lineno) == (_ELSEWHERE, 3)
     assert innermost.line == "raise KeyError(x)  # elsewhere"
+
+
+def _looks_up(x):
+    try:
+        return {}[x]
+    except KeyError as missing:
+        raise ValueError(f"no entry for {x}") from missing
+
+
+def test_a_worker_error_keeps_the_exception_it_was_raised_from_with_its_frames():
+    ds = gm.MapDataset.range(4).map(_looks_up).to_iter_dataset()
+    it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=1)))
+    with it, pytest.raises(ValueError, match="no entry for 0") as info:
+        next(it)
+    cause = info.value.__cause__
+    assert isinstance(cause, KeyError)
+    assert traceback.extract_tb(cause.__traceback__)[-1].line == "return {}[x]"
+    shown = "".join(traceback.format_exception(info.value))
+    assert shown.count("return {}[x]") == 1
+    assert "The above exception was the direct cause of the following exception" in shown

@@ -193,7 +193,10 @@ def _guarded_lines(source: str) -> tuple[tuple[int, int], ...]:
 
 
 def _is_main_test(test: ast.expr) -> bool:
-    """Whether ``test`` is ``__name__ == "__main__"`` (either way round)."""
+    """Whether ``test`` is ``__name__ == "__main__"`` (either way round), or requires it
+    (``__name__ == "__main__" and ...``)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_is_main_test(value) for value in test.values)
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         return False
     if not isinstance(test.ops[0], ast.Eq):

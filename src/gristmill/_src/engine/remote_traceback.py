@@ -67,19 +67,20 @@ class RemoteError:
     suppress_context: bool = False
 
     @classmethod
-    def of(cls, error: BaseException, skip: int = 0, *, _depth: int = 0) -> RemoteError:
-        """What to send for ``error``, less the outermost ``skip`` frames (the worker's
-        own plumbing above the user's call)."""
+    def of(cls, error: BaseException, *, _depth: int = 0) -> RemoteError:
+        """What to send for ``error`` (in the worker that caught it)."""
         try:
             pickled: bytes | None = pickle.dumps(error, pickle.HIGHEST_PROTOCOL)
         except Exception:
             pickled = None
         chained = _depth < _MAX_CHAIN
-        cause, context = error.__cause__, error.__context__
+        cause = error.__cause__
+        # a suppressed context is never shown: not sent
+        context = None if error.__suppress_context__ else error.__context__
         return cls(
             pickled=pickled,
             text="".join(traceback.format_exception_only(error)).rstrip("\n"),
-            frames=tuple(frames_of(error.__traceback__))[skip:],
+            frames=tuple(frames_of(error.__traceback__)),
             cause=cls.of(cause, _depth=_depth + 1) if chained and cause is not None else None,
             context=(
                 cls.of(context, _depth=_depth + 1)

@@ -112,7 +112,7 @@ class ExecutorCall:
                 raise self._broken(error) from error
             if remote_traceback.restore_carried_frames(error):  # a located() failure
                 remote_traceback.note_origin(error, "a worker process of the executor")
-                raise error from None
+                raise error  # its cause: None, or the full frames (remove_frames)
             raise
         finally:
             pending.discard(future)

@@ -11,8 +11,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
+
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+from scripts import run_python  # noqa: E402
 
 # A module with a visible import: each process that imports it appends its pid to a file.
 _NOISY_MODULE = """
@@ -58,14 +64,7 @@ _JAX_LOADED = 'sys.modules["jax"] = types.ModuleType("jax")'
 def run_script(tmp_path, script, **env):
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(script))
-    return subprocess.run(
-        [sys.executable, str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**env, "PYTHONPATH": ":".join([str(tmp_path), *sys.path])},
-    )
+    return run_python([path], tmp_path, **env)
 
 
 @pytest.mark.slow
@@ -181,14 +180,7 @@ def test_where_the_scripts_source_cannot_be_read_the_workers_give_the_same_error
     compiled = tmp_path / "script.pyc"
     py_compile.compile(str(source), cfile=str(compiled), doraise=True)
     source.unlink()
-    done = subprocess.run(
-        [sys.executable, str(compiled)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={"PYTHONPATH": ":".join(sys.path)},
-    )
+    done = run_python([compiled], tmp_path)
     assert done.returncode == 1, done.stderr
     message = done.stderr[done.stderr.index("UnguardedScriptError: ") :]
     assert message.startswith(
@@ -252,14 +244,8 @@ def test_interactive_code_starts_workers_with_or_without_a_thread(tmp_path, how,
     # no script file for the workers to import: python -c, or a script read from stdin
     # (whose __file__ is "<stdin>", which a spawned worker used to try to run)
     code = textwrap.dedent(_INTERACTIVE.replace("PRELUDE", prelude))
-    done = subprocess.run(
-        [sys.executable, "-c", code] if how == "-c" else [sys.executable, "-"],
-        input=None if how == "-c" else code,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={"PYTHONPATH": ":".join(sys.path)},
+    done = run_python(
+        ["-c", code] if how == "-c" else ["-"], tmp_path, stdin=None if how == "-c" else code
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[0, 3, 6, 9, 12, 15, 18, 21]", "[0, 1, 2]"]

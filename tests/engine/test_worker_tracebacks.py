@@ -6,14 +6,19 @@ value keeps its file name), prints the worker's part once, and ends near the use
 """
 
 import linecache
-import subprocess
 import sys
 import textwrap
 import traceback
+from pathlib import Path
 
 import pytest
 
 import gristmill as gm
+
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+from scripts import run_python  # noqa: E402
 
 _HEADER = """
 import sys
@@ -91,14 +96,7 @@ def script_text(backend):
 def run_script(tmp_path, backend):
     path = tmp_path / "user_script.py"
     path.write_text(script_text(backend))
-    done = subprocess.run(
-        [sys.executable, str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={"PYTHONPATH": ":".join(sys.path)},
-    )
+    done = run_python([path], tmp_path)
     return path, done
 
 

@@ -20,9 +20,9 @@ Main process side (:class:`RegionStream`, one stage of the outer pipeline):
 Keyed items (a resumable pipeline) keep their covers across the trip, so states work
 through regions. Items cross pickled (large arrays in shared memory between processes). A
 worker failure (a stage over its failure budget, a raising initializer) ends the region
-with that error, with the worker's traceback as a note; a worker's death ends it with the
-transport's error. Closing wakes every wait: the transport stops the workers that did not
-end cleanly and releases the others.
+with that error, the worker's frames ending its traceback (``engine.remote_traceback``); a
+worker's death ends it with the transport's error. Closing wakes every wait: the transport
+stops the workers that did not end cleanly and releases the others.
 """
 
 from __future__ import annotations

@@ -1,17 +1,24 @@
 """Worker start-up and the user's script: workers are forked where that is safe (they
 inherit what the script imported); otherwise the modules it imported are imported once by the
-fork server (not again by every worker of every epoch), and a script without the
-``__main__`` guard gets one clear error instead of every worker's traceback. A forked worker
-still ends when its parent dies."""
+fork server (not again by every worker of every epoch), and a script that starts workers
+outside the ``__main__`` guard gets one clear error before any worker starts, whether they
+would be forked or not. A forked worker still ends when its parent dies."""
 
 import os
+import py_compile
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
+
+SUPPORT = Path(__file__).parents[1] / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+from scripts import run_python  # noqa: E402
 
 # A module with a visible import: each process that imports it appends its pid to a file.
 _NOISY_MODULE = """
@@ -57,14 +64,7 @@ _JAX_LOADED = 'sys.modules["jax"] = types.ModuleType("jax")'
 def run_script(tmp_path, script, **env):
     path = tmp_path / "script.py"
     path.write_text(textwrap.dedent(script))
-    return subprocess.run(
-        [sys.executable, str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**env, "PYTHONPATH": ":".join([str(tmp_path), *sys.path])},
-    )
+    return run_python([path], tmp_path, **env)
 
 
 @pytest.mark.slow
@@ -90,55 +90,165 @@ def test_where_fork_is_unsafe_the_fork_server_imports_the_scripts_imports_once(t
     assert len(pids) == 2, pids
 
 
+# A script that starts workers from its top-level code (no `if __name__ == "__main__":`),
+# through each kind of process stage; PRELUDE may start a thread of the user's first (which
+# is what made gristmill fork its workers or not). At exit it reports the child processes
+# it still has (none were started).
 _UNGUARDED_SCRIPT = """
+import atexit
+import os
 import threading
+
 import gristmill as gm
+from gristmill.pipeline import PipelineBuilder, iterate_in_subprocess
+from gristmill.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
 
-threading.Thread(target=threading.Event().wait, name="user", daemon=True).start()  # no fork
 
-options = gm.MultiprocessingOptions(num_workers=2)
-ds = gm.MapDataset.range(64).map(lambda x: x + 1).to_iter_dataset().batch(8)
-print(next(iter(ds.mp_prefetch(options))))
+def children():
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.append(entry)
+    return found
+
+
+atexit.register(lambda: print("children left:", len(children())))
+PRELUDE
+
+
+def numbers():
+    return iter(range(5))
+
+
+STAGE
 """
 
+_UNGUARDED_STAGES = {
+    "mp_prefetch": (
+        "ds = gm.MapDataset.range(64).map(lambda x: x + 1).to_iter_dataset().batch(8)\n"
+        "print(next(iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2)))))"
+    ),
+    "iterate_in_subprocess": "print(list(iterate_in_subprocess(numbers)))",
+    "to_region": (
+        "builder = PipelineBuilder().add_source(range(4))\n"
+        "builder.to(ProcessPoolExecutorConfig(max_workers=2)).pipe(abs).to(MAIN_PROCESS)\n"
+        "pipeline = builder.add_sink(3).build(num_threads=1)\n"
+        "with pipeline.auto_stop():\n"
+        "    print(sorted(pipeline))"
+    ),
+}
+
+
+def unguarded(stage, prelude=""):
+    script = _UNGUARDED_SCRIPT.replace("PRELUDE", prelude)
+    return script.replace("STAGE", _UNGUARDED_STAGES[stage])
+
 
 @pytest.mark.slow
-def test_an_unguarded_script_runs_where_workers_are_forked(tmp_path):
-    script = _UNGUARDED_SCRIPT.replace("threading.Thread(", "# threading.Thread(")
+@pytest.mark.parametrize("stage", sorted(_UNGUARDED_STAGES))
+def test_an_unguarded_script_fails_the_same_way_with_or_without_a_thread(tmp_path, stage):
+    # A thread of the user's (or of a library's) used to decide whether workers were
+    # forked, and so whether the unguarded script worked: now the script alone decides.
+    runs = [run_script(tmp_path, unguarded(stage, prelude)) for prelude in ("", _USER_THREAD)]
+    for done in runs:
+        assert done.returncode == 1, done.stderr
+        assert done.stdout.split() == ["children", "left:", "0"]  # no worker was started
+        message = done.stderr[done.stderr.index("UnguardedScriptError: ") :]
+        assert message.startswith(
+            "UnguardedScriptError: gristmill cannot start worker processes here: your script "
+            f"{tmp_path / 'script.py'} starts them from its top-level code (line "
+        ), done.stderr
+        assert 'if __name__ == "__main__":\n        main()' in message
+        assert "at element index" not in done.stderr  # no element is to blame
+        assert "WorkerDiedError" not in done.stderr
+        assert "bootstrapping phase" not in done.stderr  # multiprocessing's traceback
+    assert runs[0].stderr == runs[1].stderr
+
+
+@pytest.mark.slow
+def test_where_the_scripts_source_cannot_be_read_the_workers_give_the_same_error(tmp_path):
+    # python script.pyc with the .py gone: the parent cannot tell the guard is missing; a
+    # worker importing the script finds itself starting workers and exits, and the
+    # consumer's error is the same guard error, which blames no element
+    source = tmp_path / "source.py"
+    source.write_text(textwrap.dedent(unguarded("mp_prefetch", _USER_THREAD)))
+    compiled = tmp_path / "script.pyc"
+    py_compile.compile(str(source), cfile=str(compiled), doraise=True)
+    source.unlink()
+    done = run_python([compiled], tmp_path)
+    assert done.returncode == 1, done.stderr
+    message = done.stderr[done.stderr.index("UnguardedScriptError: ") :]
+    assert message.startswith(
+        "UnguardedScriptError: gristmill cannot start worker processes: your script starts "
+        "them from its top-level code"
+    ), done.stderr
+    assert "at element index" not in done.stderr
+
+
+_GUARDED_FORMS = {
+    "reversed": 'if "__main__" == __name__:',
+    "and": 'if __name__ == "__main__" and len(sys.argv) >= 1:',
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guard", sorted(_GUARDED_FORMS))
+def test_the_guard_written_another_way_is_recognised(tmp_path, guard):
+    # with a user thread, the workers come from the fork server and import the script again
+    stage = textwrap.indent(_UNGUARDED_STAGES["mp_prefetch"], "    ")
+    script = unguarded("mp_prefetch", _USER_THREAD).replace(
+        _UNGUARDED_STAGES["mp_prefetch"], f"import sys\n{_GUARDED_FORMS[guard]}\n{stage}"
+    )
     done = run_script(tmp_path, script)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["[1", "2", "3", "4", "5", "6", "7", "8]"]
+    assert done.stdout.splitlines()[0] == "[1 2 3 4 5 6 7 8]"
 
 
-@pytest.mark.slow
-def test_a_script_without_the_main_guard_gets_one_error_naming_it(tmp_path):
-    done = run_script(tmp_path, _UNGUARDED_SCRIPT)
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()
-    error = next(line for line in last if line.startswith("RuntimeError"))
-    assert 'if __name__ == "__main__":' in error
-    assert "worker processes could not start" in error
-    assert "WorkerDiedError" not in done.stderr
-    assert "bootstrapping phase" not in done.stderr  # multiprocessing's traceback is gone
-    assert len(last) < 40, done.stderr
-
-
-_UNGUARDED_SUBPROCESS_SCRIPT = """
+_FORKED_ON_REQUEST = """
 from gristmill.pipeline import iterate_in_subprocess
 
 def numbers():
     return iter(range(5))
 
-print(list(iterate_in_subprocess(numbers)))
+print(list(iterate_in_subprocess(numbers, mp_context="fork")))
 """
 
 
 @pytest.mark.slow
-def test_an_unguarded_subprocess_iteration_gets_the_same_error(tmp_path):
-    done = run_script(tmp_path, _UNGUARDED_SUBPROCESS_SCRIPT)
-    assert done.returncode == 1
-    assert 'if __name__ == "__main__":' in done.stderr
-    assert "bootstrapping phase" not in done.stderr
+def test_an_unguarded_script_may_ask_for_forked_workers_which_never_import_it(tmp_path):
+    done = run_script(tmp_path, _FORKED_ON_REQUEST)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[0,", "1,", "2,", "3,", "4]"]
+
+
+_INTERACTIVE = """
+import threading
+import gristmill as gm
+from gristmill.pipeline import iterate_in_subprocess
+PRELUDE
+ds = gm.MapDataset.range(8).map(lambda x: x * 3).to_iter_dataset()
+print(list(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2))))
+print(list(iterate_in_subprocess(lambda: range(3))))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+@pytest.mark.parametrize("prelude", ["", _USER_THREAD], ids=["no-thread", "user-thread"])
+def test_interactive_code_starts_workers_with_or_without_a_thread(tmp_path, how, prelude):
+    # no script file for the workers to import: python -c, or a script read from stdin
+    # (whose __file__ is "<stdin>", which a spawned worker used to try to run)
+    code = textwrap.dedent(_INTERACTIVE.replace("PRELUDE", prelude))
+    done = run_python(
+        ["-c", code] if how == "-c" else ["-"], tmp_path, stdin=None if how == "-c" else code
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[0, 3, 6, 9, 12, 15, 18, 21]", "[0, 1, 2]"]
 
 
 _ORPHAN_SCRIPT = """

@@ -3,6 +3,7 @@
 import contextlib
 import os
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -188,7 +189,8 @@ def test_a_user_exception_comes_back_as_its_own_type_with_a_note(backend):
     with pytest.raises(OddValueError, match="bad element 13") as info:
         next(it)
     assert got == list(range(13))
-    assert any("Raised on Ray actor" in note for note in info.value.__notes__)
+    assert any("raised in Ray actor" in note for note in info.value.__notes__)
+    assert traceback.extract_tb(info.value.__traceback__)[-1].name == "fail_at_13"
 
 
 def test_shutdown_kills_the_pool_and_a_later_stage_starts_it_again(backend):

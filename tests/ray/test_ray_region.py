@@ -4,6 +4,7 @@ worker per actor, as a ``to(ProcessPoolExecutorConfig)`` region runs them in pro
 import os
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -106,7 +107,9 @@ def test_a_stage_failure_on_an_actor_fails_the_pipeline_with_the_actors_tracebac
     (error,) = info.value.exceptions
     assert "fails_on_7" in str(error)
     assert "failed 1 times" in str(error)
-    assert any("Raised in a Ray actor of" in note for note in error.__notes__)
+    assert any("raised in a Ray actor of" in note for note in error.__notes__)
+    # the failed item's error, with the actor's frames
+    assert traceback.extract_tb(error.__cause__.__traceback__)[-1].name == "fails_on_7"
 
 
 def slow(x):

@@ -155,8 +155,9 @@ def test_the_worker_that_failed_is_stopped_not_pooled():
     with pytest.raises(PipelineFailure) as info:
         list(region(stages=(fails_on_7,), max_failures=0))
     error = info.value.exceptions[0]
-    text = "\n".join([str(error), *getattr(error, "__notes__", [])])  # the worker's traceback
-    failed = int(re.search(r"seven in pid (\d+)", text).group(1))
+    # the worker's error, with the one it was raised from (the failed item's)
+    assert isinstance(error.__cause__, ValueError)
+    failed = int(re.search(r"seven in pid (\d+)", str(error.__cause__)).group(1))
     assert failed not in children()
     # the other worker is pooled only if its "end" came before the region closed
     assert worker_pool.idle_count() <= 1

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -175,8 +176,10 @@ def test_a_failure_before_iteration_raises_runtime_error_naming_the_phase(
         iterate_in_subprocess(fn, initializer=initializer)
     original = info.value.__cause__
     assert type(original) is cause
-    assert "failed on purpose" in str(original.__cause__)  # the worker's traceback text
-    assert "Traceback" in str(original.__cause__)
+    assert "failed on purpose" in str(original)
+    # the worker's frames end the error's traceback: where it failed is right above it
+    failed = fns.raise_value_error if initializer is None else initializer
+    assert traceback.extract_tb(info.value.__traceback__)[-1].name == failed.__name__
 
 
 @pytest.mark.parametrize(

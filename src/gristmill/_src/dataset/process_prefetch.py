@@ -261,26 +261,17 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
         raise StopIteration
 
     def _child_error(self, payload: Any) -> BaseException:
-        """The worker's exception (its type, with its frames), or a RuntimeError."""
+        """The worker's exception (its type, with its frames), or a RuntimeError with its
+        text when it does not unpickle here."""
         worker = self._worker
         assert worker is not None
-        phase, type_name, message, text, pickled, frames = payload
-        error: BaseException | None = None
-        if pickled is not None:
-            try:
-                error = sending.loads(pickled)
-            except Exception:
-                error = None
+        phase, _, _, remote = payload
         worker.shutdown(f"it failed while {phase}")
+        error: BaseException = remote.rebuilt()
         if isinstance(error, SystemExit):
             code = error.code if isinstance(error.code, int) else 1
             return _terminated(code)
-        if not isinstance(error, BaseException):
-            return RuntimeError(
-                f"The worker process failed while {phase}: {type_name}: {message}\n{text}"
-            )
-        remote_traceback.with_worker_frames(error, frames)
-        error.add_note(f"Raised in the worker process while {phase}:\n{text.rstrip()}")
+        remote_traceback.note_origin(error, f"the worker process while {phase}")
         return error
 
     # -- state -------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from gristmill._src.engine.feeds import (
     Task,
     take_failed_input,
 )
+from gristmill._src.engine.main_guard import UnguardedScriptError
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 from gristmill._src.engine.tuner import StageTuner, TuningBudget
@@ -427,6 +428,8 @@ class ChunkRunner:
         """Names this stage on an error it raised (not on one passed on from upstream)."""
         error = chunk.error
         failed = take_failed_input(error) if error is not None else None
+        if isinstance(error, UnguardedScriptError):  # the script's error, no element's
+            return
         if isinstance(error, Exception) and not hasattr(error, "_gristmill_stage"):
             error._gristmill_stage = self._name  # type: ignore[attr-defined]
             if not self._annotate_errors:

@@ -15,8 +15,9 @@ stage stops (a worker killed mid-task, results never read after an early close) 
 then.
 
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
-with its text), with the worker's frames as its traceback and its formatted traceback as a
-note, located at its element like any read failure. A worker that dies (``sys.exit`` in a
+with its text), with the worker's frames as its traceback (``remote_traceback``: the user's
+file names and source lines, printed once) and a note naming the worker, located at its
+element like any read failure. A worker that dies (``sys.exit`` in a
 transformation included: it ends the worker with that code) is reported as soon as it ends
 (its proxy waits on the pipe and the process sentinel together) as a RuntimeError naming
 the worker and its exit code; a pipeline that cannot be pickled for
@@ -29,11 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import pickle
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
 from typing import Any, NoReturn, cast
@@ -82,7 +81,7 @@ def worker_context(requested: str | None, preload: Sequence[str] = ()) -> Any:
     this exits with one paragraph naming the guard.
     """
     method = start_method(requested)
-    main_guard.refuse_while_importing_main(method)
+    main_guard.check_guarded(method)
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         from multiprocessing import forkserver
@@ -222,14 +221,8 @@ def _exit(conn: Any, error: SystemExit) -> NoReturn:
 
 
 def _send_failure(conn: Any, start: int, error: BaseException, values: Any = ()) -> None:
-    text = "".join(traceback.format_exception(error))
-    try:
-        payload = pickle.dumps(error)
-    except Exception:
-        payload = None
-    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__)]
     with contextlib.suppress(Exception):
-        conn.send(("error", list(values), payload, text, frames))
+        conn.send(("error", list(values), remote_traceback.RemoteError.of(error)))
 
 
 def pickled_work(
@@ -390,14 +383,9 @@ class ProcessCore(Core):
                     merge(reply[3])
             return task.chunk(values, task.upstream_error)
         self._failed.add(index)
-        _, values, payload, text, frames = reply
-        error: BaseException
-        try:
-            error = pickle.loads(payload) if payload is not None else RuntimeError(text)
-        except Exception:
-            error = RuntimeError(text)
-        remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
-        error.add_note(f"Raised in worker process {index}:\n{text.rstrip()}")
+        _, values, remote = reply
+        error = remote.rebuilt()  # raised here, it shows the worker's frames
+        remote_traceback.note_origin(error, f"worker process {index} (pid {process.pid})")
         return Chunk(task.start, values, error)
 
     def _closing(self) -> bool:

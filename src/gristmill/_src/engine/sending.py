@@ -6,6 +6,10 @@ it sends: :func:`dumps` here, ``pickle.loads`` (:func:`loads`) in the worker. Im
 functions and classes still travel by reference; only what cannot be imported (a lambda, a
 local function, a class defined in ``__main__``) travels by value.
 
+A function sent by value keeps its code's file name (cloudpickle alone writes
+``<dynamic-code>`` there): an error raised in it in a worker names the user's file and
+line, and ``traceback`` shows the source line (:class:`_Pickler`).
+
 The *data* (elements, results, inputs) keeps travelling as plain pickle 5 with large buffers
 in shared memory (:mod:`shm`): it is produced per element, and cloudpickle's by-value
 fallback would hide an element class the other side cannot import.
@@ -16,17 +20,44 @@ from __future__ import annotations
 import collections
 import functools
 import io
+import marshal
 import pickle
+import types
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, ClassVar
 
 import cloudpickle
 
 
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, but a code object keeps its file name.
+
+    cloudpickle replaces ``co_filename`` by ``"<dynamic-code>"`` (so that its pickles do not
+    depend on where a function was defined): a worker's traceback then names no file and
+    shows no source line. Here a code object travels as its ``marshal`` form, whole (file
+    name, line table, nested code); the worker runs the same interpreter, which is what
+    marshal's format needs (cloudpickle's own copies the version-specific bytecode too).
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            try:
+                return marshal.loads, (marshal.dumps(obj),)
+            except ValueError:  # a constant marshal cannot write: cloudpickle's way
+                return NotImplemented
+        return super().reducer_override(obj)
+
+
+def _dump(obj: Any, pickler: type[cloudpickle.Pickler]) -> bytes:
+    buffer = io.BytesIO()
+    pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
 def dumps(obj: Any) -> bytes:
-    """``obj`` pickled for a worker process (cloudpickle: lambdas and local functions too)."""
-    payload: bytes = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return payload
+    """``obj`` pickled for a worker process (cloudpickle: lambdas and local functions too;
+    their code keeps its file name)."""
+    return _dump(obj, _Pickler)
 
 
 def loads(payload: bytes) -> Any:
@@ -79,7 +110,7 @@ class ByValue:
         return repr(self._fn)
 
 
-class _InheritingPickler(cloudpickle.Pickler):  # type: ignore[misc]
+class _InheritingPickler(_Pickler):
     """cloudpickle plus the reducers multiprocessing registers for its own pickler (pipes,
     sockets): while a process starts, objects made to be shared with a child (a
     ``multiprocessing.Value``, a lock, a queue) may be pickled, as with plain ``Process``
@@ -89,7 +120,7 @@ class _InheritingPickler(cloudpickle.Pickler):  # type: ignore[misc]
     # multiprocessing.reduction.register (Connection, socket).
     dispatch_table: ClassVar[Any] = collections.ChainMap(
         ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
-        cloudpickle.Pickler.dispatch_table,
+        _Pickler.dispatch_table,
     )
 
 
@@ -107,9 +138,7 @@ class ForChild:
         self.obj = obj
 
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        buffer = io.BytesIO()
-        _InheritingPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(self.obj)
-        return loads, (buffer.getvalue(),)
+        return loads, (_dump(self.obj, _InheritingPickler),)
 
 
 def received(arg: Any) -> Any:

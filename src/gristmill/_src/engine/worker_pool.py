@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gristmill._src.engine import main_guard
+
 IDLE_S = 30.0
 """How long an idle worker waits for a new stage before it stops."""
 
@@ -131,7 +133,8 @@ def lease(
         _leased.add(worker)  # before the fork: the child closes the parent's end of its pipe
         try:
             # fork chosen by the stage ("auto": main_guard.fork_is_safe said so), not asked
-            _start(process, judged_safe=method == AUTO and context.get_start_method() == "fork")
+            started_by = context.get_start_method()
+            _start(process, started_by, judged_safe=method == AUTO and started_by == "fork")
         except BaseException:  # e.g. ``first`` does not pickle: no process started
             _leased.discard(worker)
             parent.close()
@@ -143,7 +146,11 @@ def lease(
     return taken
 
 
-def _start(process: Any, *, judged_safe: bool) -> None:
+def _start(process: Any, method: str, *, judged_safe: bool) -> None:
+    if method != "fork":  # the worker imports the main script, if it has one
+        with main_guard.nothing_to_import():
+            process.start()
+        return
     if not judged_safe:  # a fork the user asked for warns as Python does
         process.start()
         return

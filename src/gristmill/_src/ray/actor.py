@@ -4,7 +4,7 @@ An actor is shared by every stage that uses its pool, so it holds one *job* per 
 under the stage's key: the stage's work (cloudpickled by :mod:`gristmill._src.engine.sending`
 and put in Ray's object store once; Ray resolves the reference when the actor loads it), after
 the user's ``worker_init_fn`` ran. A task is ``(key, start, size, inputs)``; its reply is a
-plain tuple: ``("ok", values)``, or ``("error", values, pickled error, text, frames)`` with
+plain tuple: ``("ok", values)``, or ``("error", values, remote_traceback.RemoteError)`` with
 the values before the failure (a failure is a value, as in the worker processes), or
 ``("exit", code)`` when a transformation called ``sys.exit``. Values come back as Ray's
 return values: numpy arrays travel out of band, through the object store when they are
@@ -16,27 +16,20 @@ with ``ray.remote``.
 
 from __future__ import annotations
 
-import pickle
-import traceback
 from typing import Any
 
 from gristmill._src.engine import sending
 from gristmill._src.engine.feeds import Chunk, RangeFeed, Task, apply
+from gristmill._src.engine.remote_traceback import RemoteError
 from gristmill._src.ray.region_jobs import RegionJobs
 
 Reply = tuple[Any, ...]
 
 
 def failure(error: BaseException, values: list[Any]) -> Reply:
-    """The reply for ``error`` raised after ``values``: the exception pickled when it can be,
-    its text and its frames (an exception loses its traceback when pickled)."""
-    text = "".join(traceback.format_exception(error))
-    try:
-        payload: bytes | None = pickle.dumps(error)
-    except Exception:
-        payload = None
-    frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__)]
-    return ("error", list(values), payload, text, frames)
+    """The reply for ``error`` raised after ``values``: the exception with its frames and
+    chained exceptions (a pickled exception loses them: ``remote_traceback``)."""
+    return ("error", list(values), RemoteError.of(error))
 
 
 class PoolActor:

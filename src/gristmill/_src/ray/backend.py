@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import pickle
 import threading
 import time
 import uuid
@@ -382,12 +381,6 @@ def reply_error(reply: tuple[Any, ...], where: str) -> BaseException:
             f"a transformation called sys.exit({reply[1]!r}) on {where}: the actor is kept, "
             "the stage stops"
         )
-    _, _, payload, text, frames = reply
-    error: BaseException
-    try:
-        error = pickle.loads(payload) if payload is not None else RuntimeError(text)
-    except Exception:
-        error = RuntimeError(text)
-    remote_traceback.with_worker_frames(error, frames)  # raised here, it shows them
-    error.add_note(f"Raised on {where}:\n{text.rstrip()}")
+    error: BaseException = reply[2].rebuilt()  # raised here, it shows the actor's frames
+    remote_traceback.note_origin(error, where)
     return error

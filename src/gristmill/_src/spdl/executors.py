@@ -8,8 +8,9 @@ stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_execu
 - a generator op's outputs are made into a list in the worker (nothing streams between
   processes), as upstream does;
 - a failure comes back as ``RuntimeError("Function failed in subprocess: <type>: <message>
-  (<file>:<line>:<function>)")``, naming where it was raised: the worker's traceback does
-  not survive the trip (upstream's message);
+  (<file>:<line>:<function>)")``, naming where it was raised (upstream's message), with the
+  worker's frames from the op's call down as the end of its traceback (upstream loses
+  them);
 - the op is sent with cloudpickle (as SPDL does), so a lambda or a local function works.
 
 A broken executor (``concurrent.futures.BrokenExecutor``: a worker process died; or one
@@ -31,6 +32,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.engine import remote_traceback
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.sending import ByValue
 
@@ -76,10 +78,12 @@ def located(op: Callable[[Any], Any], item: Any) -> Any:
         return op(item)
     except Exception as error:
         frame = traceback.extract_tb(sys.exc_info()[2])[-1]
-        raise RuntimeError(
+        failed = RuntimeError(
             f"Function failed in subprocess: {type(error).__name__}: {error} "
             f"({frame.filename}:{frame.lineno}:{frame.name})"
-        ) from None
+        )
+        remote_traceback.carry_frames(failed, error)  # ExecutorCall shows them
+        raise failed from None
 
 
 class ExecutorCall:
@@ -106,6 +110,9 @@ class ExecutorCall:
         except Exception as error:
             if _is_broken(error):
                 raise self._broken(error) from error
+            if remote_traceback.restore_carried_frames(error):  # a located() failure
+                remote_traceback.note_origin(error, "a worker process of the executor")
+                raise error  # its cause: None, or the full frames (remove_frames)
             raise
         finally:
             pending.discard(future)

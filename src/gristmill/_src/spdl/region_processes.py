@@ -133,7 +133,7 @@ class ProcessWorkers:
             self._died(region, index)
             return
         except Exception as error:  # its error does not unpickle here
-            message = ("error", None, f"{type(error).__name__}: {error}")
+            message = ("error", f"{type(error).__name__}: {error}")
         region.received(index, message)
 
     def _bury(self, region: RegionStream, index: int) -> None:

@@ -10,7 +10,7 @@ every chunk of outputs back as one message on the same pipe:
 - worker -> main: ``("taken",)`` when it takes a transfer (a credit back: the main process
   keeps at most ``QUEUE_DEPTH`` transfers sent and not taken per worker),
   ``("items", payload)``, ``("epoch",)``, and last ``("end",)`` or
-  ``("error", error_or_None, text)``.
+  ``("error", remote_traceback.RemoteError)``.
 
 After ``"end"`` the worker may serve another stage; after an error it ends.
 """
@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import pickle
 import threading
-import traceback
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from gristmill._src.engine import sending, shm
 from gristmill._src.engine.markers import EPOCH_END
+from gristmill._src.engine.remote_traceback import RemoteError
 from gristmill._src.spdl import config
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, StageInfo, exit_hooks
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
@@ -198,15 +197,8 @@ def run_region(
         pipe.send(("end",))
         return True
     except BaseException as error:
-        text = traceback.format_exc()
-        try:
-            pickle.loads(pickle.dumps(error))
-        except Exception:  # the error does not cross processes: send its text
-            sent: BaseException | None = None
-        else:
-            sent = error
         with contextlib.suppress(Exception):
-            pipe.send(("error", sent, text))
+            pipe.send(("error", RemoteError.of(error)))
         return False  # its threads may still read the pipe: the worker ends
     finally:
         config.restore_defaults(saved)

@@ -20,9 +20,9 @@ Main process side (:class:`RegionStream`, one stage of the outer pipeline):
 Keyed items (a resumable pipeline) keep their covers across the trip, so states work
 through regions. Items cross pickled (large arrays in shared memory between processes). A
 worker failure (a stage over its failure budget, a raising initializer) ends the region
-with that error, with the worker's traceback as a note; a worker's death ends it with the
-transport's error. Closing wakes every wait: the transport stops the workers that did not
-end cleanly and releases the others.
+with that error, the worker's frames ending its traceback (``engine.remote_traceback``); a
+worker's death ends it with the transport's error. Closing wakes every wait: the transport
+stops the workers that did not end cleanly and releases the others.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from gristmill._src.engine import shm
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
+from gristmill._src.engine.remote_traceback import RemoteError, note_origin
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.executors import is_ray_backend
 from gristmill._src.spdl.merged import MergedOutput
@@ -266,7 +267,7 @@ class RegionStream:
             self._release_epoch()
         elif kind == "error":
             where = f"a {self._workers.worker_kind} of {self._name}"
-            self._error = self._error or _rebuilt(message[1], message[2], where)
+            self._error = self._error or _rebuilt(message[1], where)
             self._finished.add(index)
 
     def _release_epoch(self) -> None:
@@ -331,9 +332,11 @@ class RegionStream:
         return self._counters.snapshot()
 
 
-def _rebuilt(error: BaseException | None, text: str, where: str) -> BaseException:
-    """The worker's error (or a RuntimeError with its traceback if it did not pickle)."""
-    if error is None:
-        return RuntimeError(f"{where} failed:\n{text}")
-    error.add_note(f"Raised in {where}:\n{text}")
+def _rebuilt(remote: RemoteError | str, where: str) -> BaseException:
+    """The worker's error, with its frames (a RuntimeError with its text if it did not
+    pickle, or the text of a message that did not unpickle)."""
+    if isinstance(remote, str):
+        return RuntimeError(f"{where} failed: {remote}")
+    error = remote.rebuilt()
+    note_origin(error, where)
     return error

@@ -275,7 +275,7 @@ def _check_initializers(initializer: Any) -> list[Callable[[], Any]]:
 
 def _context(mp_context: Any) -> multiprocessing.context.BaseContext:
     context = _chosen_context(mp_context)
-    main_guard.refuse_while_importing_main(context.get_start_method())
+    main_guard.check_guarded(context.get_start_method())
     return context
 
 

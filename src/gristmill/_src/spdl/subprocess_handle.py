@@ -30,6 +30,7 @@ from typing import Any
 
 from gristmill._src.engine import main_guard, shm, worker_pool
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main
+from gristmill._src.engine.remote_traceback import note_origin
 from gristmill._src.spdl import subprocess_worker as proto
 
 _GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
@@ -54,13 +55,6 @@ class IterableClosedError(RuntimeError):
     SPDL's (private) shutdown ends that wait with StopIteration, which reads as a normal,
     shorter pass; gristmill raises instead.
     """
-
-
-class ChildTraceback(Exception):
-    """The traceback of an exception raised in the worker process (a ``__cause__``)."""
-
-    def __str__(self) -> str:
-        return "\n--- in the worker subprocess ---\n" + str(self.args[0]).rstrip()
 
 
 class WorkerHandle:
@@ -206,21 +200,24 @@ class WorkerHandle:
         )
 
     def child_error(self, payload: Any) -> RuntimeError:
-        """The RuntimeError for an error the worker reported; shuts the worker down."""
-        phase, type_name, message, text, pickled, _ = payload
+        """The RuntimeError for an error the worker reported (SPDL's type and words); shuts
+        the worker down.
+
+        Its traceback ends with the worker's frames (raised here, the consumer's come
+        first), so the line that failed is right above the message; its ``__cause__`` is the
+        worker's exception itself (with the exceptions chained to it there).
+        """
+        phase, type_name, message, remote = payload
         summary = (
             f"{_spdl_words(phase)}: the worker subprocess failed while {phase}: "
             f"{type_name}: {message}"
         )
         self.shutdown(f"it failed while {phase}")
-        cause: BaseException = ChildTraceback(text)
-        if pickled is not None:
-            with contextlib.suppress(Exception):
-                original = pickle.loads(pickled)
-                if isinstance(original, BaseException):
-                    original.__cause__, cause = cause, original
+        original = remote.rebuilt()
         error = RuntimeError(summary)
-        error.__cause__ = cause
+        error.__traceback__, original.__traceback__ = original.__traceback__, None
+        error.__cause__ = original
+        note_origin(error, f"the worker subprocess (pid {self.pid})")
         return error
 
     def check_open(self) -> None:

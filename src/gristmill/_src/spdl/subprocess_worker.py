@@ -13,8 +13,8 @@ polling, and a new command or the parent's death is noticed while it waits.
 
 Items are pickled here, before sending (large arrays into shared-memory segments that the
 parent maps and unlinks: :mod:`engine.shm`), so an item that cannot be pickled is reported
-as an error instead of being lost; errors travel as their formatted traceback (and the exception
-itself when it pickles). Each job unpickles its own ``fn`` and initializers and runs them
+as an error instead of being lost; errors travel with their frames and chained exceptions
+(``engine.remote_traceback``). Each job unpickles its own ``fn`` and initializers and runs them
 afresh: nothing of an earlier job's objects is left to the next (what a job leaves in module
 globals or the environment persists: ``process_lane.pooled_worker_main``).
 """
@@ -26,20 +26,19 @@ import contextlib
 import multiprocessing
 import pickle
 import threading
-import traceback
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from gristmill._src.engine import sending, shm
+from gristmill._src.engine.remote_traceback import RemoteError
 
 READY = "ready"  # fn() returned: the worker waits for commands
 ITEM = "item"
 END = "end"  # the iteration of a generation is over
 STOPPED = "stopped"  # the answer to a stop (no credit spent); payload: whether the worker
 #                      may take another job
-ERROR = "error"  # payload: (phase, type name, message, traceback text, pickled exception,
-#                           the traceback's frames as (filename, line number, function name))
+ERROR = "error"  # payload: (phase, type name, message, remote_traceback.RemoteError)
 
 CREDIT = b"c"
 STOP = b"s"
@@ -128,13 +127,7 @@ class _Channel:
         return self.send(pickle.dumps((kind, generation, payload), -1), generation)
 
     def post_error(self, generation: int, phase: str, error: BaseException) -> bool:
-        text = "".join(traceback.format_exception(error))
-        try:
-            pickled: bytes | None = pickle.dumps(error, -1)
-        except Exception:  # the traceback text still says everything
-            pickled = None
-        frames = [(f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__)]
-        payload = (phase, type(error).__name__, str(error), text, pickled, frames)
+        payload = (phase, type(error).__name__, str(error), RemoteError.of(error))
         return self.post(ERROR, generation, payload)
 
 

@@ -423,6 +423,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     parser.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds a contender's run may take before it is killed and reported as an "
+        "error (default 300, 60 with --quick)",
+    )
+    parser.add_argument(
         "--only", action="append", metavar="NAME", help="run only this workload (repeatable)"
     )
     parser.add_argument(
@@ -512,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds or base.rounds,
         runs=args.runs or base.runs,
         min_time_s=base.min_time_s if args.min_time is None else args.min_time,
-        timeout_s=base.timeout_s,
+        timeout_s=base.timeout_s if args.timeout is None else args.timeout,
     )
     if args.child:
         result = child(*args.child, profile=profile, quick=args.quick)

@@ -2,10 +2,10 @@
 
 - ``mp_first_batch_torch_script``: a script whose ``__main__`` imports torch (as a training
   script does) makes one iterator per epoch over ``range(256) -> load -> batch(32)`` with 2
-  worker processes, for 4 epochs: gristmill and grain with ``mp_prefetch``, PyTorch with its
-  ``DataLoader(num_workers=2)``. Reported: the first batch of epoch 0 as the first output,
-  and the mean first batch of the later epochs as the per-element figure (an element is an
-  epoch). Both are measured inside the script, from making the iterator to its first batch,
+  worker processes, for 4 epochs (2 with ``--quick``): gristmill and grain with
+  ``mp_prefetch``, PyTorch with its ``DataLoader(num_workers=2)``. Reported: the first
+  batch of epoch 0 as the first output, and the mean first batch of the later epochs as the
+  per-element figure (an element is an epoch). Both are measured inside the script, from making the iterator to its first batch,
   because the script's own start (importing torch, ~1 s) is the same for every contender and
   is not what is compared. Each round runs a fresh script per contender.
 
@@ -83,17 +83,14 @@ if __name__ == "__main__":
     main()
 """
 
-_EPOCHS = 4
-
-
-def _script_case(contender: str) -> Case:
+def _script_case(contender: str, epochs: int) -> Case:
     """Runs the script once at build time (untimed by the harness: the figures are the
     script's own measurements, see the module docstring)."""
     folder = Path(tempfile.mkdtemp(prefix="gristmill-bench-startup-"))
     script = folder / "train.py"
     script.write_text(textwrap.dedent(_SCRIPT))
     done = subprocess.run(
-        [sys.executable, str(script), contender, str(_EPOCHS)],
+        [sys.executable, str(script), contender, str(epochs)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -113,8 +110,8 @@ def _script_case(contender: str) -> Case:
 
 
 def _build(contender: str):  # type: ignore[no-untyped-def]
-    def build() -> Case:
-        return _script_case(contender)
+    def build(epochs: int) -> Case:
+        return _script_case(contender, epochs)
 
     return build
 
@@ -124,8 +121,8 @@ WORKLOADS = (
         name="mp_first_batch_torch_script",
         summary="a script importing torch, one iterator per epoch, 2 workers: first batch of "
         "epoch 0 (first output) and of later epochs (per element = per epoch)",
-        params={},
-        quick_params={},
+        params={"epochs": 4},
+        quick_params={"epochs": 2},  # a first epoch and a later one
         warmup=False,
         builders={
             "gristmill": _build("gristmill"),

@@ -22,6 +22,9 @@ import pytest
 
 def pytest_configure(config):
     _load_jax_as_grain_does()
+    # Every ray.init() without an address, here and in the scripts tests run, starts its own
+    # local Ray: never another test's cluster (pytest-xdist runs tests side by side).
+    os.environ["RAY_ADDRESS"] = "local"
 
 
 def _load_jax_as_grain_does():

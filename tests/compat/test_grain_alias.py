@@ -13,13 +13,13 @@ import textwrap
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "support"))
-from children import CHILD_TIMEOUT_S, run_python  # noqa: E402
+from scripts import CHILD_TIMEOUT_S, python_output  # noqa: E402
 
 
 def run_script(tmp_path, code, *args):
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(code))
-    return run_python([str(script), *args], cwd=tmp_path)
+    return python_output([str(script), *args], cwd=tmp_path)
 
 
 ALIAS_NAMES = """
@@ -238,7 +238,7 @@ if __name__ == "__main__":
 
 def test_python_m_gristmill_compat_runs_a_script_and_its_workers_on_the_alias(tmp_path):
     (tmp_path / "train.py").write_text(WRAPPED_SCRIPT)
-    out = run_python(["-m", "gristmill.compat", "train.py", "--epochs", "1"], cwd=tmp_path)
+    out = python_output(["-m", "gristmill.compat", "train.py", "--epochs", "1"], cwd=tmp_path)
     assert out.startswith("[[0, 10], [20, 30], [40, 50], [60, 70]] ")
     assert out.split("]] ")[1].strip() == "gristmill GrainAliasModule ['--epochs', '1']"
 
@@ -247,7 +247,7 @@ def test_python_m_gristmill_compat_runs_a_module(tmp_path):
     (tmp_path / "entry.py").write_text(
         "import sys, grain\nprint(grain.MapDataset.__module__, __name__, sys.argv[1:])\n"
     )
-    out = run_python(["-m", "gristmill.compat", "-m", "entry", "x"], cwd=tmp_path)
+    out = python_output(["-m", "gristmill.compat", "-m", "entry", "x"], cwd=tmp_path)
     assert out.split() == ["gristmill", "__main__", "['x']"]
 
 

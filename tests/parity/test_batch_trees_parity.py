@@ -16,7 +16,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
-from children import run_python
+from scripts import python_output
 
 pytestmark = pytest.mark.parity
 
@@ -108,7 +108,7 @@ print(list(b), b["a"], sys.modules.get("jax") is not None)
 
 
 def run_child(code, jax_mode):
-    return run_python(["-c", code, jax_mode])
+    return python_output(["-c", code, jax_mode])
 
 
 @pytest.fixture(scope="module", params=["importable", "blocked"])

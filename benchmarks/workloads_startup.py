@@ -3,11 +3,12 @@
 - ``mp_first_batch_torch_script``: a script whose ``__main__`` imports torch (as a training
   script does) makes one iterator per epoch over ``range(256) -> load -> batch(32)`` with 2
   worker processes, for 4 epochs (2 with ``--quick``): gristmill and grain with
-  ``mp_prefetch``, PyTorch with its ``DataLoader(num_workers=2)``. Reported: the first
-  batch of epoch 0 as the first output, and the mean first batch of the later epochs as the
-  per-element figure (an element is an epoch). Both are measured inside the script, from making the iterator to its first batch,
-  because the script's own start (importing torch, ~1 s) is the same for every contender and
-  is not what is compared. Each round runs a fresh script per contender.
+  ``mp_prefetch``, PyTorch with its ``DataLoader(num_workers=2)``. Reported: the first batch
+  of epoch 0 as the first output, and the mean first batch of the later epochs as the per-
+  element figure (an element is an epoch). Both are measured inside the script, from making
+  the iterator to its first batch, because the script's own start (importing torch, ~1 s) is
+  the same for every contender and is not what is compared. Each round runs a fresh script
+  per contender.
 
 ``STRICT = False``: CI has no torch.
 """

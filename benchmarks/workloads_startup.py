@@ -84,6 +84,7 @@ if __name__ == "__main__":
     main()
 """
 
+
 def _script_case(contender: str, epochs: int) -> Case:
     """Runs the script once at build time (untimed by the harness: the figures are the
     script's own measurements, see the module docstring)."""

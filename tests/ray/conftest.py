@@ -1,8 +1,19 @@
 """Ray tests: each module starts one local Ray (or a simulated cluster) and shuts it down."""
 
 import time
+from pathlib import Path
 
 import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadgroup``) every Ray test runs on one worker: each
+    module starts a Ray of its own, and two at a time would only compete for the cores."""
+    for item in items:
+        if HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 def start_local_ray():

@@ -183,9 +183,13 @@ class OpClock:
             entry[3] += 1
 
     @property
-    def nodes(self) -> list[tuple[int, str]]:
-        """``(key, row name)`` of every node, upstream first."""
-        return list(self._names)
+    def nodes(self) -> list[tuple[int, str, bool]]:
+        """``(key, row name, whether it batches)`` of every node, upstream first (a node
+        that batches its parent's elements is an aggregate in the statistics)."""
+        return [
+            (key, name, getattr(node, "_batches", False))
+            for (key, name), node in zip(self._names, self._nodes, strict=True)
+        ]
 
     def snapshot(self, key: int, name: str, executor: str, concurrency: int) -> StageStatistics:
         """Node ``key``'s counts, summed over the reading threads, as a part of the stage."""
@@ -240,7 +244,7 @@ def _spine(nodes: list[Any]) -> tuple[list[int], list[int]]:
         if getattr(node, "_may_discard", False):
             drops.append(len(spine))
         spine.append(id(node))
-        parents = getattr(node, "parents", ())
+        parents: tuple[Any, ...] = tuple(getattr(node, "parents", ()))
         one = getattr(node, "_one_to_one", False) and len(parents) == 1
         node = parents[0] if one else None
     return spine, drops

@@ -499,7 +499,10 @@ def _read_plan(runner: OrderedChunkRunner, clock: OpClock | None) -> Plan:
     """A read stage's plan: the runner, with a row per MapDataset node it reads."""
     nodes: tuple[_NodeRow, ...] = ()
     if clock is not None:
-        nodes = tuple(_NodeRow(clock, key, name, runner) for key, name in clock.nodes)
+        nodes = tuple(
+            _NodeRow(clock, key, name, runner, Role.AGGREGATE if batches else Role.MAP)
+            for key, name, batches in clock.nodes
+        )
     return Plan([PlannedStage(runner.name, Role.READ, runner, nodes)])
 
 
@@ -514,13 +517,16 @@ def _start_knobs(options: ReadOptions) -> tuple[int, int]:
 class _NodeRow:
     """A plan piece: one MapDataset node's own work inside a read stage (statistics only)."""
 
-    __slots__ = ("_clock", "_key", "_name", "_runner")
+    __slots__ = ("_clock", "_key", "_name", "_role", "_runner")
 
-    def __init__(self, clock: OpClock, key: int, name: str, runner: OrderedChunkRunner) -> None:
+    def __init__(
+        self, clock: OpClock, key: int, name: str, runner: OrderedChunkRunner, role: Role
+    ) -> None:
         self._clock, self._key, self._name, self._runner = clock, key, name, runner
+        self._role = role
 
     def statistics(self) -> StageStatistics:
         stage = self._runner.statistics()
         row = self._clock.snapshot(self._key, self._name, stage.executor, stage.concurrency)
         # its share is of its stage's thread time: the ops' shares add up to the stage's
-        return dataclasses.replace(row, role=Role.MAP.value, capacity_s=stage.capacity_s)
+        return dataclasses.replace(row, role=self._role.value, capacity_s=stage.capacity_s)

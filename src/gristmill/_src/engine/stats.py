@@ -462,10 +462,11 @@ def load(s: StageStatistics) -> float:
 
 
 def _threads(s: StageStatistics) -> str:
+    """``"4 threads"``; an autotuned stage's count changed while it ran: ``"threads"``."""
     if s.executor == "inline":
         return "puller's thread"
     where = {"threads": "threads", "asyncio": "concurrent tasks"}.get(s.executor, "workers")
-    return f"{s.concurrency} {where}"
+    return where if s.tuning is not None else f"{s.concurrency} {where}"
 
 
 def _reason(s: StageStatistics, stage_load: float) -> str:
@@ -476,7 +477,7 @@ def _reason(s: StageStatistics, stage_load: float) -> str:
             f"threaded stage pulls it), {stage_load:.0%} of that thread's time; give it "
             "workers (ReadOptions(num_threads=...), pipe(concurrency=...)) or make it cheaper"
         )
-    reason = f"{per_element} on {_threads(s)}, busy {stage_load:.0%} of their time"
+    reason = f"{per_element} on its {_threads(s)}, busy {stage_load:.0%} of their time"
     if s.executor == "threads":
         reason += (
             "; more threads help only if the work releases the GIL, else use processes "

@@ -413,7 +413,7 @@ def test_a_trial_under_way_is_shown_as_such_everywhere(pipelines_module, capsys)
     print_profile(result, sys.stdout)
     out = capsys.readouterr().out
     assert where_of(out)[slow.name] == "threads x64 auto*"
-    changes, chosen, trying = autotuned_of(out)
+    _, chosen, trying = autotuned_of(out)
     assert chosen[slow.name] == {"workers": 64, "buffer_size": 128}
     assert f"{slow.name!r} workers 32" in trying
     check_one_choice(out, result.statistics, render_html(result))

@@ -36,13 +36,23 @@ def odd(x):
     return x % 2 == 1
 
 
+def check_shares(stats):
+    """Every row's thread time adds up: its shares are each in [0, 1] and sum to 1."""
+    for row in (*stats.stages, *stats.ops):
+        share = row.shares()
+        parts = (share.working, share.starved, share.blocked, share.idle)
+        assert all(0 <= part <= 1 for part in parts), (row.name, share)
+        assert sum(parts) == pytest.approx(1), (row.name, share)
+    return stats
+
+
 def verdict_of(iterable, consumer_s=0.0):
     it = iter(iterable)
     for _ in it:
         if consumer_s:
             time.sleep(consumer_s)
     try:
-        return it.statistics()
+        return check_shares(it.statistics())
     finally:
         close = getattr(it, "close", None)
         if close is not None:
@@ -168,6 +178,43 @@ def test_the_table_shows_every_stage_and_op():
     assert "inline x1" in lines[-1]
 
 
+def test_blocked_is_the_stage_waiting_for_room_downstream():
+    """Four threads, a buffer of four, a consumer four times slower than an element: the
+    stage's threads mostly wait for room in its buffer."""
+    ds = gm.MapDataset.range(100).map(slow)
+    read = ds.to_iter_dataset(gm.ReadOptions(num_threads=4, prefetch_buffer_size=4))
+    (stage,) = verdict_of(read, consumer_s=4 * SLOW_S).stages
+    share = stage.shares()
+    assert share.blocked > 0.5, share
+    assert share.blocked > share.working, share
+    assert stage.consumer_wait_s < 0.2 * stage.wall_s  # its consumer seldom waited for it
+
+
+def slow_source(n):
+    for i in range(n):
+        time.sleep(SLOW_S)
+        yield i
+
+
+def test_starved_is_the_stage_waiting_for_its_input_not_its_consumer():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(slow_source(150))
+        .pipe(cheap, concurrency=2)
+        .add_sink(3)
+        .build(num_threads=2)
+    )
+    with pipeline.auto_stop():
+        assert sum(1 for _ in pipeline) == 150
+    stats = pipeline.statistics()
+    source, piped = stats.stages[:2]
+    # the source makes its items (it waits for no input); its consumer waited for it
+    assert source.starved_s < 0.1 * source.wall_s, (source.starved_s, source.wall_s)
+    assert source.consumer_wait_s > 0.5 * source.wall_s
+    # the stage after it waited for its input most of its time
+    assert check_shares(stats).stages[1].shares().starved > 0.5, piped.shares()
+
+
 # --- the SPDL dialect --------------------------------------------------------------------
 
 
@@ -182,7 +229,7 @@ def pipeline_verdict(build, consumer_s=0.0):
         for _ in pipeline:
             if consumer_s:
                 time.sleep(consumer_s)
-    stats = pipeline.statistics()
+    stats = check_shares(pipeline.statistics())
     return stats, stats.bottleneck()
 
 

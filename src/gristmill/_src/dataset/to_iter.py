@@ -528,5 +528,8 @@ class _NodeRow:
     def statistics(self) -> StageStatistics:
         stage = self._runner.statistics()
         row = self._clock.snapshot(self._key, self._name, stage.executor, stage.concurrency)
-        # its share is of its stage's thread time: the ops' shares add up to the stage's
-        return dataclasses.replace(row, role=self._role.value, capacity_s=stage.capacity_s)
+        # its share is of its stage's thread time (the ops' shares add up to the stage's),
+        # its settings its stage's
+        return dataclasses.replace(
+            row, role=self._role.value, capacity_s=stage.capacity_s, tuning=stage.tuning
+        )

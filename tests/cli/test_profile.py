@@ -161,10 +161,8 @@ def test_an_iter_dataset_or_iterator_names_its_slow_filter(
     names = stage_names(out)
     assert "filter(slow_keep)" in names
     assert "batch(10, drop_remainder=False)" in names
-    # the filter is the stage named (on a loaded machine, as the busiest one while the
-    # consumer's thread, which runs it inline, waits for a core: tests/engine/test_verdict.py
-    # tests the verdict itself)
-    assert "'filter(slow_keep)'" in verdict_of(out)
+    # the filter is the stage named (tests/engine/test_verdict.py tests the verdict itself)
+    assert verdict_of(out).startswith("stage 'filter(slow_keep)'")
     check_report(report, out)
 
 

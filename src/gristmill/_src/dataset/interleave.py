@@ -39,7 +39,8 @@ from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
 from gristmill._src.engine.ordered import OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
-from gristmill._src.engine.stats import PASS_THROUGH_ROLES, StageStatistics
+from gristmill._src.engine.stats import StageStatistics
+from gristmill._src.engine.verdict import PASS_THROUGH_ROLES
 
 _STATE_KEYS = (
     "next_index_in_cycle",

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gristmill._src.engine.stats_table import render_table
+from gristmill._src.engine.verdict import bottleneck
 
 _RESERVOIR = 1024
 
@@ -183,6 +184,37 @@ class Waits(NamedTuple):
     recent_full_s: tuple[float, ...]
 
 
+class Periods:
+    """Periods of one kind at a stage's output (its consumer waiting for it, its buffer
+    full): their total, their count, the most recent durations and the one under way."""
+
+    __slots__ = ("count", "recent", "since", "total_s")
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self.count = 0
+        self.since: float | None = None
+        self.recent: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
+
+    def set(self, active: bool, now: float) -> None:
+        """A period starts (True) or ends (False) at ``now``; the same again changes
+        nothing."""
+        if active and self.since is None:
+            self.since = now
+        elif not active and self.since is not None:
+            seconds = now - self.since
+            self.total_s += seconds
+            self.count += 1
+            self.recent.append(seconds)
+            self.since = None
+
+    def so_far(self, now: float) -> float:
+        """The total until ``now``, the period under way included (read once: safe from
+        another thread)."""
+        since = self.since
+        return self.total_s + (now - since if since is not None else 0.0)
+
+
 class StageCounters:
     """The live counters of one stage. Not thread-safe: update under the owner's lock.
 
@@ -192,10 +224,6 @@ class StageCounters:
 
     __slots__ = (
         "_capacity_s",
-        "_consumer_since",
-        "_consumer_times",
-        "_full_since",
-        "_full_times",
         "_occupancy_last",
         "_occupancy_samples",
         "_occupancy_sum",
@@ -206,13 +234,11 @@ class StageCounters:
         "buffer_size",
         "busy_s",
         "concurrency",
-        "consumer_wait_s",
-        "consumer_waits",
+        "consumer_waiting",
         "elements_in",
         "elements_out",
         "executor",
-        "full_periods",
-        "full_s",
+        "full",
         "input_wait_s",
         "name",
         "room_wait_s",
@@ -230,14 +256,8 @@ class StageCounters:
         self.busy_s = 0.0
         self.input_wait_s = 0.0  # thread-seconds waiting for input
         self.room_wait_s = 0.0  # thread-seconds waiting for room downstream
-        self.consumer_wait_s = 0.0
-        self.full_s = 0.0
-        self.consumer_waits = 0
-        self.full_periods = 0
-        self._full_since: float | None = None
-        self._consumer_since: float | None = None
-        self._full_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
-        self._consumer_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
+        self.consumer_waiting = Periods()  # the consumer waited for the output
+        self.full = Periods()  # finished, undelivered output filled the buffer
         self._task_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
         self._occupancy_sum = 0
         self._occupancy_samples = 0
@@ -282,31 +302,27 @@ class StageCounters:
         return self._occupancy_sum, self._occupancy_samples
 
     @property
+    def consumer_wait_s(self) -> float:
+        """Seconds the consumer waited for the output (the waits that ended)."""
+        return self.consumer_waiting.total_s
+
+    @property
+    def full_periods(self) -> int:
+        """Times finished, undelivered output filled the buffer (the periods that ended)."""
+        return self.full.count
+
+    @property
     def full_now(self) -> bool:
         """Whether finished, undelivered output fills the buffer now."""
-        return self._full_since is not None
+        return self.full.since is not None
 
     def set_full(self, full: bool, now: float) -> None:
         """Finished, undelivered output starts (True) or stops (False) filling the buffer."""
-        if full and self._full_since is None:
-            self._full_since = now
-        elif not full and self._full_since is not None:
-            seconds = now - self._full_since
-            self.full_s += seconds
-            self.full_periods += 1
-            self._full_times.append(seconds)
-            self._full_since = None
+        self.full.set(full, now)
 
     def set_consumer_waiting(self, waiting: bool, now: float) -> None:
         """The consumer starts (True) or stops (False) waiting for the stage's output."""
-        if waiting and self._consumer_since is None:
-            self._consumer_since = now
-        elif not waiting and self._consumer_since is not None:
-            seconds = now - self._consumer_since
-            self.consumer_wait_s += seconds
-            self.consumer_waits += 1
-            self._consumer_times.append(seconds)
-            self._consumer_since = None
+        self.consumer_waiting.set(waiting, now)
 
     def waits(self) -> Waits:
         """Elements delivered and the waits at the output so far (a wait in progress
@@ -315,19 +331,15 @@ class StageCounters:
         Safe to call from another thread: each field is read once.
         """
         now = time.perf_counter()
-        full_since, consumer_since = self._full_since, self._consumer_since
-        full = self.full_s + (now - full_since if full_since is not None else 0.0)
-        waited = self.consumer_wait_s + (
-            now - consumer_since if consumer_since is not None else 0.0
-        )
+        waiting, full = self.consumer_waiting, self.full
         return Waits(
             self.elements_out,
-            waited,
-            self.consumer_waits,
-            tuple(self._consumer_times),
-            full,
-            self.full_periods,
-            tuple(self._full_times),
+            waiting.so_far(now),
+            waiting.count,
+            tuple(waiting.recent),
+            full.so_far(now),
+            full.count,
+            tuple(full.recent),
         )
 
     def snapshot(self) -> StageStatistics:
@@ -391,46 +403,7 @@ class PipelineStatistics:
         are not candidates; for a fused stage, the verdict names the op of its chain that
         takes most of its time.
         """
-        if not self.stages:
-            return "no stage has run yet"
-        last = self.stages[-1]
-        if last.elements_out == 0:
-            return "no element has been delivered yet"
-        wall = max(s.wall_s for s in self.stages)
-        if wall <= 0:
-            return "no time has passed yet"
-        candidates = [s for s in self.stages if s.role not in PASS_THROUGH_ROLES]
-        if not candidates:
-            return "no stage does work of its own"
-        top = max(candidates, key=load)
-        top_load = load(top)
-        parts = [s for s in self.ops if s.part_of == top.name]
-        waited = min(1.0, max(s.consumer_wait_s for s in self.stages) / wall)
-        if top_load < BUSY_LOAD and waited < 0.5:
-            return (
-                f"the consumer: the busiest stage, {top.name!r}, worked only {top_load:.0%} "
-                f"of its threads' time (the pipeline delivers {last.throughput:,.0f} "
-                "elements/s); speed up the training step, not the data"
-            )
-        if top_load < BUSY_LOAD:
-            reason = (
-                f"the busiest: data was waited for {waited:.0%} of the time, yet its "
-                f"{_threads(top)} worked only {top_load:.0%} of their time: they wait on each "
-                "other's GIL (Python work on threads: use processes) or on a bursty stage "
-                "upstream (raise the buffer sizes in front of it)"
-            )
-        else:
-            reason = _reason(top, top_load)
-        op = max(parts, key=lambda s: s.busy_s) if parts else None
-        # a fused stage: name the op its time goes to (unless most of it is in ops timed
-        # as a whole: the IterDataset ops fused after the chain's nodes)
-        if op is not None and op.busy_s >= top.busy_s - sum(s.busy_s for s in parts):
-            share = op.busy_s / top.busy_s if top.busy_s > 0 else 0.0
-            return (
-                f"op {op.name!r} ({op.mean_element_s * 1e6:,.1f} µs per element, "
-                f"{share:.0%} of its stage's work) in stage {top.name!r}: {reason}"
-            )
-        return f"stage {top.name!r}: {reason}"
+        return bottleneck(self)
 
     def table(self, width: int | None = None) -> str:
         """Every stage as a row of a table, the ops of a fused stage indented before it,
@@ -448,44 +421,6 @@ class PipelineStatistics:
 
     def __str__(self) -> str:
         return self.table()
-
-
-PASS_THROUGH_ROLES = frozenset({"sink", "prefetch"})
-"""Roles whose busy time is their upstream's work (they only hand it on)."""
-BUSY_LOAD = 0.7
-"""A stage whose threads work at least this share of their time limits throughput."""
-
-
-def load(s: StageStatistics) -> float:
-    """The share of ``s``'s thread time spent on its own work (at most 1)."""
-    return s.shares().working
-
-
-def _threads(s: StageStatistics) -> str:
-    """``"4 threads"``; an autotuned stage's count changed while it ran: ``"threads"``."""
-    if s.executor == "inline":
-        return "puller's thread"
-    where = {"threads": "threads", "asyncio": "concurrent tasks"}.get(s.executor, "workers")
-    return where if s.tuning is not None else f"{s.concurrency} {where}"
-
-
-def _reason(s: StageStatistics, stage_load: float) -> str:
-    per_element = f"{s.mean_element_s * 1e6:,.1f} µs of work per element"
-    if s.executor == "inline":
-        return (
-            f"{per_element}, run inline on its puller's thread (the consumer's, unless a "
-            f"threaded stage pulls it), {stage_load:.0%} of that thread's time; give it "
-            "workers (ReadOptions(num_threads=...), pipe(concurrency=...)) or make it cheaper"
-        )
-    reason = f"{per_element} on its {_threads(s)}, busy {stage_load:.0%} of their time"
-    if s.executor == "threads":
-        reason += (
-            "; more threads help only if the work releases the GIL, else use processes "
-            "(mp_prefetch, a to() region)"
-        )
-    else:
-        reason += "; give it more workers"
-    return reason
 
 
 def format_line(s: StageStatistics) -> str:

@@ -1,11 +1,16 @@
 """``gristmill profile MODULE:FUNCTION``: the table, the verdict and the report, for each kind
 of pipeline a function may return; and the one-line usage errors."""
 
+import ast
+import dataclasses
 import html
 import itertools
+import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,17 +23,41 @@ from gristmill.cli.profile import Kind, profile_function
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    """A terminal wide enough for every name on its row (the table fits the terminal:
+    tests/cli/test_table.py)."""
+    monkeypatch.setenv("COLUMNS", "300")
+
+
 def profile(capsys, spec, *flags):
     code = main(["profile", spec, *flags])
     out, err = capsys.readouterr()
     return code, out, err
 
 
+def table_lines(out):
+    """The printed table's rows (after its header and rule)."""
+    table = re.split(r"per-stage statistics[^\n]*\n", out)[1].split("bottleneck: ")[0]
+    return table.splitlines()[2:]
+
+
 def rows_of(out):
     """The printed table's first column: ``(name, is_op)`` per row (ops are indented)."""
-    lines = out.split("per-stage statistics:\n")[1].split("bottleneck: ")[0].splitlines()[2:]
     # columns are two spaces or more apart; a name has single spaces only
-    return [(line.strip().split("  ")[0], line.startswith("    ")) for line in lines]
+    return [(line.strip().split("  ")[0], line.startswith("    ")) for line in table_lines(out)]
+
+
+def where_of(out):
+    """The printed table's where cell, by row name."""
+    return {
+        line.strip().split("  ")[0]: re.search(
+            r"(inline|threads|asyncio|processes|ray) x\S+"
+            r"( auto\*?)?",
+            line,
+        )[0]
+        for line in table_lines(out)
+    }
 
 
 def stage_names(out):
@@ -43,7 +72,8 @@ def verdict_of(out):
 def check_report(directory, out):
     """The report of the run that printed ``out``: its verdict, every row of its table in
     the HTML table, every stage in the throughput plot's legend, three inline SVG plots,
-    nothing to fetch; and a PNG that matplotlib reads back."""
+    the numbers they show as JSON, nothing that runs or is fetched; and a PNG that
+    matplotlib reads back."""
     page = (directory / "report.html").read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>")
     assert f"<dd>{html.escape(verdict_of(out))}</dd>" in page
@@ -57,8 +87,10 @@ def check_report(directory, out):
     assert page.count("<svg") == 3
     assert 'id="plot-occupancy"' in page
     assert 'id="plot-shares"' in page
-    # self-contained: no script, nothing to fetch
-    assert "<script" not in page
+    # self-contained: nothing that runs (one JSON data block: the plots' numbers), nothing
+    # to fetch
+    assert page.count("<script") == 1
+    assert '<script type="application/json" id="figure-data">' in page
     assert "<link" not in page
     assert "src=" not in page
     png = (directory / "report.png").read_bytes()
@@ -129,10 +161,8 @@ def test_an_iter_dataset_or_iterator_names_its_slow_filter(
     names = stage_names(out)
     assert "filter(slow_keep)" in names
     assert "batch(10, drop_remainder=False)" in names
-    # the filter is the stage named (on a loaded machine, as the busiest one while the
-    # consumer's thread, which runs it inline, waits for a core: tests/engine/test_verdict.py
-    # tests the verdict itself)
-    assert "'filter(slow_keep)'" in verdict_of(out)
+    # the filter is the stage named (tests/engine/test_verdict.py tests the verdict itself)
+    assert verdict_of(out).startswith("stage 'filter(slow_keep)'")
     check_report(report, out)
 
 
@@ -306,13 +336,114 @@ def test_a_missing_matplotlib_names_the_extra_and_no_report(
     assert "bottleneck: " in out
 
 
+def autotuned_of(out):
+    """The printout's autotuner line: (changes, chosen settings by stage, trial text)."""
+    line = next(line for line in out.splitlines() if line.startswith("autotuned ("))
+    changes = int(re.match(r"autotuned \((\d+) changes?;", line)[1])
+    chosen, _, trial = line.split("to freeze): ", 1)[1].partition("; trying now")
+    return changes, ast.literal_eval(chosen), trial
+
+
+def check_one_choice(out, statistics=None, page=None):
+    """The table, the printout (and the report, ``page``) show one choice: each tuned
+    stage's row says the workers the printout says it chose, ``auto*`` exactly when the
+    printout names a trial of it, and the changes add up to the statistics' record."""
+    changes, chosen, trial = autotuned_of(out)
+    where = where_of(out)
+    assert chosen
+    for stage, settings in chosen.items():
+        cell = where[stage]
+        assert cell.split(" ")[1] == f"x{max(settings['workers'], 1)}", (stage, cell, chosen)
+        assert cell.endswith("auto*") == (repr(stage) in trial), (stage, cell, trial)
+    if statistics is not None:
+        records = {s.name: s.tuning for s in statistics.stages if s.tuning is not None}
+        assert chosen == {name: t.chosen for name, t in records.items()}
+        assert changes == sum(t.changes for t in records.values())
+    if page is not None:
+        line = next(line for line in out.splitlines() if line.startswith("autotuned ("))
+        assert f"<dt>autotuner</dt><dd>{html.escape(line)}</dd>" in page
+        data = json.loads(page.split('id="figure-data">')[1].split("</script>")[0])
+        assert {name: t["chosen"] for name, t in data["tuning"].items()} == chosen
+
+
 @pytest.mark.parametrize("function", ["map_dataset", "pipeline"])
-def test_tune_prints_the_settings_the_autotuner_chose(pipelines_module, capsys, function):
+def test_tune_shows_one_choice_in_the_table_the_printout_and_the_report(
+    pipelines_module, tmp_path, capsys, function
+):
+    report = tmp_path / "report"
     code, out, err = profile(
-        capsys, f"{pipelines_module}:{function}", "--count", "150", "--no-report", "--tune"
+        capsys,
+        f"{pipelines_module}:{function}",
+        "--count",
+        "150",
+        "--report",
+        str(report),
+        "--tune",
     )
     assert code == 0, err
-    line = next(line for line in out.splitlines() if line.startswith("autotuned ("))
-    assert "paste back with plan().apply(...)" in line
-    assert "'workers': " in line
-    assert "auto" in out.split("per-stage statistics:\n")[1]  # the tuned stages' rows say so
+    assert "paste back with plan().apply(...)" in out
+    check_one_choice(out, page=(report / "report.html").read_text(encoding="utf-8"))
+
+
+def test_a_trial_under_way_is_shown_as_such_everywhere(pipelines_module, capsys):
+    """The autotuner trying a setting when the run ends: the table shows what it chose,
+    marked ``*``, the printout the same choice and the trial, and both come from the one
+    record the statistics hold (a table read at one moment and a choice read at another
+    said ``threads x32 auto`` beside ``{'workers': 64}``)."""
+    import importlib.util
+
+    from gristmill._src.engine.stats import Tuning
+    from gristmill.cli.profile import print_profile
+    from gristmill.cli.report import render_html
+
+    spec = importlib.util.spec_from_file_location("tuned_module", pipelines_module)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = profile_function(module.pipeline, "m:pipeline", seconds=5, count=100, tune=True)
+    stats = result.statistics
+    slow = next(s for s in stats.stages if s.name.endswith(":slow"))
+    trial = Tuning(chosen={"workers": 64, "buffer_size": 128}, changes=3, trying={"workers": 32})
+    stages = tuple(
+        dataclasses.replace(s, tuning=trial, concurrency=32) if s is slow else s
+        for s in stats.stages
+    )
+    result = dataclasses.replace(result, statistics=dataclasses.replace(stats, stages=stages))
+    print_profile(result, sys.stdout)
+    out = capsys.readouterr().out
+    assert where_of(out)[slow.name] == "threads x64 auto*"
+    _, chosen, trying = autotuned_of(out)
+    assert chosen[slow.name] == {"workers": 64, "buffer_size": 128}
+    assert f"{slow.name!r} workers 32" in trying
+    check_one_choice(out, result.statistics, render_html(result))
+
+
+def test_shares_never_pass_100_percent_after_the_threads_are_lowered():
+    """Busy time summed over 16 threads, then one thread: the verdict's share is of the
+    thread time the stage had (it said "busy 1,171% of the time": over one thread)."""
+
+    def waits(x):
+        time.sleep(0.002)
+        return x
+
+    it = iter(
+        gristmill.MapDataset.range(10**6)
+        .map(waits)
+        .to_iter_dataset(gristmill.ReadOptions(num_threads=16, prefetch_buffer_size=64))
+    )
+    for _ in range(1500):  # 16 threads busy
+        next(it)
+    name = it.plan().stages[0].name
+    it.plan().configure(name, workers=1)
+    for _ in range(50):
+        next(it)
+    stats = it.statistics()
+    it.close()
+    (stage,) = stats.stages
+    assert stage.busy_s > 2 * stage.wall_s  # work of many threads at once
+    verdict = stats.bottleneck()
+    percents = [int(p) for p in re.findall(r"(\d+)%", verdict.replace(",", ""))]
+    assert percents, verdict
+    assert max(percents) <= 100, verdict
+    share = stage.shares()
+    assert 0 <= share.working <= 1
+    assert share.working + share.starved + share.blocked + share.idle == pytest.approx(1)

@@ -163,7 +163,11 @@ def test_an_io_bound_read_gets_more_threads_and_the_decisions_are_logged(caplog)
     assert f"stage {name!r}: workers 1 -> {changes[0].new} (" in lines[0]
     assert "to freeze it: plan().apply(" in lines[0]
     row = it.statistics().stages[0]
-    assert row.tuning == f"auto, {len(changes)} change{'s' if len(changes) != 1 else ''}"
+    assert row.tuning.changes == len(changes)
+    assert row.tuning.chosen == it.plan().settings()[name]
+    assert row.tuning.describe().startswith(
+        f"auto, {len(changes)} change{'s' if len(changes) != 1 else ''}"
+    )
 
 
 def test_frozen_settings_pasted_back_stop_the_tuning():
@@ -171,9 +175,11 @@ def test_frozen_settings_pasted_back_stop_the_tuning():
     it = iter(ds.to_iter_dataset(gm.ReadOptions(num_threads=gm.AUTOTUNE)))
     [next(it) for _ in range(100)]
     chosen = it.plan().settings()
-    assert it.statistics().stages[0].tuning.startswith("auto")
+    assert not it.statistics().stages[0].tuning.frozen
     it.plan().apply(chosen)
-    assert it.statistics().stages[0].tuning.startswith("frozen")
+    tuning = it.statistics().stages[0].tuning
+    assert tuning.frozen
+    assert tuning.chosen == chosen[it.plan().stages[0].name]
     before = len(it.plan().changes()[it.plan().stages[0].name])
     rest = list(it)
     assert rest == list(range(100, 400))

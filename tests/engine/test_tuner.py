@@ -36,9 +36,9 @@ class SimulatedStage:
         self.cpu = 0.0
         self.counters = types.SimpleNamespace(
             elements_in=0,
-            starved_s=0.0,
-            blocked_waits=0,
-            blocked_now=False,
+            consumer_wait_s=0.0,
+            full_periods=0,
+            full_now=False,
             occupancy_totals=(0, 0),
             busy_s=0.0,
             executor="threads",
@@ -72,8 +72,8 @@ class SimulatedStage:
         c = self.counters
         c.elements_in += round(self.rate(**self.knobs) * 0.01)
         c.busy_s += 0.01 * self.knobs["workers"]  # every worker busy (waiting, for I/O)
-        c.starved_s += 0.01 * self.starved_share
-        c.blocked_waits += self.fills
+        c.consumer_wait_s += 0.01 * self.starved_share
+        c.full_periods += self.fills
         total, samples = c.occupancy_totals
         c.occupancy_totals = (total + self.occupied * self.knobs["buffer_size"], samples + 1)
         self.tuner.delivered([b"x" * 1000])
@@ -254,7 +254,10 @@ def test_a_stage_configured_by_hand_is_not_tuned_any_more():
     before = dict(stage.knobs)
     stage.run(5)
     assert stage.knobs == before
-    assert stage.tuner.describe().startswith("frozen, ")
+    record = stage.tuner.record()
+    assert record.frozen
+    assert record.chosen == before
+    assert record.describe().startswith("frozen, ")
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,15 @@
 """statistics().bottleneck() names the stage that limits throughput, on pipelines built so
 that the slow stage is known: first, middle or last in a fused chain, after a filter, a
 filtered IterDataset op, in worker processes, an async stage, inline on the consumer's
-thread — and the consumer itself. Both dialects."""
+thread — and the consumer itself. Both dialects.
+
+The slow work waits (``time.sleep``: it needs no core and releases the GIL) for 10 ms, tens
+of thousands of times what the cheap work costs and a hundred times what a loaded machine
+adds to a wait (the thread woken late: ~0.1 ms, rarely a few ms), so the verdict does not
+depend on the machine's load. Work that spins for 2 ms was stretched by whatever else ran
+on the cores, and the consumer's thread, between two spins, waited for a core: on a
+loaded machine the share it measured fell under ``BUSY_LOAD`` one run in three. Pipelines
+are ``N`` elements long, so that each test takes well under a second."""
 
 import asyncio
 import time
@@ -14,17 +22,13 @@ from gristmill.pipeline import PipelineBuilder
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-SLOW_S = 2e-3
-
-
-def spin(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+SLOW_S = 10e-3
+N = 40
+"""Elements of most pipelines here (N x SLOW_S: 0.4 s of waits)."""
 
 
 def slow(x):
-    spin(SLOW_S)
+    time.sleep(SLOW_S)
     return x
 
 
@@ -36,13 +40,23 @@ def odd(x):
     return x % 2 == 1
 
 
+def check_shares(stats):
+    """Every row's thread time adds up: its shares are each in [0, 1] and sum to 1."""
+    for row in (*stats.stages, *stats.ops):
+        share = row.shares()
+        parts = (share.working, share.starved, share.blocked, share.idle)
+        assert all(0 <= part <= 1 for part in parts), (row.name, share)
+        assert sum(parts) == pytest.approx(1), (row.name, share)
+    return stats
+
+
 def verdict_of(iterable, consumer_s=0.0):
     it = iter(iterable)
     for _ in it:
         if consumer_s:
             time.sleep(consumer_s)
     try:
-        return it.statistics()
+        return check_shares(it.statistics())
     finally:
         close = getattr(it, "close", None)
         if close is not None:
@@ -57,10 +71,10 @@ def dataset_verdict(ds, threads=2, consumer_s=0.0):
 @pytest.mark.parametrize(
     ("build", "op"),
     [
-        (lambda: gm.MapDataset.range(200).map(slow).map(cheap), "Map(slow)"),
-        (lambda: gm.MapDataset.range(200).map(cheap).map(slow).map(cheap), "Map(slow)"),
-        (lambda: gm.MapDataset.range(200).map(cheap).map(cheap).map(slow), "Map(slow)"),
-        (lambda: gm.MapDataset.range(400).filter(odd).map(slow), "Map(slow)"),
+        (lambda: gm.MapDataset.range(N).map(slow).map(cheap), "Map(slow)"),
+        (lambda: gm.MapDataset.range(N).map(cheap).map(slow).map(cheap), "Map(slow)"),
+        (lambda: gm.MapDataset.range(N).map(cheap).map(cheap).map(slow), "Map(slow)"),
+        (lambda: gm.MapDataset.range(2 * N).filter(odd).map(slow), "Map(slow)"),
     ],
     ids=["first", "middle", "last", "after-a-filter"],
 )
@@ -78,41 +92,41 @@ def test_the_slow_op_of_a_fused_chain_is_named(build, op, threads):
 
 @pytest.mark.parametrize("threads", [0, 2])
 def test_the_parts_of_a_fused_stage_add_up_to_it_and_count_their_elements(threads):
-    ds = gm.MapDataset.range(300).map(cheap).filter(odd).map(slow)
+    ds = gm.MapDataset.range(2 * N).map(cheap).filter(odd).map(slow)
     stats, _ = dataset_verdict(ds, threads=threads)
     rows = {row.name: row for row in stats.ops}
     assert list(rows) == ["Range", "Map(cheap)", "Filter(odd)", "Map(slow)"]
-    # the engine's first, probing read of one element is not timed per op (it may be cheap)
-    assert rows["Filter(odd)"].elements_in in (299, 300)
-    assert rows["Filter(odd)"].elements_out in (149, 150)
-    assert rows["Map(slow)"].elements_out == rows["Filter(odd)"].elements_out
+    # every element, the engine's first, probing read of one (not timed per op) included
+    assert (rows["Range"].elements_in, rows["Range"].elements_out) == (2 * N, 2 * N)
+    assert (rows["Filter(odd)"].elements_in, rows["Filter(odd)"].elements_out) == (2 * N, N)
+    assert (rows["Map(slow)"].elements_in, rows["Map(slow)"].elements_out) == (N, N)
     (stage,) = stats.stages
     parts = sum(row.busy_s for row in stats.ops)
     assert parts <= stage.busy_s * 1.02  # each node's own time, nothing counted twice
     if threads == 0:  # one thread: the nodes' time is the stage's, but for bookkeeping
         assert parts == pytest.approx(stage.busy_s, rel=0.2)
     # (On threads, the time a worker waits for the GIL between two nodes is the stage's
-    # only: with two threads spinning in Python on a loaded machine, parts were 74 % of it.)
+    # only: with two threads running Python on a loaded machine, parts were 74 % of it.)
 
 
 def slow_keep(x):
-    spin(SLOW_S)
+    time.sleep(SLOW_S)
     return x % 2 == 0
 
 
 def test_a_slow_filter_after_the_read_stage_is_named_and_ops_after_it_have_rows():
-    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=0))
+    read = gm.MapDataset.range(N).to_iter_dataset(gm.ReadOptions(num_threads=0))
     stats = verdict_of(read.map(cheap).filter(slow_keep).batch(10))
     verdict = stats.bottleneck()
     assert verdict.startswith("stage 'filter(slow_keep)'"), (verdict, stats.table())
     rows = {s.name: s for s in stats.stages}
-    assert (rows["map(cheap)"].elements_in, rows["map(cheap)"].elements_out) == (200, 200)
+    assert (rows["map(cheap)"].elements_in, rows["map(cheap)"].elements_out) == (N, N)
     kept = rows["filter(slow_keep)"]
-    assert (kept.elements_in, kept.elements_out) == (200, 100)
-    # one call in 8 timed, scaled up: at least the work done (a loaded machine adds to it)
-    assert kept.busy_s >= 0.5 * 200 * SLOW_S
+    assert (kept.elements_in, kept.elements_out) == (N, N // 2)
+    # one call in 8 timed, scaled up: at least the waits (a loaded machine adds to them)
+    assert kept.busy_s >= 0.5 * N * SLOW_S
     batch = rows["batch(10, drop_remainder=False)"]
-    assert (batch.elements_in, batch.elements_out) == (100, 10)
+    assert (batch.elements_in, batch.elements_out) == (N // 2, N // 20)
 
 
 def element_only(index, x):
@@ -124,17 +138,17 @@ def slow_random(x, rng):
 
 
 def test_a_slow_random_map_after_a_map_with_index_is_named_and_both_have_rows():
-    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=0))
+    read = gm.MapDataset.range(N).to_iter_dataset(gm.ReadOptions(num_threads=0))
     stats = verdict_of(read.map_with_index(element_only).random_map(slow_random, seed=3))
     assert stats.bottleneck().startswith("stage 'random_map(slow_random, seed=3)'"), stats.table()
     rows = {s.name: s for s in stats.stages}
-    assert rows["map_with_index(element_only)"].elements_out == 200
-    assert rows["random_map(slow_random, seed=3)"].busy_s >= 0.5 * 200 * SLOW_S
+    assert rows["map_with_index(element_only)"].elements_out == N
+    assert rows["random_map(slow_random, seed=3)"].busy_s >= 0.5 * N * SLOW_S
 
 
 def test_a_slow_read_in_worker_processes_is_named():
     ds = (
-        gm.MapDataset.range(600)  # enough work that the workers' start is a small part
+        gm.MapDataset.range(4 * N)  # work enough that the workers' start is a part of it
         .map(slow)
         .to_iter_dataset()
         .mp_prefetch(gm.MultiprocessingOptions(num_workers=2))
@@ -149,8 +163,8 @@ def test_a_slow_read_in_worker_processes_is_named():
     # the workers send what each op of the chain took back with their chunks
     op = next(s for s in stats.ops if s.name == "Map(slow)")
     # a worker's first read of one element is untimed (it may be a cold start)
-    assert 590 <= op.elements_out <= 600
-    assert op.busy_s >= 0.5 * 590 * SLOW_S
+    assert op.elements_out == 4 * N  # each worker's first, untimed read counted too
+    assert op.busy_s >= 0.5 * 4 * N * SLOW_S
 
 
 def test_a_busy_consumer_is_named():
@@ -161,28 +175,65 @@ def test_a_busy_consumer_is_named():
 
 def test_the_table_shows_every_stage_and_op():
     stats, _ = dataset_verdict(gm.MapDataset.range(50).map(cheap).map(slow), threads=0)
-    table = str(stats)
+    table = stats.table(width=200)  # room for every name on its row
     lines = table.splitlines()
     assert lines[0].split()[:2] == ["stage", "where"]
     assert [line.split()[0] for line in lines[2:]] == ["Range", "Map(cheap)", "Map(slow)", "Range"]
     assert "inline x1" in lines[-1]
 
 
+def test_blocked_is_the_stage_waiting_for_room_downstream():
+    """Four threads, a buffer of four, a consumer twice as slow as an element: the stage's
+    threads mostly wait for room in its buffer."""
+    ds = gm.MapDataset.range(N).map(slow)
+    read = ds.to_iter_dataset(gm.ReadOptions(num_threads=4, prefetch_buffer_size=4))
+    (stage,) = verdict_of(read, consumer_s=2 * SLOW_S).stages
+    share = stage.shares()
+    assert share.blocked > 0.5, share
+    assert share.blocked > share.working, share
+    assert stage.consumer_wait_s < 0.2 * stage.wall_s  # its consumer seldom waited for it
+
+
+def slow_source(n):
+    for i in range(n):
+        time.sleep(SLOW_S)
+        yield i
+
+
+def test_starved_is_the_stage_waiting_for_its_input_not_its_consumer():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(slow_source(N))
+        .pipe(cheap, concurrency=2)
+        .add_sink(3)
+        .build(num_threads=2)
+    )
+    with pipeline.auto_stop():
+        assert sum(1 for _ in pipeline) == N
+    stats = pipeline.statistics()
+    source, piped = stats.stages[:2]
+    # the source makes its items (it waits for no input); its consumer waited for it
+    assert source.starved_s < 0.1 * source.wall_s, (source.starved_s, source.wall_s)
+    assert source.consumer_wait_s > 0.5 * source.wall_s
+    # the stage after it waited for its input most of its time
+    assert check_shares(stats).stages[1].shares().starved > 0.5, piped.shares()
+
+
 # --- the SPDL dialect --------------------------------------------------------------------
 
 
 async def async_slow(x):
-    await asyncio.sleep(5 * SLOW_S)
+    await asyncio.sleep(SLOW_S)
     return x
 
 
 def pipeline_verdict(build, consumer_s=0.0):
-    pipeline = build(PipelineBuilder().add_source(range(200))).add_sink(3).build(num_threads=2)
+    pipeline = build(PipelineBuilder().add_source(range(N))).add_sink(3).build(num_threads=2)
     with pipeline.auto_stop():
         for _ in pipeline:
             if consumer_s:
                 time.sleep(consumer_s)
-    stats = pipeline.statistics()
+    stats = check_shares(pipeline.statistics())
     return stats, stats.bottleneck()
 
 
@@ -221,7 +272,7 @@ def test_a_pipeline_consumer_that_trains_is_named():
 def test_aggregate_counts_what_it_takes_in():
     stats, _ = pipeline_verdict(lambda b: b.pipe(cheap).aggregate(10))
     aggregate = next(s for s in stats.stages if "aggregate" in s.name)
-    assert (aggregate.elements_in, aggregate.elements_out) == (200, 20)
+    assert (aggregate.elements_in, aggregate.elements_out) == (N, N // 10)
 
 
 def drop_odd(x):
@@ -253,12 +304,12 @@ class SlowPairs(gm.transforms.FlatMap):
 
 
 def test_a_slow_flat_map_after_the_read_stage_is_named_with_its_fan_out():
-    read = gm.MapDataset.range(200).to_iter_dataset(gm.ReadOptions(num_threads=0))
+    read = gm.MapDataset.range(N).to_iter_dataset(gm.ReadOptions(num_threads=0))
     stats = verdict_of(gm.experimental.FlatMapIterDataset(read, SlowPairs()))
     assert stats.bottleneck().startswith("stage 'flat_map(SlowPairs.flat_map)'"), stats.table()
     row = next(s for s in stats.stages if s.name.startswith("flat_map"))
-    assert (row.elements_in, row.elements_out) == (200, 400)
-    assert row.busy_s >= 0.5 * 200 * SLOW_S
+    assert (row.elements_in, row.elements_out) == (N, 2 * N)
+    assert row.busy_s >= 0.5 * N * SLOW_S
 
 
 # -- ops that combine, reorder or pack elements: rows of their own, less their parents' --
@@ -273,27 +324,27 @@ def tokens(x):
 
 
 def test_a_mix_has_its_own_row_and_the_slow_parent_is_named():
-    mixed = gm.IterDataset.mix([inline_read(150).map(slow), inline_read(150, 1000)], [3, 1])
+    mixed = gm.IterDataset.mix([inline_read(N).map(slow), inline_read(N, 1000)], [3, 1])
     stats = verdict_of(mixed)
     assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
     rows = {s.name: s for s in stats.stages}
     mix = rows["mix(proportions=[300, 100])"]
     assert mix.role == "mix"
-    # the slow parent ran out first: 150 from it, 50 from the other (the mix's order)
-    assert (mix.elements_in, mix.elements_out) == (200, 200)
+    # the slow parent ran out first: N from it, a third as many from the other
+    assert (mix.elements_in, mix.elements_out) == (N + N // 3, N + N // 3)
     # its own time (choosing the parent), not the parents' reads
     assert mix.busy_s < 0.1 * rows["map(slow)"].busy_s
 
 
 def test_a_window_shuffle_has_its_own_row_and_the_slow_op_before_it_is_named():
     shuffled = gm.experimental.WindowShuffleIterDataset(
-        inline_read(200).map(slow), window_size=32, seed=1
+        inline_read(2 * N).map(slow), window_size=32, seed=1
     )
     stats = verdict_of(shuffled)
     assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
     row = next(s for s in stats.stages if s.name.startswith("window_shuffle"))
     assert (row.name, row.role) == ("window_shuffle(window_size=32, seed=1)", "shuffle")
-    assert (row.elements_in, row.elements_out, row.tasks) == (200, 200, 7)  # 7 windows
+    assert (row.elements_in, row.elements_out, row.tasks) == (2 * N, 2 * N, 3)  # 3 windows
     assert 0 < row.busy_s < 0.5 * next(s for s in stats.stages if s.name == "map(slow)").busy_s
     exact = gm.experimental.WindowShuffleIterDataset(inline_read(192), window_size=32, seed=1)
     stats = verdict_of(exact)  # 6 full windows, then a read that finds no more
@@ -325,41 +376,35 @@ def test_a_small_window_shuffle_is_named_when_its_shuffles_are_the_work():
     ids=["first-fit", "concat-then-split"],
 )
 def test_packing_has_its_own_row_less_its_parents_reads(pack, name):
-    stats = verdict_of(pack(inline_read(200).map(slow).map(tokens)))
+    stats = verdict_of(pack(inline_read(N).map(slow).map(tokens)))
     assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
     rows = {s.name: s for s in stats.stages}
     row = rows[name]
     assert row.role == "aggregate"
-    assert row.elements_in == 200
-    # 600 tokens in rows of 8 (first-fit leaves room in some)
-    assert 600 / 8 <= row.elements_out < 200
+    assert row.elements_in == N
+    # 3N tokens in rows of 8 (first-fit leaves room in some)
+    assert 3 * N / 8 <= row.elements_out < N
     # one round in 8 timed, less the parent's reads in it (which run the slow map)
     assert 0 < row.busy_s < 0.5 * rows["map(slow)"].busy_s
 
 
 def test_a_rebatch_counts_parent_batches_in_and_batches_out():
     rebatched = gm.experimental.RebatchIterDataset(
-        inline_read(200).map(slow).batch(10), batch_size=25
+        inline_read(N).map(slow).batch(10), batch_size=25
     )
     stats = verdict_of(rebatched)
     assert stats.bottleneck().startswith("stage 'map(slow)'"), stats.table()
     row = next(s for s in stats.stages if s.name.startswith("rebatch"))
     assert (row.name, row.elements_in, row.elements_out) == (
         "rebatch(25, drop_remainder=False)",
-        20,
-        8,
+        N // 10,
+        -(-N // 25),
     )
 
 
-def waits(x):
-    time.sleep(SLOW_S)  # a read that waits (releases the GIL): the two threads overlap
-    return x
-
-
 def slow_inner(k):
-    # not `slow`: spinning Python on two threads takes turns on the GIL, and the verdict
-    # then depends on whether the consumer waited half the time (CI: 48 %, once in 35)
-    return inline_read(50, 100 * k).map(waits)
+    # a read that waits (releases the GIL): the two open iterators' threads overlap
+    return inline_read(N // 4, 100 * k).map(slow)
 
 
 def test_an_interleave_is_named_for_its_open_iterators_reads():
@@ -371,6 +416,6 @@ def test_an_interleave_is_named_for_its_open_iterators_reads():
     assert verdict.startswith("stage 'interleave(cycle_length=2, datasets=4)'"), stats.table()
     row = next(s for s in stats.stages if s.name.startswith("interleave("))
     assert row.role == "interleave"
-    assert row.elements_out == 200
+    assert row.elements_out == N
     # one call in 8 timed, scaled: at least the work done in the open iterators
-    assert row.busy_s >= 0.5 * 200 * SLOW_S
+    assert row.busy_s >= 0.5 * N * SLOW_S

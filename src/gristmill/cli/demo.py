@@ -26,6 +26,7 @@ from typing import Any, TextIO
 import numpy as np
 
 import gristmill as gm
+from gristmill._src.engine.stats_table import indented_table
 from gristmill.cli import demo_files
 
 IMAGE_SHAPE = (64, 64, 3)
@@ -184,8 +185,7 @@ def _run(source: Any, records: int, batch_size: int, threads: int, seed: int, ou
     out.write(f"({figures['items_per_s'] * batch_size:,.0f} images/s); ")
     out.write(f"the loop waited for data {figures['wait_share']:.0%} of the time\n\n")
     out.write("per-stage statistics:\n")
-    for line in str(stats).splitlines():
-        out.write(f"  {line}\n")
+    out.write(indented_table(stats))  # fit to the terminal (100 columns without one)
     out.write(f"bottleneck: {stats.bottleneck()}\n\n")
 
     assert state is not None

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import gristmill as gm
-from gristmill._src.engine.stats import PipelineStatistics
+from gristmill._src.engine.stats import PipelineStatistics, TimeShares, Tuning
+from gristmill._src.engine.stats_table import indented_table
 
 SAMPLE_INTERVAL_S = 0.2
 """Seconds between two statistics samples (at least: the clock is read between elements)."""
@@ -94,15 +95,15 @@ class Profile:
     """The last snapshot, taken after the last element."""
     samples: tuple[Sample, ...]
     """Snapshots over time, the first at 0 s, the last with :attr:`statistics`."""
-    tuned: dict[str, dict[str, int]] | None = None
-    """With ``--tune``: the settings the autotuner chose, by stage (``plan().settings()``),
-    to freeze with ``plan().apply(...)``; None without it."""
-    changes: int = 0
-    """With ``--tune``: how many changes the autotuner made."""
 
     @property
     def elements_per_s(self) -> float:
         return self.elements / self.seconds if self.seconds > 0 else 0.0
+
+    def tuning(self) -> dict[str, Tuning]:
+        """What the autotuner chose, by stage, as :attr:`statistics` recorded it (the one
+        record the table, the printout and the report all show)."""
+        return {s.name: s.tuning for s in self.statistics.stages if s.tuning is not None}
 
 
 # -- the command --------------------------------------------------------------------------
@@ -305,7 +306,7 @@ def profile_function(
     value = function()
     kind = classify(value)
     with reader(value, kind) as (iterator, observed):
-        profile = consume(
+        return consume(
             iterator,
             observed.statistics,
             target=target,
@@ -315,11 +316,6 @@ def profile_function(
             interval_s=interval_s,
             after_first=(lambda: _autotune(observed)) if tune else None,
         )
-        if tune:
-            plan = observed.plan()
-            changes = sum(len(c) for c in plan.changes().values())
-            profile = dataclasses.replace(profile, tuned=plan.settings(), changes=changes)
-        return profile
 
 
 def _autotune(observed: Any) -> None:
@@ -385,66 +381,131 @@ def sample(t_s: float, stats: PipelineStatistics) -> Sample:
 
 
 Series = dict[str, tuple[list[float], list[float]]]
-"""Per stage name (pipeline order): the times (s) and the values at them."""
+"""Per stage name (pipeline order): the times (s) and the values at them, one per sample
+time (NaN where the stage had no sample: a gap, not a value)."""
+
+GAP = math.nan
+"""A value that a stage has not at a sample: plots leave a gap there."""
 
 
 def throughput_series(samples: tuple[Sample, ...]) -> Series:
-    """Each stage's elements delivered per second over each sample interval, at its end (a
-    stage not built yet at the interval's start, on the first request, had delivered 0)."""
-    series: Series = {}
+    """Each stage's elements delivered per second over each sample interval, at its end.
+
+    A stage not built yet at the interval's start (the first request builds a dataset
+    iterator's stages) had delivered 0; one that is not in the interval's closing sample
+    has no rate there (NaN)."""
+    names = _names(samples)
+    series: Series = {name: ([], []) for name in names}
     for before, after in itertools.pairwise(samples):
         dt = after.t_s - before.t_s
         if dt <= 0:
             continue
         previous = {p.name: p.elements_out for p in before.stages}
-        for point in after.stages:
-            times, rates = series.setdefault(point.name, ([], []))
+        now = {p.name: p.elements_out for p in after.stages}
+        for name in names:
+            times, rates = series[name]
             times.append(after.t_s)
-            rates.append((point.elements_out - previous.get(point.name, 0)) / dt)
+            out = now.get(name)
+            rates.append(GAP if out is None else (out - previous.get(name, 0)) / dt)
     return series
 
 
 def fill_series(samples: tuple[Sample, ...]) -> Series:
-    """Each stage's buffer fill (occupancy / buffer size) at each sample where it ran on
-    workers: a stage run inline has no buffer of its own (its occupancy is its chunk)."""
-    series: Series = {}
+    """Each stage's buffer fill (occupancy / buffer size) at each sample, for the stages
+    that ran on workers at some sample: NaN where one ran inline (it has no buffer of its
+    own: its occupancy is its chunk) or was not built yet."""
+    names = [
+        name
+        for name in _names(samples)
+        if any(_buffered(p) for s in samples for p in s.stages if p.name == name)
+    ]
+    series: Series = {name: ([], []) for name in names}
     for s in samples:
-        for point in s.stages:
-            if point.buffer_size > 0 and point.executor != "inline":
-                times, fills = series.setdefault(point.name, ([], []))
-                times.append(s.t_s)
-                fills.append(point.buffer_occupancy / point.buffer_size)
+        points = {p.name: p for p in s.stages}
+        for name in names:
+            times, fills = series[name]
+            point = points.get(name)
+            times.append(s.t_s)
+            fills.append(
+                point.buffer_occupancy / point.buffer_size
+                if point is not None and _buffered(point)
+                else GAP
+            )
     return series
 
 
-@dataclasses.dataclass(frozen=True)
-class Shares:
-    """Shares of a stage's wall time: its workers' work, its consumer's waits for it, and
-    its output waiting on a full buffer (each measured on its own: they need not add to 1)."""
-
-    name: str
-    busy: float
-    """busy_s / (wall_s x concurrency)."""
-    starved: float
-    """starved_s / wall_s."""
-    blocked: float
-    """blocked_s / wall_s."""
+def _buffered(point: StagePoint) -> bool:
+    return point.buffer_size > 0 and point.executor != "inline"
 
 
-def shares(stats: PipelineStatistics) -> list[Shares]:
-    """:class:`Shares` of every stage, upstream first."""
-    return [
-        Shares(
-            s.name,
-            s.busy_s / (s.wall_s * max(s.concurrency, 1)) if s.wall_s > 0 else 0.0,
-            s.starved_s / s.wall_s if s.wall_s > 0 else 0.0,
-            s.blocked_s / s.wall_s if s.wall_s > 0 else 0.0,
-        )
-        for s in stats.stages
-    ]
+def _names(samples: tuple[Sample, ...]) -> list[str]:
+    """Every stage name of ``samples``, in pipeline order (as the last sample has them)."""
+    names: dict[str, None] = {}
+    for s in reversed(samples):
+        for p in s.stages:
+            names.setdefault(p.name)
+    last = [p.name for p in samples[-1].stages] if samples else []
+    return last + [name for name in names if name not in last]
+
+
+UNIT_NAMES = ("records", "batches")
+"""What a stage delivers, by how many aggregates (batches) are before it: more than one,
+``batches of batches``, ..."""
+
+
+def unit_of(level: int) -> str:
+    """The name of what a stage ``level`` aggregates deep delivers: records, batches, ..."""
+    if level < len(UNIT_NAMES):
+        return UNIT_NAMES[level]
+    return " of ".join(["batches"] * level)
+
+
+def units(stats: PipelineStatistics) -> dict[str, str]:
+    """What each stage delivers (``"records"``, ``"batches"``, ...): each aggregate in
+    pipeline order (a stage, or a MapDataset batch fused in a read stage) makes batches of
+    what came before it, each split (``disaggregate``) undoes one. A stage that has several
+    parents (a mix) delivers what the parent before it in the pipeline order does."""
+    level = 0
+    out: dict[str, str] = {}
+    for stage in stats.stages:
+        level += sum(1 for op in stats.ops if op.part_of == stage.name and op.role == "aggregate")
+        if stage.role == "aggregate":
+            level += 1
+        elif stage.role == "split":
+            level = max(0, level - 1)
+        out[stage.name] = unit_of(level)
+    return out
+
+
+def shares(stats: PipelineStatistics) -> list[tuple[str, TimeShares]]:
+    """Every stage's thread time as shares of its capacity (working, starved, blocked,
+    idle: they add up to 1), upstream first."""
+    return [(s.name, s.shares()) for s in stats.stages]
 
 
 # -- printing -------------------------------------------------------------------------------
+
+
+def tuning_line(profile: Profile) -> str | None:
+    """What the autotuner chose (from the statistics' one record), or None where it tuned
+    no stage: the settings to paste back, the changes it kept, any trial under way."""
+    tuning = profile.tuning()
+    if not tuning:
+        return None
+    changes = sum(t.changes for t in tuning.values())
+    chosen = {name: t.chosen for name, t in tuning.items()}
+    line = (
+        f"autotuned ({changes} change{'s' if changes != 1 else ''}; paste back with "
+        f"plan().apply(...) to freeze): {chosen}"
+    )
+    trials = [
+        f"{name!r} " + ", ".join(f"{k} {v}" for k, v in t.trying.items())
+        for name, t in tuning.items()
+        if t.trying
+    ]
+    if trials:
+        line += f"; trying now (* in the table, kept only if it pays): {'; '.join(trials)}"
+    return line
 
 
 def print_profile(profile: Profile, out: TextIO) -> None:
@@ -454,12 +515,12 @@ def print_profile(profile: Profile, out: TextIO) -> None:
         f"  {profile.elements:,} elements in {profile.seconds:.2f} s "
         f"({profile.elements_per_s:,.0f} elements/s), stopped by {profile.stopped_by}\n\n"
     )
-    out.write("per-stage statistics:\n")
-    for line in profile.statistics.table().splitlines():
-        out.write(f"  {line}\n")
+    out.write(f"per-stage statistics ({SHARES_NOTE}):\n")
+    out.write(indented_table(profile.statistics))
     out.write(f"bottleneck: {profile.statistics.bottleneck()}\n")
-    if profile.tuned is not None:
-        out.write(
-            f"autotuned ({profile.changes} changes; paste back with plan().apply(...) to "
-            f"freeze): {profile.tuned}\n"
-        )
+    tuned = tuning_line(profile)
+    if tuned is not None:
+        out.write(tuned + "\n")
+
+
+SHARES_NOTE = "work, starved, blocked: % of each stage's thread time"

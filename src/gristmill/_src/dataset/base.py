@@ -21,7 +21,7 @@ import abc
 import copy
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -125,6 +125,11 @@ class MapDataset(Generic[T], grain_types.MapDataset, metaclass=_MapDatasetMeta):
     >>> [ds[i] for i in range(4)]
     [10, 70, 60, 90]
     """
+
+    _one_to_one: ClassVar[bool] = False
+    """Whether ``_get(i)`` reads exactly one element of its one parent (a source: of
+    none), as ``_read`` does for each index: a one-element read that the op clock does not
+    time is still counted at such a node (``op_clock.OpClock.count_untimed``)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

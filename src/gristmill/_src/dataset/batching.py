@@ -91,6 +91,8 @@ class BatchMapDataset(MapDataset[Any]):
     ``drop_remainder``.
     """
 
+    _batches = True  # its statistics row is an aggregate: its elements are batches
+
     def __init__(
         self,
         parent: MapDataset[Any],

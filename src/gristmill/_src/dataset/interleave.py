@@ -39,7 +39,8 @@ from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
 from gristmill._src.engine.ordered import OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
-from gristmill._src.engine.stats import PASS_THROUGH_ROLES, StageStatistics
+from gristmill._src.engine.stats import StageStatistics
+from gristmill._src.engine.verdict import PASS_THROUGH_ROLES
 
 _STATE_KEYS = (
     "next_index_in_cycle",
@@ -260,7 +261,7 @@ class _ReadingRow:
     busy time is that of ``next()``, sampled. Otherwise each open iterator reads ahead on
     a thread of its own: the row counts their stages' busy time, summed over every
     iterator it opened, one worker per slot, and the time ``next()`` waited for them as
-    starved."""
+    its consumer's wait."""
 
     def __init__(self, owner: InterleaveDatasetIterator) -> None:
         self.row = OpRow(owner._describe())
@@ -280,15 +281,18 @@ class _ReadingRow:
             return stats
         busy = self._retired_s + sum(_work_s(it) for it in list(owner._iterators) if it)
         tasks, elements = max(stats.tasks, 1), max(stats.elements_in, 1)
+        slots = len(owner._in_use)
         return dataclasses.replace(
             stats,
             executor="threads",
-            concurrency=len(owner._in_use),
+            concurrency=slots,
+            capacity_s=stats.wall_s * max(slots, 1),
             busy_s=busy,
             mean_task_s=busy / tasks,
             mean_element_s=busy / elements,
-            # the time its next() waited for the open iterators' threads (sampled)
-            starved_s=stats.busy_s,
+            # the time its next() waited for the open iterators' threads (sampled): the
+            # consumer's wait for the stage's output
+            consumer_wait_s=stats.busy_s,
         )
 
 

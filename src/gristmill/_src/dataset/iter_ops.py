@@ -327,6 +327,7 @@ class _BatchIterator(_OneParentIterator):
     def __next__(self) -> Any:
         parent = self._parent
         elements = []
+        pulling = time.perf_counter()
         for _ in range(self._batch_size):
             try:
                 elements.append(next(parent))
@@ -336,6 +337,7 @@ class _BatchIterator(_OneParentIterator):
             raise StopIteration
         row = self._row
         began = time.perf_counter()
+        row.pulled_s += began - pulling  # its wait for its input (upstream work there too)
         batch = self._batch_fn(elements)
         row.exact_s += time.perf_counter() - began
         row.calls += 1

@@ -21,6 +21,8 @@ _U64 = 2**64
 class MapMapDataset(MapDataset[Any]):
     """``fn(x)`` for every element."""
 
+    _one_to_one = True
+
     def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
@@ -55,6 +57,8 @@ class MapMapDataset(MapDataset[Any]):
 @register("random_map")
 class RandomMapMapDataset(MapDataset[Any]):
     """``fn(x, rng)`` where ``rng`` depends only on (seed, index)."""
+
+    _one_to_one = True
 
     def __init__(self, parent: MapDataset[Any], transform: Any, seed: int | None = None) -> None:
         super().__init__(parent)
@@ -102,6 +106,8 @@ class RandomMapMapDataset(MapDataset[Any]):
 class MapWithIndexMapDataset(MapDataset[Any]):
     """``fn(index, x)``, ``index`` being the position read from this dataset."""
 
+    _one_to_one = True
+
     def __init__(self, parent: MapDataset[Any], transform: Any) -> None:
         super().__init__(parent)
         self._transform = transform
@@ -139,6 +145,8 @@ class MapWithIndexMapDataset(MapDataset[Any]):
 @register("filter")
 class FilterMapDataset(MapDataset[Any]):
     """Keeps elements where the predicate holds; the others read as ``None``."""
+
+    _one_to_one = True
 
     _may_discard = True
 

@@ -68,6 +68,7 @@ class OpClock:
         self._names = names
         self._nodes = [node for node, _ in nodes]  # kept alive: their ids stay theirs
         self.stage = stage
+        self._spine, self._spine_drops = _spine(self._nodes)
         self._setup()
 
     def _setup(self) -> None:
@@ -88,6 +89,7 @@ class OpClock:
         self._names = [
             (id(node), name) for node, (_, name) in zip(self._nodes, state["names"], strict=True)
         ]
+        self._spine, self._spine_drops = _spine(self._nodes)
         self._setup()
 
     def drain(self) -> list[tuple[int, float, int, int, int]]:
@@ -158,10 +160,36 @@ class OpClock:
         entry[3] += 1
         return values
 
+    def count_untimed(self, value: Any) -> None:
+        """Counts a one-element read that was not timed (a plain ``_get``, which gave
+        ``value``) at the nodes it certainly passed: the read node and, down from it, the
+        parent of each node that reads one element of its one parent (``_one_to_one``).
+        They count it as a timed read would: a filter that dropped it counts it in, not
+        out, and the nodes after it count a hole (neither). When the element was dropped
+        where the spine cannot tell (two filters, or below it), it is not counted."""
+        spine, drops = self._spine, self._spine_drops
+        dropped_at = -1  # the position of the node that dropped it (the read node is 0)
+        if value is None and any(getattr(n, "_may_discard", False) for n in self._nodes):
+            if len(drops) != 1 or len(spine) < len(self._nodes):
+                return  # which node dropped it is not known
+            dropped_at = drops[0]
+        counts = self._thread()
+        for position, key in enumerate(spine):
+            entry = counts.ops.get(key)
+            if entry is None:
+                entry = counts.ops[key] = [0.0, 0, 0, 0]
+            entry[1] += 0 if position < dropped_at else 1
+            entry[2] += 0 if position <= dropped_at else 1
+            entry[3] += 1
+
     @property
-    def nodes(self) -> list[tuple[int, str]]:
-        """``(key, row name)`` of every node, upstream first."""
-        return list(self._names)
+    def nodes(self) -> list[tuple[int, str, bool]]:
+        """``(key, row name, whether it batches)`` of every node, upstream first (a node
+        that batches its parent's elements is an aggregate in the statistics)."""
+        return [
+            (key, name, getattr(node, "_batches", False))
+            for (key, name), node in zip(self._names, self._nodes, strict=True)
+        ]
 
     def snapshot(self, key: int, name: str, executor: str, concurrency: int) -> StageStatistics:
         """Node ``key``'s counts, summed over the reading threads, as a part of the stage."""
@@ -203,6 +231,23 @@ class _Reading:
 
     def __exit__(self, *exc: object) -> None:
         _ACTIVE.clock = self._outer
+
+
+def _spine(nodes: list[Any]) -> tuple[list[int], list[int]]:
+    """The keys of the nodes a one-element read certainly passes, the read node (the last
+    of ``nodes``) first, then each parent of a ``_one_to_one`` node; and the positions in
+    it of the nodes that may drop an element."""
+    spine: list[int] = []
+    drops: list[int] = []
+    node = nodes[-1] if nodes else None
+    while node is not None:
+        if getattr(node, "_may_discard", False):
+            drops.append(len(spine))
+        spine.append(id(node))
+        parents: tuple[Any, ...] = tuple(getattr(node, "parents", ()))
+        one = getattr(node, "_one_to_one", False) and len(parents) == 1
+        node = parents[0] if one else None
+    return spine, drops
 
 
 def chain_nodes(ds: Any, name_of: Callable[[Any], str]) -> list[tuple[Any, str]]:
@@ -257,6 +302,7 @@ class OpRow:
         "period",
         "pulled_s",
         "sampled",
+        "sampled_pulled_s",
         "sampled_s",
     )
 
@@ -268,6 +314,7 @@ class OpRow:
         self.sampled_s = 0.0  # ... and their estimated time
         self.exact_s = 0.0
         self.pulled_s = 0.0  # time in ``pull``: the upstream's work, kept out of own time
+        self.sampled_pulled_s = 0.0  # ... estimated from sampled calls (timed_less_pulls)
         self.elements_in: int | None = None  # None: the calls
         self.elements_out: int | None = None
         self._started = time.perf_counter()
@@ -281,11 +328,12 @@ class OpRow:
     def calls(self, value: int) -> None:
         self.counted = value - self.period + self.left
 
-    def add_sample(self, seconds: float) -> None:
+    def add_sample(self, seconds: float, pulled_s: float = 0.0) -> None:
         """The timed call, of ``seconds``, that ended a countdown: it stands for the calls
         of the countdown; the next one begins."""
         done = self.period - self.left
         self.sampled_s += seconds * done
+        self.sampled_pulled_s += pulled_s * done
         self.sampled += done
         self.counted += done
         self.period = self.left = SPARSE_PERIOD if self.sampled >= WARM_CALLS else WARM_PERIOD
@@ -316,11 +364,16 @@ class OpRow:
 
     def statistics(self) -> StageStatistics:
         calls = self.calls
-        busy = self.exact_s + (self.sampled_s * calls / self.sampled if self.sampled else 0.0)
+        scale = calls / self.sampled if self.sampled else 0.0
+        busy = self.exact_s + self.sampled_s * scale
+        # its time in `pull`: waiting for its input (upstream work run there included)
+        waited = self.pulled_s + self.sampled_pulled_s * scale
         elements_in = calls if self.elements_in is None else self.elements_in
         elements_out = calls if self.elements_out is None else self.elements_out
         wall = time.perf_counter() - self._started
-        return op_row(self.name, "inline", 1, elements_in, elements_out, calls, busy, wall)
+        return op_row(
+            self.name, "inline", 1, elements_in, elements_out, calls, busy, wall, starved_s=waited
+        )
 
 
 class _OwnTime:
@@ -350,7 +403,9 @@ def timed_less_pulls(row: OpRow, fn: Callable[[], Any]) -> Any:
     try:
         return fn()
     finally:
-        row.add_sample(time.perf_counter() - began - (row.pulled_s - pulled))
+        elapsed = time.perf_counter() - began
+        pulled_here, row.pulled_s = row.pulled_s - pulled, pulled  # an estimate, as its time
+        row.add_sample(elapsed - pulled_here, pulled_here)
 
 
 def call_sampled(row: OpRow, fn: Callable[..., Any], *args: Any) -> Any:
@@ -372,9 +427,12 @@ def op_row(
     wall_s: float,
     *,
     part_of: str = "",
+    starved_s: float = 0.0,
 ) -> StageStatistics:
-    """The statistics row of an op: its counts and busy time; no buffer and no waits of
-    its own (those are its stage's)."""
+    """The statistics row of an op: its counts, busy time and (an op that pulls its input
+    itself) its time waiting for input; no buffer of its own. Its capacity is
+    ``concurrency`` threads over ``wall_s`` (an op of a fused chain takes its stage's
+    instead)."""
     return StageStatistics(
         name=name,
         executor=executor,
@@ -387,10 +445,13 @@ def op_row(
         p50_task_s=0.0,
         p99_task_s=0.0,
         mean_element_s=busy_s / elements_in if elements_in else 0.0,
-        starved_s=0.0,
+        starved_s=starved_s,
         blocked_s=0.0,
-        starved_waits=0,
-        blocked_waits=0,
+        capacity_s=wall_s * max(concurrency, 1),
+        consumer_wait_s=0.0,
+        consumer_waits=0,
+        full_s=0.0,
+        full_periods=0,
         buffer_size=0,
         mean_buffer_occupancy=0.0,
         wall_s=wall_s,

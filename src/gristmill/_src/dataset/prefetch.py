@@ -159,7 +159,10 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
             if self._state is None:
                 self._state = self._parent.get_state()
             self._producer = BackgroundProducer(
-                _producer(self._parent), buffer_size=self._buffer_size, counters=self._counters
+                _producer(self._parent),
+                buffer_size=self._buffer_size,
+                counters=self._counters,
+                passes_on=True,  # its time is its parent's: a wait for input
             )
         return self._producer
 

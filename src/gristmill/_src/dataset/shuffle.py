@@ -102,6 +102,8 @@ class EpochPermutation:
 class ShuffleMapDataset(MapDataset[Any]):
     """Element ``i``: ``e, j = divmod(i, n)``; ``parent[perm_e(j) + e*n]``."""
 
+    _one_to_one = True
+
     def __init__(self, parent: MapDataset[Any], seed: int | None = None) -> None:
         super().__init__(parent)
         self._seed = resolve_seed(self, seed, "shuffle")

@@ -20,6 +20,8 @@ class SliceMapDataset(MapDataset[Any]):
     use ``repeat(reseed_each_epoch=False)``, or slice before shuffling.
     """
 
+    _one_to_one = True
+
     def __init__(self, parent: MapDataset[Any], sl: slice) -> None:
         super().__init__(parent)
         if not isinstance(sl, slice):
@@ -82,6 +84,8 @@ class SliceMapDataset(MapDataset[Any]):
 @register("repeat")
 class RepeatMapDataset(MapDataset[Any]):
     """``num_epochs`` epochs of the parent (``sys.maxsize`` elements when None)."""
+
+    _one_to_one = True
 
     def __init__(
         self,
@@ -154,6 +158,8 @@ class RepeatMapDataset(MapDataset[Any]):
 @register("seed")
 class _WithSeedMapDataset(MapDataset[Any]):
     """Carries the default seed for random ops downstream; elements pass unchanged."""
+
+    _one_to_one = True
 
     def __init__(self, parent: MapDataset[Any], seed: int) -> None:
         super().__init__(parent)

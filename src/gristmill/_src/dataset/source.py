@@ -42,6 +42,8 @@ class SourceMapDataset(MapDataset[Any]):
     ``n`` contiguous blocks of the source: ``ds[i] = source[offset + i % len(block)]``.
     """
 
+    _one_to_one = True
+
     def __init__(self, source: Any) -> None:
         super().__init__()
         if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
@@ -111,6 +113,8 @@ def _check_range_arg(value: Any, name: str) -> int:
 @register("range")
 class RangeMapDataset(MapDataset[int]):
     """Like builtin ``range``: ``ds[i] = start + (i % len) * step``."""
+
+    _one_to_one = True
 
     def __init__(self, start: int, stop: int | None = None, step: int = 1) -> None:
         super().__init__()

@@ -148,7 +148,8 @@ class _TimedRangeReader:
 
     A chunk of one element is read as a plain ``_get`` (untimed per node) while such reads
     are cheap: through ``_read`` it would cost ~5 µs more (numpy on a one-element index
-    array), and the engine's first, probing read would make cheap work look costly.
+    array), and the engine's first, probing read would make cheap work look costly. The
+    nodes it passed still count it (:meth:`OpClock.count_untimed`).
     """
 
     __slots__ = ("_clock", "_dataset", "_single_s")
@@ -161,9 +162,10 @@ class _TimedRangeReader:
     def __call__(self, start: int, stop: int) -> list[Any]:
         if stop - start == 1 and self._single_s < _TIMED_SINGLE_S:
             began = time.perf_counter()
-            values = [self._dataset._get(start)]
+            value = self._dataset._get(start)
             self._single_s = time.perf_counter() - began
-            return values
+            self._clock.count_untimed(value)  # the ops' rows count what the stage counts
+            return [value]
         with self._clock.reading():
             return self._dataset._read(np.arange(start, stop, dtype=np.int64))
 
@@ -498,7 +500,10 @@ def _read_plan(runner: OrderedChunkRunner, clock: OpClock | None) -> Plan:
     """A read stage's plan: the runner, with a row per MapDataset node it reads."""
     nodes: tuple[_NodeRow, ...] = ()
     if clock is not None:
-        nodes = tuple(_NodeRow(clock, key, name, runner) for key, name in clock.nodes)
+        nodes = tuple(
+            _NodeRow(clock, key, name, runner, Role.AGGREGATE if batches else Role.MAP)
+            for key, name, batches in clock.nodes
+        )
     return Plan([PlannedStage(runner.name, Role.READ, runner, nodes)])
 
 
@@ -513,12 +518,19 @@ def _start_knobs(options: ReadOptions) -> tuple[int, int]:
 class _NodeRow:
     """A plan piece: one MapDataset node's own work inside a read stage (statistics only)."""
 
-    __slots__ = ("_clock", "_key", "_name", "_runner")
+    __slots__ = ("_clock", "_key", "_name", "_role", "_runner")
 
-    def __init__(self, clock: OpClock, key: int, name: str, runner: OrderedChunkRunner) -> None:
+    def __init__(
+        self, clock: OpClock, key: int, name: str, runner: OrderedChunkRunner, role: Role
+    ) -> None:
         self._clock, self._key, self._name, self._runner = clock, key, name, runner
+        self._role = role
 
     def statistics(self) -> StageStatistics:
         stage = self._runner.statistics()
         row = self._clock.snapshot(self._key, self._name, stage.executor, stage.concurrency)
-        return dataclasses.replace(row, role=Role.MAP.value)
+        # its share is of its stage's thread time (the ops' shares add up to the stage's),
+        # its settings its stage's
+        return dataclasses.replace(
+            row, role=self._role.value, capacity_s=stage.capacity_s, tuning=stage.tuning
+        )

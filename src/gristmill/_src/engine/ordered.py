@@ -98,9 +98,21 @@ class Core:
             self.ready = self.next_claim = self.in_flight = self.tasks_out = 0
             self.outstanding.clear()
             self.barriers.clear()
-            self.threaded = False
+            self.set_threaded(False)
             self.feed.reset(position)
             self.result_ready.notify_all()  # a consumer waiting elsewhere must not wait on
+
+    def set_threaded(self, threaded: bool) -> None:
+        """Lets workers claim tasks (True) or runs the stage on its puller's thread (False);
+        the stage's thread count follows. Call with the lock held."""
+        self.threaded = threaded
+        self.sync_threads()
+
+    def sync_threads(self) -> None:
+        """The stage's threads for its capacity: its workers while they may claim, else
+        its puller's thread. Call with the lock held, after a change of either."""
+        threads = max(self.policy.workers, 1) if self.threaded else 1
+        self.counters.set_threads(threads, time.perf_counter())
 
     def _can_claim(self) -> bool:
         return (
@@ -117,6 +129,7 @@ class Core:
         ``wait=False`` returns None at once when no task can be claimed now (an executor
         that keeps a second task in flight while it waits for the first).
         """
+        counters = self.counters
         while True:
             with self.lock:
                 while (
@@ -126,12 +139,22 @@ class Core:
                     and not self.retiring
                     and (stay is None or stay())
                 ):
+                    # for room downstream: the buffer holds as much as it may (else idle:
+                    # the stage runs inline, or its feed ended)
+                    for_room = self.threaded and not self.feed.exhausted()
+                    began = time.perf_counter()
                     self.work_ready.wait()
+                    if for_room:
+                        counters.room_wait_s += time.perf_counter() - began
                 if self.closed or not self._can_claim() or (stay is not None and not stay()):
                     return None
+            # from here to the task: waiting for input (another claimer's turn at the feed,
+            # or the feed's upstream)
+            began = time.perf_counter()
             with self.feed_lock:
                 with self.lock:
                     if self.closed or not self._can_claim():
+                        counters.input_wait_s += time.perf_counter() - began
                         continue  # the wait above returns None once closed
                     generation, seq = self.generation, self.next_claim
                     room = self.policy.buffer_size - self.in_flight
@@ -142,6 +165,7 @@ class Core:
                     self.tasks_out += 1
                 task = self.feed.take(limit)
                 with self.lock:
+                    counters.input_wait_s += time.perf_counter() - began
                     if task is None:  # the feed ended: give the reservation back
                         self.in_flight -= limit
                         self.tasks_out -= 1
@@ -164,9 +188,7 @@ class Core:
                 self.done[seq] = (task, chunk)
                 self.ready += task.size
                 # Blocked on output: computed results alone fill the buffer.
-                self.counters.set_blocked(
-                    self.ready >= self.policy.buffer_size, time.perf_counter()
-                )
+                self.counters.set_full(self.ready >= self.policy.buffer_size, time.perf_counter())
                 if self.waiting_for in (seq, _ANY):
                     self.result_ready.notify()
 
@@ -346,6 +368,7 @@ class ChunkRunner:
             self._counters.concurrency = max(workers, 1)
             self._counters.buffer_size = buffer_size
             core = self._core
+            core.sync_threads()
             if core.threaded and core.executor == Executor.THREADS.value:
                 core.start_workers(workers, self._name)  # more threads now (fewer leave)
             core.reconfigured()
@@ -409,7 +432,7 @@ class ChunkRunner:
                     return None
                 inline = not self._policy.use_threads()
                 if inline:
-                    core.threaded = False  # no worker claims from here on
+                    core.set_threaded(False)  # no worker claims from here on
             else:
                 inline = False
         chunk = self._run_inline() if inline else self._take_from_workers()
@@ -448,8 +471,10 @@ class ChunkRunner:
         core = self._core
         if core.threads:
             core.retire_workers()  # e.g. the first element was a slow warm-up
+        taking = time.perf_counter()
         with core.feed_lock:
             task = core.feed.take(self._policy.inline_chunk())
+        self._counters.input_wait_s += time.perf_counter() - taking  # upstream's turn
         if task is None:
             return None
         tuner = self._tuner
@@ -479,7 +504,7 @@ class ChunkRunner:
         if not core.threaded and self._policy.use_threads():
             # `next_claim` is left alone: tasks may still be in flight from before work
             # turned cheap, and new claims must follow them.
-            core.threaded = True
+            core.set_threaded(True)
             self._finalizer.arm()
             core.start_workers(self._policy.workers, self._name)
             core.work_ready.notify_all()
@@ -509,7 +534,7 @@ class ChunkRunner:
             self._enable_workers()
             seq = self._ready_seq()
             if seq is None:
-                self._counters.set_starved(True, time.perf_counter())
+                self._counters.set_consumer_waiting(True, time.perf_counter())
                 core.waiting_for = self._next_seq if self._in_order else _ANY
                 generation = core.generation
                 try:
@@ -528,7 +553,7 @@ class ChunkRunner:
                         core.result_ready.wait()
                 finally:
                     core.waiting_for = -1
-                    self._counters.set_starved(False, time.perf_counter())
+                    self._counters.set_consumer_waiting(False, time.perf_counter())
             task, chunk = core.done.pop(seq)
             core.outstanding.discard(seq)
             core.barriers.discard(seq)
@@ -539,15 +564,15 @@ class ChunkRunner:
             if self._in_order:
                 self._next_seq += 1
             counters = self._counters
-            counters.set_blocked(core.ready >= self._policy.buffer_size, time.perf_counter())
+            counters.set_full(core.ready >= self._policy.buffer_size, time.perf_counter())
             counters.executor = core.executor
             counters.delivered(len(chunk.values), occupancy)
             if chunk.error is None:
                 core.work_ready.notify()  # room for one more task
             elif self._in_order:
-                core.threaded = False  # the consumer resets to the failing element next
+                core.set_threaded(False)  # the consumer resets to the failing element next
             if not self._policy.use_threads():
-                core.threaded = False  # drain what is in flight, then run inline
+                core.set_threaded(False)  # drain what is in flight, then run inline
             return chunk
 
     def start_early(self) -> None:
@@ -560,7 +585,7 @@ class ChunkRunner:
         self._core.reset(position)
         self._next_seq = 0
         with self._core.lock:
-            self._counters.set_blocked(False, time.perf_counter())
+            self._counters.set_full(False, time.perf_counter())
 
     def close(self) -> None:
         """Stops the executor's threads and upstream's (joined within 1 s); idempotent."""
@@ -571,10 +596,10 @@ class ChunkRunner:
         return self._core.closed
 
     def statistics(self) -> StageStatistics:
-        with self._core.lock:
+        with self._core.lock:  # the counters and the tuner's choice at one moment
             snapshot = self._counters.snapshot()
-        if self._tuner is not None:
-            snapshot = dataclasses.replace(snapshot, tuning=self._tuner.describe())
+            if self._tuner is not None:
+                snapshot = dataclasses.replace(snapshot, tuning=self._tuner.record())
         return snapshot
 
     @property

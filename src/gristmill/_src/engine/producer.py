@@ -56,8 +56,11 @@ class _Core:
         buffer_size: int,
         counters: StageCounters,
         merge_lists: bool = False,
+        passes_on: bool = False,
     ):
         self.produce = produce
+        # its produce() takes the input of a stage that only passes it on: a wait for it
+        self.done = counters.input_taken if passes_on else counters.task_done
         self.merge_lists = merge_lists
         self.tail_since = 0.0  # when the newest waiting item was published (merge_lists)
         self.buffer_size = max(1, buffer_size)
@@ -92,7 +95,7 @@ class _Core:
             now = time.perf_counter()
             with self.lock:
                 if end is None:
-                    self.counters.task_done(1, now - began)
+                    self.done(1, now - began)
                     items = self.items
                     if (
                         self.merge_lists
@@ -107,10 +110,13 @@ class _Core:
                         del item
                         continue
                     if len(self.items) >= self.buffer_size and not self.closed:
-                        self.counters.set_blocked(True, time.perf_counter())
+                        full = time.perf_counter()
+                        self.counters.set_full(True, full)
                         while len(self.items) >= self.buffer_size and not self.closed:
                             self.not_full.wait()
-                        self.counters.set_blocked(False, time.perf_counter())
+                        room = time.perf_counter()
+                        self.counters.set_full(False, room)
+                        self.counters.room_wait_s += room - full  # its one thread waited
                     if self.closed:
                         return
                     self.items.append(item)
@@ -163,7 +169,7 @@ class _Core:
         except Exception as e:
             return _End(e)
         with self.lock:
-            self.counters.task_done(1, time.perf_counter() - began)
+            self.done(1, time.perf_counter() - began)
             self.counters.delivered(len(item), len(item))
             self.taken = True
         return [item]
@@ -181,7 +187,7 @@ class _Core:
                 began = time.perf_counter()
                 deadline = None if timeout is None else began + timeout
                 self.consumer_waiting = True
-                self.counters.set_starved(True, began)
+                self.counters.set_consumer_waiting(True, began)
                 try:
                     while not self.items and self.end is None:
                         if self.closed:
@@ -197,7 +203,7 @@ class _Core:
                             self.not_empty.wait(remaining)
                 finally:
                     self.consumer_waiting = False
-                    self.counters.set_starved(False, time.perf_counter())
+                    self.counters.set_consumer_waiting(False, time.perf_counter())
             return self._take_locked()
 
     def _take_locked(self) -> list[Any] | _End:
@@ -225,7 +231,11 @@ class _Core:
 
 
 class BackgroundProducer:
-    """One thread calling ``produce()``; the consumer takes items in order with ``take()``."""
+    """One thread calling ``produce()``; the consumer takes items in order with ``take()``.
+
+    ``passes_on``: ``produce()`` only takes the input of a stage that passes it on (a sink,
+    a prefetch buffer): its time is counted as the stage waiting for input, not working.
+    """
 
     def __init__(
         self,
@@ -235,8 +245,9 @@ class BackgroundProducer:
         counters: StageCounters,
         merge_lists: bool = False,
         serve_idle_consumer: bool = False,
+        passes_on: bool = False,
     ) -> None:
-        self._core = _Core(produce, buffer_size, counters, merge_lists)
+        self._core = _Core(produce, buffer_size, counters, merge_lists, passes_on)
         # serve_idle_consumer: an idle consumer is the first guess, so the thread starts
         # parked, and produces once the consumer is away between its takes (training)
         self._core.park_requested = serve_idle_consumer

@@ -2,9 +2,19 @@
 
 Counters are updated per chunk (never per element), so their cost per element is the cost
 of one chunk update divided by the chunk size. Percentiles come from a bounded reservoir of
-recent per-chunk task times. Waits (the consumer starved for output, the stage blocked on a
-full buffer) are recorded per wait, with the most recent durations kept, so observers such
-as the SPDL dialect's ``StatsQueue`` can report their distribution.
+recent per-chunk task times.
+
+A stage's time is counted per thread: its *capacity* is the thread-seconds it had (its
+threads integrated over its wall time), and each of its threads is, at any moment, working
+(running the stage's own work), starved (waiting for its input), blocked (waiting for room
+downstream: its buffer holds as much as it may) or idle (none of these: not asked to run,
+starting, bookkeeping). So ``busy_s + starved_s + blocked_s + idle_s == capacity_s``, and
+each share of the capacity is at most 1 whatever the thread count and its changes.
+
+The boundary after a stage is counted too, in wall seconds: how long its consumer waited
+for its output, and how long its buffer was full of finished output, per wait, with the most
+recent durations kept, so observers such as the SPDL dialect's ``StatsQueue`` can report
+their distribution.
 """
 
 from __future__ import annotations
@@ -16,19 +26,27 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gristmill._src.engine.stats_table import render_table
+from gristmill._src.engine.verdict import bottleneck
+
 _RESERVOIR = 1024
 
 
 @dataclasses.dataclass(frozen=True)
 class StageStatistics:
-    """A snapshot of one stage's counters."""
+    """A snapshot of one stage's counters.
+
+    Its thread time adds up: ``busy_s + starved_s + blocked_s + idle_s == capacity_s``
+    (the module docstring says how it is counted).
+    """
 
     name: str
     """The stage's name (the operations it runs)."""
     executor: str
-    """Where the work ran most recently: ``"inline"`` (the consumer's thread) or ``"threads"``."""
+    """Where the work ran most recently: ``"inline"`` (its puller's thread), ``"threads"``,
+    ``"asyncio"`` (tasks on an event loop), ``"processes"`` or ``"ray"``."""
     concurrency: int
-    """Workers available to the stage (threads; 1 when inline)."""
+    """Workers the stage may use now (threads, tasks or processes; 1 when it has none)."""
     elements_in: int
     """Elements handed to the stage's function (counting the ones that failed)."""
     elements_out: int
@@ -36,7 +54,7 @@ class StageStatistics:
     tasks: int
     """Work units (chunks) the stage ran."""
     busy_s: float
-    """Seconds spent running the stage's function, summed over workers."""
+    """Thread-seconds spent running the stage's own work, summed over its threads."""
     mean_task_s: float
     """Mean seconds per task (chunk)."""
     p50_task_s: float
@@ -46,13 +64,24 @@ class StageStatistics:
     mean_element_s: float
     """Mean seconds of work per element (busy time / elements in)."""
     starved_s: float
-    """Seconds the stage's consumer waited because the stage had no output ready."""
+    """Thread-seconds the stage waited for its input: nothing was ready upstream (a stage
+    run on its puller's thread counts the time it took its input, upstream work run there
+    included)."""
     blocked_s: float
-    """Seconds its finished, undelivered output filled the buffer (waiting on the consumer)."""
-    starved_waits: int
+    """Thread-seconds the stage waited for room downstream: its buffer held as much as it
+    may (finished output not yet taken, and work in flight)."""
+    capacity_s: float
+    """Thread-seconds the stage had: its threads (workers; one while it runs on its
+    puller's thread) integrated over its wall time."""
+    consumer_wait_s: float
+    """Seconds the stage's consumer waited for its output (none was ready): for the last
+    stage, the training loop's wait for data."""
+    consumer_waits: int
     """Times the consumer had to wait for the stage (each wait counted once, however long)."""
-    blocked_waits: int
-    """Times the stage's output filled its buffer (each such period counted once)."""
+    full_s: float
+    """Seconds the stage's buffer was full of finished output its consumer had not taken."""
+    full_periods: int
+    """Times the stage's finished output filled its buffer (each such period counted once)."""
     buffer_size: int
     """The stage's buffer bound, in elements."""
     mean_buffer_occupancy: float
@@ -61,60 +90,158 @@ class StageStatistics:
     """Seconds since the stage started."""
     throughput: float
     """Elements delivered per second of wall time."""
-    recent_starved_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
+    recent_consumer_waits_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
     """Durations of the most recent consumer waits (at most 1024, oldest first; an ongoing
     wait is not included until it ends)."""
-    recent_blocked_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
-    """Durations of the most recent blocked periods (at most 1024, oldest first)."""
+    recent_full_s: tuple[float, ...] = dataclasses.field(default=(), repr=False)
+    """Durations of the most recent periods its buffer was full (at most 1024, oldest
+    first)."""
     part_of: str = ""
     """The stage this one runs inside, if any: an op of a fused chain (its ``busy_s`` is
-    its own work, part of that stage's)."""
+    its own work, part of that stage's; its ``capacity_s`` is that stage's)."""
     role: str = ""
     """What the stage does (``engine.plan.Role``'s value: ``"map"``, ``"sink"``, ...)."""
-    tuning: str = ""
-    """``"auto, N changes"`` when the autotuner sets its workers and buffer (``""``: the
-    settings given)."""
+    tuning: Tuning | None = None
+    """What the autotuner chose for the stage, when it tunes the stage (None: the settings
+    given)."""
     buffer_occupancy: int = 0
     """Elements in flight or ready when the consumer last took a chunk: the latest of the
     samples that ``mean_buffer_occupancy`` averages (a profile's fill over time)."""
 
+    @property
+    def idle_s(self) -> float:
+        """Thread-seconds the stage's threads neither worked nor waited for input or room
+        (not asked to run, starting, bookkeeping): the rest of :attr:`capacity_s`."""
+        return max(0.0, self.capacity_s - self.busy_s - self.starved_s - self.blocked_s)
+
+    def shares(self) -> TimeShares:
+        """The stage's thread time as shares of its capacity (they add up to 1)."""
+        return TimeShares.of(self.busy_s, self.starved_s, self.blocked_s, self.capacity_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """What the autotuner chose for one stage: one record for every report of it (the
+    statistics table, ``gristmill profile``'s printout and its HTML report)."""
+
+    chosen: dict[str, int]
+    """The settings it chose (``{"workers": ..., "buffer_size": ...}``): the stage's
+    settings, or while it tries a change, those it goes back to unless the trial pays;
+    what ``plan().apply(...)`` freezes."""
+    changes: int
+    """Changes it made and kept (each knob counted once)."""
+    trying: dict[str, int] | None = None
+    """The settings on trial now (they run now), if a trial is under way."""
+    frozen: bool = False
+    """Whether the stage was configured by hand since (it is no longer tuned)."""
+
+    def describe(self) -> str:
+        """``"auto, 3 changes"`` (``"frozen, ..."`` once configured by hand), with the trial
+        under way, if any: ``"auto, 3 changes, trying workers 32"``."""
+        count = f"{self.changes} change{'s' if self.changes != 1 else ''}"
+        text = f"{'frozen' if self.frozen else 'auto'}, {count}"
+        if self.trying:
+            text += ", trying " + ", ".join(f"{k} {v}" for k, v in self.trying.items())
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeShares:
+    """A stage's thread time as shares of its capacity: ``working + starved + blocked +
+    idle == 1`` (when nothing was measured yet, all four are 0)."""
+
+    working: float
+    """Running the stage's own work."""
+    starved: float
+    """Waiting for input (nothing ready upstream)."""
+    blocked: float
+    """Waiting for room downstream (its buffer held as much as it may)."""
+    idle: float
+    """The rest: not asked to run, starting, bookkeeping."""
+
+    @classmethod
+    def of(cls, busy_s: float, starved_s: float, blocked_s: float, capacity_s: float) -> TimeShares:
+        """The shares of ``capacity_s``. Parts measured a little past it (a worker that
+        finishes its task after its thread count was lowered) are scaled to fit."""
+        parts = [max(0.0, busy_s), max(0.0, starved_s), max(0.0, blocked_s)]
+        whole = max(capacity_s, sum(parts))
+        if whole <= 0:
+            return cls(0.0, 0.0, 0.0, 0.0)
+        working, starved, blocked = (part / whole for part in parts)
+        return cls(working, starved, blocked, max(0.0, 1.0 - working - starved - blocked))
+
 
 class Waits(NamedTuple):
-    """A stage's delivered elements and wait counters, cheap to read (no percentiles)."""
+    """A stage's delivered elements and the waits at its output, cheap to read (no
+    percentiles)."""
 
     elements_out: int
-    starved_s: float
-    starved_waits: int
-    recent_starved_s: tuple[float, ...]
-    blocked_s: float
-    blocked_waits: int
-    recent_blocked_s: tuple[float, ...]
+    consumer_wait_s: float
+    consumer_waits: int
+    recent_consumer_waits_s: tuple[float, ...]
+    full_s: float
+    full_periods: int
+    recent_full_s: tuple[float, ...]
+
+
+class Periods:
+    """Periods of one kind at a stage's output (its consumer waiting for it, its buffer
+    full): their total, their count, the most recent durations and the one under way."""
+
+    __slots__ = ("count", "recent", "since", "total_s")
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self.count = 0
+        self.since: float | None = None
+        self.recent: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
+
+    def set(self, active: bool, now: float) -> None:
+        """A period starts (True) or ends (False) at ``now``; the same again changes
+        nothing."""
+        if active and self.since is None:
+            self.since = now
+        elif not active and self.since is not None:
+            seconds = now - self.since
+            self.total_s += seconds
+            self.count += 1
+            self.recent.append(seconds)
+            self.since = None
+
+    def so_far(self, now: float) -> float:
+        """The total until ``now``, the period under way included (read once: safe from
+        another thread)."""
+        since = self.since
+        return self.total_s + (now - since if since is not None else 0.0)
 
 
 class StageCounters:
-    """The live counters of one stage. Not thread-safe: update under the owner's lock."""
+    """The live counters of one stage. Not thread-safe: update under the owner's lock.
+
+    The stage's threads (:meth:`set_threads`) start at ``concurrency``: a piece that runs on
+    a fixed number of threads never changes them.
+    """
 
     __slots__ = (
-        "_blocked_since",
-        "_blocked_times",
+        "_capacity_s",
         "_occupancy_last",
         "_occupancy_samples",
         "_occupancy_sum",
         "_started",
-        "_starved_since",
-        "_starved_times",
         "_task_times",
-        "blocked_s",
-        "blocked_waits",
+        "_threads",
+        "_threads_since",
         "buffer_size",
         "busy_s",
         "concurrency",
+        "consumer_waiting",
         "elements_in",
         "elements_out",
         "executor",
+        "full",
+        "input_wait_s",
         "name",
-        "starved_s",
-        "starved_waits",
+        "room_wait_s",
         "tasks",
     )
 
@@ -127,19 +254,18 @@ class StageCounters:
         self.elements_out = 0
         self.tasks = 0
         self.busy_s = 0.0
-        self.starved_s = 0.0
-        self.blocked_s = 0.0
-        self.starved_waits = 0
-        self.blocked_waits = 0
-        self._blocked_since: float | None = None
-        self._starved_since: float | None = None
-        self._blocked_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
-        self._starved_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
+        self.input_wait_s = 0.0  # thread-seconds waiting for input
+        self.room_wait_s = 0.0  # thread-seconds waiting for room downstream
+        self.consumer_waiting = Periods()  # the consumer waited for the output
+        self.full = Periods()  # finished, undelivered output filled the buffer
         self._task_times: collections.deque[float] = collections.deque(maxlen=_RESERVOIR)
         self._occupancy_sum = 0
         self._occupancy_samples = 0
         self._occupancy_last = 0
         self._started = time.perf_counter()
+        self._threads = max(concurrency, 1)
+        self._threads_since = self._started
+        self._capacity_s = 0.0  # thread-seconds until `_threads_since`
 
     def task_done(self, elements: int, seconds: float) -> None:
         self.tasks += 1
@@ -147,11 +273,27 @@ class StageCounters:
         self.busy_s += seconds
         self._task_times.append(seconds)
 
+    def input_taken(self, elements: int, seconds: float) -> None:
+        """A stage whose own work is taking its input (a sink, a prefetch buffer) took
+        ``elements`` in ``seconds``: counted as a wait for input, not as work."""
+        self.tasks += 1
+        self.elements_in += elements
+        self.input_wait_s += seconds
+
     def delivered(self, elements: int, occupancy: int) -> None:
         self.elements_out += elements
         self._occupancy_sum += occupancy
         self._occupancy_samples += 1
         self._occupancy_last = occupancy
+
+    def set_threads(self, threads: int, now: float) -> None:
+        """The stage has ``threads`` threads from ``now`` on (its capacity grows with them)."""
+        self._capacity_s += (now - self._threads_since) * self._threads
+        self._threads, self._threads_since = max(threads, 1), now
+
+    def capacity_s(self, now: float) -> float:
+        """Thread-seconds the stage had until ``now``."""
+        return self._capacity_s + (now - self._threads_since) * self._threads
 
     @property
     def occupancy_totals(self) -> tuple[int, int]:
@@ -160,48 +302,44 @@ class StageCounters:
         return self._occupancy_sum, self._occupancy_samples
 
     @property
-    def blocked_now(self) -> bool:
+    def consumer_wait_s(self) -> float:
+        """Seconds the consumer waited for the output (the waits that ended)."""
+        return self.consumer_waiting.total_s
+
+    @property
+    def full_periods(self) -> int:
+        """Times finished, undelivered output filled the buffer (the periods that ended)."""
+        return self.full.count
+
+    @property
+    def full_now(self) -> bool:
         """Whether finished, undelivered output fills the buffer now."""
-        return self._blocked_since is not None
+        return self.full.since is not None
 
-    def set_blocked(self, blocked: bool, now: float) -> None:
-        if blocked and self._blocked_since is None:
-            self._blocked_since = now
-        elif not blocked and self._blocked_since is not None:
-            seconds = now - self._blocked_since
-            self.blocked_s += seconds
-            self.blocked_waits += 1
-            self._blocked_times.append(seconds)
-            self._blocked_since = None
+    def set_full(self, full: bool, now: float) -> None:
+        """Finished, undelivered output starts (True) or stops (False) filling the buffer."""
+        self.full.set(full, now)
 
-    def set_starved(self, starved: bool, now: float) -> None:
+    def set_consumer_waiting(self, waiting: bool, now: float) -> None:
         """The consumer starts (True) or stops (False) waiting for the stage's output."""
-        if starved and self._starved_since is None:
-            self._starved_since = now
-        elif not starved and self._starved_since is not None:
-            seconds = now - self._starved_since
-            self.starved_s += seconds
-            self.starved_waits += 1
-            self._starved_times.append(seconds)
-            self._starved_since = None
+        self.consumer_waiting.set(waiting, now)
 
     def waits(self) -> Waits:
-        """Elements delivered and the waits so far (a wait in progress counts so far).
+        """Elements delivered and the waits at the output so far (a wait in progress
+        counts so far).
 
         Safe to call from another thread: each field is read once.
         """
         now = time.perf_counter()
-        blocked_since, starved_since = self._blocked_since, self._starved_since
-        blocked = self.blocked_s + (now - blocked_since if blocked_since is not None else 0.0)
-        starved = self.starved_s + (now - starved_since if starved_since is not None else 0.0)
+        waiting, full = self.consumer_waiting, self.full
         return Waits(
             self.elements_out,
-            starved,
-            self.starved_waits,
-            tuple(self._starved_times),
-            blocked,
-            self.blocked_waits,
-            tuple(self._blocked_times),
+            waiting.so_far(now),
+            waiting.count,
+            tuple(waiting.recent),
+            full.so_far(now),
+            full.count,
+            tuple(full.recent),
         )
 
     def snapshot(self) -> StageStatistics:
@@ -222,18 +360,21 @@ class StageCounters:
             p50_task_s=p50,
             p99_task_s=p99,
             mean_element_s=self.busy_s / self.elements_in if self.elements_in else 0.0,
-            starved_s=waits.starved_s,
-            blocked_s=waits.blocked_s,
-            starved_waits=waits.starved_waits,
-            blocked_waits=waits.blocked_waits,
+            starved_s=self.input_wait_s,
+            blocked_s=self.room_wait_s,
+            capacity_s=self.capacity_s(now),
+            consumer_wait_s=waits.consumer_wait_s,
+            consumer_waits=waits.consumer_waits,
+            full_s=waits.full_s,
+            full_periods=waits.full_periods,
             buffer_size=self.buffer_size,
             mean_buffer_occupancy=(
                 self._occupancy_sum / self._occupancy_samples if self._occupancy_samples else 0.0
             ),
             wall_s=wall,
             throughput=self.elements_out / wall if wall > 0 else 0.0,
-            recent_starved_s=waits.recent_starved_s,
-            recent_blocked_s=waits.recent_blocked_s,
+            recent_consumer_waits_s=waits.recent_consumer_waits_s,
+            recent_full_s=waits.recent_full_s,
             buffer_occupancy=self._occupancy_last,
         )
 
@@ -251,76 +392,24 @@ class PipelineStatistics:
     def bottleneck(self) -> str:
         """A one-sentence verdict: which stage limits throughput, and why.
 
-        Each stage's *load* is the share of the wall time its workers spent on its own work
-        (busy seconds / (wall seconds x workers)); work that runs inline runs on its
-        puller's thread, so its load counts against the consumer. The stage with the
-        highest load limits throughput when that load is high (``BUSY_LOAD``). When no
-        stage is that busy, the consumer is the limit (it does its own work, a training
-        step), unless data was still waited for most of the time: then the busiest stage
+        Each stage's *load* is the share of its thread time (:attr:`StageStatistics.
+        capacity_s`) its threads spent on its own work; work that runs inline runs on its
+        puller's thread, one thread. The stage with the highest load limits throughput
+        when that load is high (``BUSY_LOAD``). When no stage is that busy, the consumer is
+        the limit (it does its own work, a training step), unless data was still waited for
+        most of the time (a consumer waited for a stage's output): then the busiest stage
         is named, its workers waiting on each other (the GIL) or on a bursty stage. Stages
         that only pass data on (a sink, a prefetch buffer: their time is their upstream's)
         are not candidates; for a fused stage, the verdict names the op of its chain that
         takes most of its time.
         """
-        if not self.stages:
-            return "no stage has run yet"
-        last = self.stages[-1]
-        if last.elements_out == 0:
-            return "no element has been delivered yet"
-        wall = max(s.wall_s for s in self.stages)
-        if wall <= 0:
-            return "no time has passed yet"
-        candidates = [s for s in self.stages if s.role not in PASS_THROUGH_ROLES]
-        if not candidates:
-            return "no stage does work of its own"
-        top = max(candidates, key=lambda s: load(s, wall))
-        top_load = load(top, wall)
-        parts = [s for s in self.ops if s.part_of == top.name]
-        waited = max(s.starved_s for s in self.stages) / wall
-        if top_load < BUSY_LOAD and waited < 0.5:
-            return (
-                f"the consumer: the busiest stage, {top.name!r}, worked only {top_load:.0%} "
-                f"of the time (the pipeline delivers {last.throughput:,.0f} elements/s); "
-                "speed up the training step, not the data"
-            )
-        if top_load < BUSY_LOAD:
-            reason = (
-                f"the busiest: data was waited for {waited:.0%} of the time, yet its workers "
-                f"worked only {top_load:.0%} of it: they wait on each other's GIL (Python "
-                "work on threads: use processes) or on a bursty stage upstream (raise the "
-                "buffer sizes in front of it)"
-            )
-        else:
-            reason = _reason(top, top_load)
-        op = max(parts, key=lambda s: s.busy_s) if parts else None
-        # a fused stage: name the op its time goes to (unless most of it is in ops timed
-        # as a whole: the IterDataset ops fused after the chain's nodes)
-        if op is not None and op.busy_s >= top.busy_s - sum(s.busy_s for s in parts):
-            share = op.busy_s / top.busy_s if top.busy_s > 0 else 0.0
-            return (
-                f"op {op.name!r} ({op.mean_element_s * 1e6:,.1f} µs per element, "
-                f"{share:.0%} of its stage's work) in stage {top.name!r}: {reason}"
-            )
-        return f"stage {top.name!r}: {reason}"
+        return bottleneck(self)
 
-    def table(self) -> str:
-        """Every stage as a row of a table: ops of a fused stage indented under it."""
-        header = TABLE_COLUMNS
-        rows: list[tuple[str, ...]] = [header]
-        for s in self.rows():
-            name, *rest = table_cells(s)
-            rows.append((("  " if s.part_of else "") + name, *rest))
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        lines = []
-        for n, row in enumerate(rows):
-            padded = [
-                cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i])
-                for i, cell in enumerate(row)
-            ]
-            lines.append("  ".join(padded).rstrip())
-            if n == 0:
-                lines.append("  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+    def table(self, width: int | None = None) -> str:
+        """Every stage as a row of a table, the ops of a fused stage indented before it,
+        laid out in ``width`` columns (None: the terminal's, 100 where there is none):
+        long stage names wrap within their column, or take a line of their own."""
+        return render_table(self, width)
 
     def rows(self) -> list[StageStatistics]:
         """The stages in order, each preceded by the ops it runs fused."""
@@ -334,76 +423,18 @@ class PipelineStatistics:
         return self.table()
 
 
-TABLE_COLUMNS = (
-    "stage",
-    "where",
-    "in",
-    "out",
-    "elements/s",
-    "busy s",
-    "µs/element",
-    "starved s",
-    "blocked s",
-    "buffer",
-)
-"""The columns of :meth:`PipelineStatistics.table` (and of ``gristmill profile``'s report)."""
-
-
-def table_cells(s: StageStatistics) -> tuple[str, ...]:
-    """``s`` as the cells of a table row, one per :data:`TABLE_COLUMNS` (the name as it is:
-    a fused op's row leaves the wait and buffer cells empty, they are its stage's)."""
-    fused = bool(s.part_of)
-    return (
-        s.name,
-        f"{s.executor} x{s.concurrency}" + (" auto" if s.tuning else ""),
-        f"{s.elements_in:,}",
-        f"{s.elements_out:,}",
-        f"{s.throughput:,.0f}",
-        f"{s.busy_s:.3f}",
-        f"{s.mean_element_s * 1e6:,.1f}",
-        "" if fused else f"{s.starved_s:.3f}",
-        "" if fused else f"{s.blocked_s:.3f}",
-        "" if fused else f"{s.mean_buffer_occupancy:.1f}/{s.buffer_size}",
-    )
-
-
-PASS_THROUGH_ROLES = frozenset({"sink", "prefetch"})
-"""Roles whose busy time is their upstream's work (they only hand it on)."""
-BUSY_LOAD = 0.7
-"""A stage whose workers work at least this share of the time limits throughput."""
-
-
-def load(s: StageStatistics, wall_s: float) -> float:
-    """The share of ``wall_s`` that ``s``'s workers spent on its own work."""
-    return s.busy_s / (wall_s * max(s.concurrency, 1))
-
-
-def _reason(s: StageStatistics, stage_load: float) -> str:
-    per_element = f"{s.mean_element_s * 1e6:,.1f} µs of work per element"
-    if s.executor == "inline":
-        return (
-            f"{per_element}, run inline on its puller's thread (the consumer's, unless a "
-            f"threaded stage pulls it), {stage_load:.0%} of the time; give it workers "
-            "(ReadOptions(num_threads=...), pipe(concurrency=...)) or make it cheaper"
-        )
-    where = {"threads": "threads", "asyncio": "concurrent tasks"}.get(s.executor, "workers")
-    reason = f"{per_element} on {s.concurrency} {where}, busy {stage_load:.0%} of the time"
-    if s.executor == "threads":
-        reason += (
-            "; more threads help only if the work releases the GIL, else use processes "
-            "(mp_prefetch, a to() region)"
-        )
-    else:
-        reason += "; give it more workers"
-    return reason
-
-
 def format_line(s: StageStatistics) -> str:
-    """One log line for a stage."""
+    """One log line for a stage: its counts, its thread time's shares, its buffer."""
+    share = s.shares()
+    where = f"{s.executor} x{s.concurrency}"
+    if s.tuning is not None:
+        where += f", {s.tuning.describe()}"
     return (
-        f"stage {s.name!r} [{s.executor} x{s.concurrency}]: in={s.elements_in} "
+        f"stage {s.name!r} [{where}]: in={s.elements_in} "
         f"out={s.elements_out} {s.throughput:,.0f}/s busy={s.busy_s:.3f}s "
         f"task p50={s.p50_task_s * 1e3:.3f}ms p99={s.p99_task_s * 1e3:.3f}ms "
-        f"starved={s.starved_s:.3f}s blocked={s.blocked_s:.3f}s "
+        f"work={share.working:.0%} starved={share.starved:.0%} "
+        f"blocked={share.blocked:.0%} idle={share.idle:.0%} "
+        f"consumer_wait={s.consumer_wait_s:.3f}s "
         f"buffer={s.mean_buffer_occupancy:.1f}/{s.buffer_size}"
     )

@@ -71,6 +71,8 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.engine.stats import Tuning
+
 _logger = logging.getLogger("gristmill.autotune")
 
 GAIN = 1.08
@@ -247,7 +249,7 @@ class _Window:
     produced: int
     cpu: float
     starved: float
-    blocked_waits: int
+    full_periods: int
     occupancy: tuple[int, int]
     busy: float
 
@@ -256,8 +258,8 @@ class StageTuner:
     """Tunes one runner (see the module docstring). Called on its consumer's thread only.
 
     ``knobs()`` and ``configure(workers=, buffer_size=)`` are the runner's; ``counters``
-    its live ``StageCounters`` (``elements_in``, ``starved_s``, ``blocked_waits``,
-    ``blocked_now``, ``occupancy_totals`` and ``executor`` are read). ``freeze`` turns
+    its live ``StageCounters`` (``elements_in``, ``consumer_wait_s``, ``full_periods``,
+    ``full_now``, ``occupancy_totals`` and ``executor`` are read). ``freeze`` turns
     the current knobs into the settings a user would write (for the log line).
     """
 
@@ -412,15 +414,15 @@ class StageTuner:
         self._last_work_cpu_share = min(1.0, cpu / busy) if busy > 0 else 1.0
         # A larger buffer helps only a consumer that waited while finished work filled the
         # buffer (behind a slow element: a bursty stage).
-        self._last_starved_share = (counters.starved_s - window.starved) / elapsed
+        self._last_starved_share = (counters.consumer_wait_s - window.starved) / elapsed
         # ... or while the work in flight filled it (workers waited for room to claim)
         total, samples = counters.occupancy_totals
         samples -= window.occupancy[1]
         occupancy = (total - window.occupancy[0]) / samples if samples > 0 else 0.0
         buffer = self._knobs()["buffer_size"]
         self._last_filled = (
-            counters.blocked_waits > window.blocked_waits
-            or counters.blocked_now
+            counters.full_periods > window.full_periods
+            or counters.full_now
             or occupancy >= FULL * buffer
         )
         self._step(rate, now)
@@ -440,8 +442,8 @@ class StageTuner:
             now,
             counters.elements_in,
             self._cpu_clock(),
-            counters.starved_s,
-            counters.blocked_waits,
+            counters.consumer_wait_s,
+            counters.full_periods,
             counters.occupancy_totals,
             counters.busy_s,
         )
@@ -766,11 +768,12 @@ class StageTuner:
         self._set({knob: new})
         self._record(knob, old, new, before, after, self._clock())
 
-    def describe(self) -> str:
-        """``"auto, 3 changes"`` (``"frozen, ..."`` once configured by hand) for the
-        statistics."""
-        count = len(self.changes)
-        return f"{'frozen' if self.frozen else 'auto'}, {count} change{'s' if count != 1 else ''}"
+    def record(self) -> Tuning:
+        """What it chose so far, as the statistics report it: the settings it goes back to
+        while a trial runs (else the stage's), the changes kept, the trial under way."""
+        if self.frozen:  # configured by hand: its settings are the user's now
+            return Tuning(dict(self._knobs()), len(self.changes), None, frozen=True)
+        return Tuning(self.chosen or dict(self._knobs()), len(self.changes), self.trying)
 
 
 def nbytes(value: Any, depth: int = 0) -> int:

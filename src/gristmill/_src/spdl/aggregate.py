@@ -89,8 +89,10 @@ class AggregateStream:
         collate = self._aggregator if type(self._aggregator) is Collate else None
         covers = self._covers
         while True:
+            taking = time.perf_counter()
             chunk = self._upstream.next_chunk()
             began = time.perf_counter()
+            self._counters.input_wait_s += began - taking  # its input (upstream work too)
             outputs: list[Any] = []
             error = None
             if chunk is not None and chunk.keys is not None and collate is not None:

@@ -185,6 +185,7 @@ class Pipeline(Generic[T]):
             counters=self._counters,
             merge_lists=True,  # cheap chunks travel together (see BackgroundProducer)
             serve_idle_consumer=True,  # a loop that only iterates makes its items itself
+            passes_on=True,  # its time is the last stage's: a wait for input
         )
         for stream in self._streams:
             start = getattr(stream, "start_early", None) or getattr(stream, "start", None)

@@ -88,15 +88,16 @@ _EMPTY = BoundaryReading(0, 0.0, 0, (), 0.0, 0, ())
 
 
 def reading_of(waits: Waits | StageStatistics, items: int) -> BoundaryReading:
-    """The boundary after a stage: its consumer's waits (starved) and its own (blocked)."""
+    """The boundary after a stage: its consumer's waits for its output (get) and the time
+    its finished output filled the buffer (put)."""
     return BoundaryReading(
         items=items,
-        get_s=waits.starved_s,
-        get_waits=waits.starved_waits,
-        recent_get_s=waits.recent_starved_s,
-        put_s=waits.blocked_s,
-        put_waits=waits.blocked_waits,
-        recent_put_s=waits.recent_blocked_s,
+        get_s=waits.consumer_wait_s,
+        get_waits=waits.consumer_waits,
+        recent_get_s=waits.recent_consumer_waits_s,
+        put_s=waits.full_s,
+        put_waits=waits.full_periods,
+        recent_put_s=waits.recent_full_s,
     )
 
 
@@ -187,13 +188,13 @@ class StatsQueue(AsyncQueue[T]):
       so a generator's (or ``disaggregate``'s) outputs of one input count once until the next
       ``aggregate`` or the sink, and an item an op dropped (``None``, a failure) still counts.
     - get wait: the time the consuming side (the next stage, the sink thread, or the caller
-      of ``get_item`` for ``sink_queue``) waited because nothing was ready — the engine's
-      *starved* time. A consumer waits once per chunk, so ``ave_get_time`` is the total wait
+      of ``get_item`` for ``sink_queue``) waited because nothing was ready — the stage's
+      ``consumer_wait_s``. A consumer waits once per chunk, so ``ave_get_time`` is the total wait
       divided by ``num_items``, and the percentiles count every wait as one item's and the
       other items as waiting 0.
     - put wait: the time the producing side could not hand on work because the boundary was
-      full — the engine's *blocked* time (a stage's finished output filling its buffer, the
-      source's or the sink's thread waiting for room); averaged and ranked the same way.
+      full — the stage's ``full_s`` (its finished output filling its buffer, the source's
+      or the sink's thread waiting for room); averaged and ranked the same way.
     - ``occupancy_rate``: ``1 - get wait / elapsed``: the share of the time the consumer found
       data ready (an ongoing wait counts). A stage run inline by its consumer is never waited
       for, so its boundary reads 1.

@@ -218,7 +218,7 @@ _HANGING_STAGE = textwrap.dedent(
     from gristmill.pipeline import PipelineBuilder, defs
 
     def hang(x):
-        if x == 3:
+        if x == 1:  # the call after the first item's: it starts whatever the buffers hold
             open(sys.argv[2], "w").close()  # the call that hangs has begun
             threading.Event().wait()
         return x
@@ -237,7 +237,9 @@ _HANGING_STAGE = textwrap.dedent(
         pipeline = builder.add_sink(1).build(num_threads=1)
         pipeline.start()
         print("got", pipeline.get_item(), flush=True)
-        while not os.path.exists(sys.argv[2]):  # the worker reaches item 3, however late
+        # ask for item 1 too: a stage may compute only what is asked for
+        threading.Thread(target=pipeline.get_item, daemon=True).start()
+        while not os.path.exists(sys.argv[2]):  # the worker reaches item 1, however late
             time.sleep(0.01)
         pipeline.stop()
         print("stopped", flush=True)

@@ -43,6 +43,14 @@ def _load_jax_as_grain_does():
     flags.FLAGS.mark_as_parsed()
 
 
+@pytest.fixture(autouse=True)
+def no_terminal_width(monkeypatch):
+    """Every test sees the width of no terminal (100 columns), as under a plain ``pytest``:
+    pytest-xdist's workers set ``COLUMNS=80``, and the statistics table fits the terminal.
+    A test about the width sets ``COLUMNS`` itself."""
+    monkeypatch.setenv("COLUMNS", "100")
+
+
 def gristmill_threads():
     return [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
 

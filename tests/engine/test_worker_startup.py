@@ -261,9 +261,15 @@ import gristmill as gm
 if __name__ == "__main__":
     ds = gm.MapDataset.range(64).map(lambda x: os.getpid()).to_iter_dataset()
     it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2)))
-    workers = {next(it) for _ in range(16)}
+    next(it)
+    # The workers are this process's children (forked); which of them produced the first
+    # elements depends on timing, so they are read from /proc, not from the elements.
+    workers = []
+    for thread in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{thread}/children") as children:
+            workers += children.read().split()
     with open("workers.txt", "w") as out:
-        out.write(" ".join(map(str, workers)))
+        out.write(" ".join(workers))
     if os.fork() == 0:  # a child of the user's that outlives the script
         time.sleep(60)
         os._exit(0)

@@ -49,7 +49,9 @@ def pool_actor_names():
     return sorted(n for n in ray.util.list_named_actors() if n.startswith(NAME_PREFIX))
 
 
-def wait_for_actor_names(predicate, timeout_s=10.0):
+def wait_for_actor_names(predicate, timeout_s=120.0):
+    """The pool's actor names once ``predicate`` holds of them (or at the deadline, for the
+    caller's assert to show): generous, as a loaded machine starts a Ray actor slowly."""
     deadline = time.monotonic() + timeout_s
     while not predicate(names := pool_actor_names()) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -287,6 +287,7 @@ class _Lowering:
             max_failures=self.build_limit,
             name=str(info),
             report_stats_interval=-1 if self.queues is None else self.queues.interval,
+            delivered=self.delivered,
         )
         self.last_runner = None
         return self._observed(info, region, Role.REGION)

@@ -236,3 +236,38 @@ def test_a_version_1_state_still_restores():
     pipeline = build(6, [("generator",)])
     pipeline.set_state(state)
     assert drain(pipeline) == [16]  # expand(5) is [15, 16]
+
+
+def continuous(concurrency):
+    return (
+        PipelineBuilder()
+        .add_source(range(7), continuous=True)
+        .pipe(drop_some, concurrency=concurrency, output_order="input")
+        .aggregate(3)  # an epoch's last batch is partial: flushed at the epoch's end
+        .pipe(expand, concurrency=concurrency, output_order="input")
+        .add_sink(3)
+        .build(num_threads=concurrency)
+    )
+
+
+def epochs(pipeline, count):
+    return [list(pipeline.get_iterator()) for _ in range(count)]
+
+
+def test_a_continuous_pipeline_resumes_inside_a_batch_across_epochs():
+    expected = epochs(continuous(1), 4)
+    for cut in range(sum(map(len, expected[:3]))):
+        first = continuous(2)
+        seen: list[list] = [[]]
+        while sum(map(len, seen)) < cut:  # read `cut` items, across epoch ends
+            try:
+                seen[-1].append(first.get_item(timeout=30))
+            except EOFError:
+                seen.append([])
+        state = first.get_state()
+        first.stop()
+        second = continuous(3)
+        second.set_state(state)
+        rest = [list(second.get_iterator()), *epochs(second, 4 - len(seen))]
+        second.stop()
+        assert [*seen[:-1], seen[-1] + rest[0], *rest[1:]] == expected, (cut, state)

@@ -83,6 +83,28 @@ def test_a_state_through_a_ray_region_resumes_with_exactly_the_rest(backend, cut
     assert sorted(head + list(second)) == [x * x for x in range(40)]
 
 
+def unbatch(batch):
+    yield from batch
+
+
+def test_a_state_among_a_batch_s_outputs_on_ray_skips_those_delivered(backend):
+    # the batch's key crosses to the actor and back; the actor's split skips what the
+    # state delivered
+    def build(target):
+        builder = PipelineBuilder().add_source(range(12)).aggregate(4)
+        builder.to(target).pipe(unbatch)
+        return builder.to(defs.MAIN_PROCESS).add_sink(3).build(num_threads=2)
+
+    first = build(backend)
+    head = [first.get_item(timeout=30) for _ in range(5)]  # never whole batches of 4
+    state = first.get_state()
+    first.stop()
+    assert state["partial_batches"]
+    second = build(backend)
+    second.set_state(state)
+    assert sorted(head + list(second)) == list(range(12))
+
+
 def test_continuous_epochs_through_a_ray_region_do_not_mix(backend):
     pipeline = region(backend, n=10, continuous=True)
     try:

@@ -2,9 +2,10 @@
 
 Run inline by whoever pulls it; it flattens ``Expand`` values and skips ``SKIP`` ones. With
 keyed items (a resumable pipeline) each output covers the source keys of what it consumed
-(``tracking.Covers``). At an ``EPOCH_END`` the partial aggregate is flushed (or dropped with
-``drop_last``) and the marker forwarded; an error from upstream ends the stream after a
-flush, as upstream's EOF after a failure does.
+(``tracking.Covers``): as one ``tracking.Batch`` key when its input order is deterministic
+(``ordered``), so that a restore can form the same batch again. At an ``EPOCH_END`` the
+partial aggregate is flushed (or dropped with ``drop_last``) and the marker forwarded; an
+error from upstream ends the stream after a flush, as upstream's EOF after a failure does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.defs import Collate
 from gristmill._src.spdl.hooks import StageHooks
-from gristmill._src.spdl.tracking import Covers, Keyed, KeyedBatch
+from gristmill._src.spdl.tracking import Batch, Covers, Keyed, KeyedBatch
 
 
 def covers_take(covers: Covers, output: Any) -> Any:
@@ -52,6 +53,7 @@ class AggregateStream:
         name: str,
         epochs: bool = False,
         hooks: StageHooks | None = None,
+        ordered: bool = False,
     ) -> None:
         self._upstream = upstream
         # with drop_last, a partial batch of a Collate is dropped here (no flush call)
@@ -65,7 +67,8 @@ class AggregateStream:
         self._done = False
         self._position = 0
         self._counters = StageCounters(name, 1, 1)
-        self._covers = Covers()  # source keys consumed since the last output
+        self._ordered = ordered
+        self._covers = Covers(ordered=ordered)  # source keys consumed since the last output
 
     def _flush(self, outputs: list[Any]) -> None:
         """The partial aggregate at an end: ``flush()``'s, or none with ``drop_last``
@@ -183,7 +186,11 @@ class AggregateStream:
                 if not batch and not covers and stop - i >= n and type(keys) is range:
                     # A whole batch of consecutive positions: its cover is a range (the
                     # caller resolves it in O(1)), its members implicit.
-                    outputs.append(KeyedBatch(values[i : i + n], keys[i : i + n], None))
+                    cover = keys[i : i + n]
+                    if self._ordered:
+                        outputs.append(Keyed(values[i : i + n], (Batch(cover, cover[0]),)))
+                    else:
+                        outputs.append(KeyedBatch(values[i : i + n], cover, None))
                     i += n
                     continue
                 take = min(n - len(batch), stop - i)

@@ -34,9 +34,9 @@ from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 from gristmill._src.spdl.regions import RegionStream
 from gristmill._src.spdl.tracking import (
+    DeliveredOutputs,
     Keyed,
     KeyItems,
-    Path,
     ResumableSource,
     describe_failed_input,
 )
@@ -142,6 +142,7 @@ def build_pipeline(
         task_hook_factory,
         continuous=continuous,
         queues=queues,
+        ordered=resumable is not None,
     )
     lowering.streams.append(upstream)
     lowering.planned.append(PlannedStage(str(src_info), Role.SOURCE, upstream))
@@ -164,7 +165,8 @@ def build_pipeline(
         planned=lowering.planned,
         executor_calls=lowering.executor_calls,
         resumable=resumable,
-        skip_outputs=lowering.skip_outputs,
+        delivered=lowering.delivered,
+        batch_keys=lowering.batch_keys,
         queues=queues,
         sink_info=StageInfo(pipeline_id, str(stage_id + len(cfg.pipes) + 1), "sink"),
         background=BackgroundRunner(
@@ -193,9 +195,12 @@ class _Lowering:
     """Turns stage configs into engine streams (recursively, for path variants).
 
     ``streams`` collects every stream built (the pipeline closes them and reports their
-    statistics), ``stage_hooks`` the task hooks, ``skip_outputs`` the generator outputs a
-    restored state delivered (filled by ``Pipeline.set_state``); ``queues`` (if given)
-    observes every stage's output boundary (SPDL's stats queues).
+    statistics), ``stage_hooks`` the task hooks, ``delivered`` the split outputs a restored
+    state delivered (filled by ``Pipeline.set_state``); ``queues`` (if given) observes every
+    stage's output boundary (SPDL's stats queues). ``ordered`` says whether the items reach
+    the next stage in a deterministic order (from the source, through stages that keep
+    order): an aggregate then keys its outputs as batches (``tracking.Batch``), and
+    ``batch_keys`` records that one did.
     """
 
     def __init__(
@@ -207,8 +212,11 @@ class _Lowering:
         *,
         continuous: bool,
         queues: QueueMonitor | None = None,
+        ordered: bool = False,
     ) -> None:
         self.pipeline_id = pipeline_id
+        self.ordered = ordered
+        self.batch_keys = False
         self.queues = queues
         self.num_threads = num_threads
         self.trial_token = TrialToken()  # the auto stages try one change at a time
@@ -218,7 +226,7 @@ class _Lowering:
         self.streams: list[Any] = []
         self.planned: list[PlannedStage] = []  # the engine plan's stages (engine/plan.py)
         self.stage_hooks: list[StageHooks] = []
-        self.skip_outputs: dict[Path, set[int]] = {}
+        self.delivered = DeliveredOutputs()
         self.executor_calls: list[ExecutorCall] = []  # pipes on users' executors
         # the last pipe stage built on our threads, with only aggregates and disaggregates
         # after it (None once a region or paths follow): its consumer is the sink
@@ -249,6 +257,7 @@ class _Lowering:
                     )
                     if chunk_keyed:  # outputs arrive in completion order, with their keys
                         upstream, chunk_keyed = KeyItems(upstream), False
+                    self.ordered = False  # a region's outputs arrive in completion order
                     upstream = self._region(upstream, tuple(configs[offset:end]), stage, sid)
                     self.streams.append(upstream)
                     offset = end + 1
@@ -278,6 +287,7 @@ class _Lowering:
             max_failures=self.build_limit,
             name=str(info),
             report_stats_interval=-1 if self.queues is None else self.queues.interval,
+            delivered=self.delivered,
         )
         self.last_runner = None
         return self._observed(info, region, Role.REGION)
@@ -306,7 +316,7 @@ class _Lowering:
                 str(info),
                 budget,
                 hooks,
-                self.skip_outputs,
+                self.delivered,
                 stage.executor,
                 self.executor_calls,
             )
@@ -319,6 +329,9 @@ class _Lowering:
             concurrency = (
                 stage.concurrency if own_threads else min(stage.concurrency, self.num_threads)
             )
+            # one thread (never tuned) keeps the order in completion order too
+            one_thread = not own_threads and concurrency == 1 and not stage.autotune
+            self.ordered = self.ordered and (stage.output_order == "input" or one_thread)
             runner = ChunkRunner(
                 StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),
                 workers=concurrency,
@@ -351,16 +364,18 @@ class _Lowering:
                 name=str(info),
                 epochs=continuous,
                 hooks=self._hooks(info),
+                ordered=self.ordered,
             )
+            self.batch_keys = self.batch_keys or self.ordered
             return self._observed(info, aggregate, Role.AGGREGATE), False  # Keyed values
         if isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:
                 upstream = KeyItems(upstream)
-            split: Any = ops.disaggregate
+            split: Any = ops.splitter(self.delivered)
             hooks = self._hooks(info)
             if hooks is not None:  # each input's split runs inside the task hooks
-                split = functools.partial(_hooked_split, hooks)
+                split = functools.partial(_hooked_split, hooks, split)
             runner = ChunkRunner(
                 StreamFeed(upstream, split, barriers=continuous),
                 workers=0,  # inline in whoever pulls: a list split is cheap
@@ -374,6 +389,7 @@ class _Lowering:
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:  # outputs arrive in completion order: each carries its keys
                 upstream = KeyItems(upstream)
+            self.ordered = False  # and so do the items within each path
 
             def build_path(index: int, inlet: ChunkStream) -> ChunkStream:
                 last, _ = self.stages(inlet, stage.paths[index], False, f"{sid}.{index}")
@@ -535,12 +551,12 @@ class PipelineBuilder(Generic[T, U]):
         )
 
 
-def _hooked_split(hooks: StageHooks, item: Any) -> Any:
+def _hooked_split(hooks: StageHooks, split: Callable[[Any], Any], item: Any) -> Any:
     """``disaggregate`` of one input inside the stage's task hooks, which see the list."""
     shown = item.value if isinstance(item, Keyed) else item
     if shown is SKIP or shown is EPOCH_END:  # engine markers are no tasks
-        return ops.disaggregate(item)
-    return hooks.call_sync(ops.disaggregate, item, shown)
+        return split(item)
+    return hooks.call_sync(split, item, shown)
 
 
 def _source_modes(src: defs.SourceConfig | defs.MergeConfig) -> set[bool]:

@@ -25,7 +25,7 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.spdl.executors import BrokenExecutorError, ExecutorCall, on_executor
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.tasks import log_failure
-from gristmill._src.spdl.tracking import Keyed, KeyedBatch, Path, rekeyed, split
+from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, KeyedBatch, rekeyed, split
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -122,7 +122,7 @@ def stage_function(
     task_name: str,
     budget: FailureBudget,
     hooks: StageHooks | None = None,
-    skip_outputs: dict[Path, set[int]] | None = None,
+    delivered: DeliveredOutputs | None = None,
     executor: Any = None,
     executor_calls: list[ExecutorCall] | None = None,
 ) -> tuple[Any, ChunkFn | None]:
@@ -131,14 +131,14 @@ def stage_function(
 
     With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
     Keyed items (a resumable pipeline) keep their source keys with the result;
-    ``skip_outputs`` names generator outputs a restored state already delivered. A sync
+    ``delivered`` names generator outputs a restored state already delivered. A sync
     ``op`` with an ``executor`` runs there (see :mod:`executors`; its call is added to
     ``executor_calls``, and a broken executor fails the stage at once). The task
     function calls ``op`` directly on plain values in one loop, and hands anything else
     (keyed items, markers) to the element function; it keeps every output made before a
     failure that exceeds the budget.
     """
-    skipped: dict[Path, set[int]] = {} if skip_outputs is None else skip_outputs
+    skipped = DeliveredOutputs() if delivered is None else delivered
     kind = kind_of(op)
     counter = iter(range(1, 2**63))
 
@@ -266,12 +266,17 @@ def _joined(results: list[Any]) -> Expand:
     return Expand(items)
 
 
-def disaggregate(item: Any) -> Any:
-    """Each element of an input list, as separate items."""
-    if item is SKIP or item is EPOCH_END:
-        return item
-    if isinstance(item, Keyed):
-        return item if item.value is SKIP else split(item)
-    if type(item) is Expand:
-        return _joined([disaggregate(batch) for batch in item.items if batch is not SKIP])
-    return Expand(list(item))
+def splitter(delivered: DeliveredOutputs) -> Callable[[Any], Any]:
+    """The element function of a ``disaggregate`` stage: each element of an input list as a
+    separate item (keyed items skip the outputs ``delivered`` names)."""
+
+    def disaggregate(item: Any) -> Any:
+        if item is SKIP or item is EPOCH_END:
+            return item
+        if isinstance(item, Keyed):
+            return item if item.value is SKIP else split(item, delivered)
+        if type(item) is Expand:
+            return _joined([disaggregate(batch) for batch in item.items if batch is not SKIP])
+        return Expand(list(item))
+
+    return disaggregate

@@ -30,8 +30,9 @@ from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate_chunks
 from gristmill._src.spdl import fingerprint
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
+from gristmill._src.spdl.delivery import DeliveryTracker
 from gristmill._src.spdl.queue_monitor import ItemCount, QueueMonitor, counters_probe
-from gristmill._src.spdl.tracking import DeliveryTracker, Keyed, Path, ResumableSource
+from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, ResumableSource
 
 PIPELINE_IDS = itertools.count()
 _NO_STATE = (
@@ -129,7 +130,8 @@ class Pipeline(Generic[T]):
         name: str,
         stage_hooks: list[Any] | None = None,
         resumable: ResumableSource | None = None,
-        skip_outputs: dict[Path, set[int]] | None = None,
+        delivered: DeliveredOutputs | None = None,
+        batch_keys: bool = False,
         queues: QueueMonitor | None = None,
         sink_info: StageInfo | None = None,
         background: BackgroundRunner | None = None,
@@ -154,8 +156,10 @@ class Pipeline(Generic[T]):
             )
         self._closer = _Closer(last, streams, stage_hooks or [], queues, background, executor_calls)
         self._resumable = resumable
-        self._skip_outputs = skip_outputs if skip_outputs is not None else {}
-        self._tracker = DeliveryTracker(continuous=resumable is not None and resumable.continuous)
+        self._delivered = delivered if delivered is not None else DeliveredOutputs()
+        self._tracker = DeliveryTracker(
+            continuous=resumable is not None and resumable.continuous, batches=batch_keys
+        )
         self._streams = streams
         self._started = False
         self._stopped = False
@@ -350,8 +354,8 @@ class Pipeline(Generic[T]):
         self._resumable.start = self._tracker.watermark
         self._resumable.skip = set(self._tracker.done)
         self._resumable.epochs_ended = self._tracker.epochs_ended
-        self._skip_outputs.clear()
-        self._skip_outputs.update(self._tracker.partial)
+        self._delivered.outputs = dict(self._tracker.partial)
+        self._delivered.batches = dict(self._tracker.partial_batches)
 
     def get_iterator(self, *, timeout: float | None = None) -> Iterator[Any]:
         """An iterator over the rest of the stream (single use; one epoch)."""

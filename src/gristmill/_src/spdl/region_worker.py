@@ -139,11 +139,13 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
     """Runs the span over the transfers until they end; outputs go back on ``pipe``."""
     from gristmill._src.engine.streams import iterate_chunks
 
-    max_failures, name, shm_prefix, interval = options
+    max_failures, name, shm_prefix, interval, delivered = options
     span, initializer, initargs = _unpacked(work)
     if initializer is not None:
         initializer(*initargs)
     lowering, queues, source = _worker_pipeline(span, pipe, max_failures, interval)
+    if delivered is not None:  # a restored state's: the span's splits skip them
+        lowering.delivered.outputs, lowering.delivered.batches = delivered
     last, _ = lowering.stages(source, span, False, 0)
     produce = iterate_chunks(last)
     queues.start()  # the queues' stage hooks, before any item moves
@@ -177,6 +179,7 @@ def run_region(
     name: str,
     shm_prefix: str | None = None,
     report_stats_interval: float = -1,
+    delivered: tuple[dict[Any, set[int]], dict[Any, set[int]]] | None = None,
 ) -> bool:
     """Worker ``index`` of region ``name``: runs the region's span over the transfers sent
     on ``conn`` (outputs' large arrays in segments named ``shm_prefix-<n>``); True when it
@@ -191,7 +194,8 @@ def run_region(
     pipe = _Pipe(conn)
     saved = config.saved_defaults()
     try:
-        _run(pipe, index, work, (max_failures, name, shm_prefix, report_stats_interval))
+        options = (max_failures, name, shm_prefix, report_stats_interval, delivered)
+        _run(pipe, index, work, options)
         if pipe.stopped:
             return False
         pipe.send(("end",))

@@ -18,11 +18,13 @@ Main process side (:class:`RegionStream`, one stage of the outer pipeline):
   every worker delivered it, holding back what a worker sends after it meanwhile.
 
 Keyed items (a resumable pipeline) keep their covers across the trip, so states work
-through regions. Items cross pickled (large arrays in shared memory between processes). A
-worker failure (a stage over its failure budget, a raising initializer) ends the region
-with that error, the worker's frames ending its traceback (``engine.remote_traceback``); a
-worker's death ends it with the transport's error. Closing wakes every wait: the transport
-stops the workers that did not end cleanly and releases the others.
+through regions: a restored state's delivered outputs go to every worker with its job, so
+that its splits skip them as the main process's do. Items cross pickled (large arrays in
+shared memory between processes). A worker failure (a stage over its failure budget, a
+raising initializer) ends the region with that error, the worker's frames ending its
+traceback (``engine.remote_traceback``); a worker's death ends it with the transport's
+error. Closing wakes every wait: the transport stops the workers that did not end cleanly
+and releases the others.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.executors import is_ray_backend
 from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
+from gristmill._src.spdl.tracking import DeliveredOutputs
 
 _JOIN_TIMEOUT_S = 2.0  # a safety net for close(): its threads are woken, never polled
 
@@ -52,7 +55,9 @@ class RegionWorkers(Protocol):
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Starts ``region_worker.run_region`` on every worker (TypeError: the work cannot
-        reach them). ``options`` is ``(max_failures, report_stats_interval)``."""
+        reach them). ``options`` is ``(max_failures, report_stats_interval, delivered)``,
+        ``delivered`` the outputs a restored state delivered (``(outputs, batches)`` of
+        ``tracking.DeliveredOutputs``, or None)."""
 
     def send(self, index: int, message: tuple[Any, ...]) -> bool:
         """Sends worker ``index`` a message; False if it cannot take it any more."""
@@ -92,8 +97,10 @@ class RegionStream:
         max_failures: Any,
         name: str,
         report_stats_interval: float = -1,
+        delivered: DeliveredOutputs | None = None,
     ) -> None:
         self._upstream = upstream
+        self._delivered = delivered  # filled by a restore before the start
         self._interval = report_stats_interval
         self._span = span
         self._buffer_size = buffer_size
@@ -121,13 +128,21 @@ class RegionStream:
 
     # -- start ---------------------------------------------------------------------------
 
+    def _delivered_now(self) -> tuple[dict[Any, set[int]], dict[Any, set[int]]] | None:
+        """What a restored state delivered, for the workers' splits (None: nothing)."""
+        delivered = self._delivered
+        if delivered is None or not (delivered.outputs or delivered.batches):
+            return None
+        return dict(delivered.outputs), dict(delivered.batches)
+
     def start(self) -> None:
         with self._start_lock:
             if self._started or self._closed:
                 return
             self._started = True
             try:
-                self._workers.start(self, self._span, (self._max_failures, self._interval))
+                options = (self._max_failures, self._interval, self._delivered_now())
+                self._workers.start(self, self._span, options)
             except TypeError as error:  # the work cannot reach the workers: none started
                 with self._cond:
                     self._error = self._error or error

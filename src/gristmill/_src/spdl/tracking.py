@@ -1,19 +1,28 @@
 """Pipeline states for the SPDL dialect: which source positions the caller has received.
 
 Every source item travels as a :class:`Keyed` value: the item and its *cover*, the source
-keys it accounts for — ``p`` (a whole source position) or ``(p, j, n)`` (output ``j`` of the
-``n`` a generator made from position ``p``; a generator after a generator extends the key:
-``(p, j, n, k, m)``). A key's *path* names it without the counts: ``(p,)``, ``(p, j)``, ….
-Pipe stages keep the cover with the result (a dropped item keeps it too, as
-``Keyed(SKIP, cover)``); an aggregate covers everything it consumed since its last output
-(member by member when the output is a list of the members, :class:`KeyedBatch`), and a
-disaggregate hands each item its member's cover.
+keys it accounts for — ``p`` (a whole source position), a :class:`Batch` (an aggregate's
+output, one unit), or ``(parent, j, n)`` (output ``j`` of the ``n`` a generator or a
+disaggregate made from an item whose cover is the one key ``parent``; a split of a split
+extends the key: ``(parent, j, n, k, m)``). A key's *path* names it without the counts:
+``(p,)``, ``(p, j)``, … — a batch's is its first member's. Pipe stages keep the cover with
+the result (a dropped item keeps it too, as ``Keyed(SKIP, cover)``).
 
-The caller's ``get_item`` resolves covers as it returns items, so the state — a watermark
-below which every position is resolved, the resolved positions above it, and the generator
-outputs delivered of positions still open — describes exactly what was delivered, in input
-or completion order. A restore re-reads the unresolved positions (and re-runs a partly
-delivered generator, skipping the outputs already delivered).
+An aggregate whose input order is deterministic (every stage before it keeps its items'
+order: input order, or one worker) covers its output with one :class:`Batch` key, so that
+its outputs after a split are numbered within the batch: a restore re-forms the same batch
+(its positions are re-read from its first one, the aggregate starting empty there) and
+skips the outputs already delivered — exact for any op, whatever it does to the batch.
+Otherwise (completion order) batches depend on timing and an output covers everything it
+consumed since its last output, member by member when the output is a list of the members
+(:class:`KeyedBatch`: a disaggregate hands each item its member's cover); a generator's
+outputs of such a batch are covered by the last one.
+
+The caller's ``get_item`` resolves covers as it returns items (``delivery.py``), so the
+state — a watermark below which every position is resolved, the resolved positions above
+it, and the outputs delivered of items still open (of positions and their outputs, and of
+batches) — describes exactly what was delivered. A restore re-reads the unresolved
+positions and re-runs a partly delivered split, skipping the outputs already delivered.
 """
 
 from __future__ import annotations
@@ -28,8 +37,7 @@ from gristmill._src.core.state import StateOutOfRangeError
 from gristmill._src.engine.feeds import Chunk, FailedInput
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 
-STATE_VERSION = 1
-Key = Any  # int | tuple[int, int, int]
+Key = Any  # int | Batch | tuple[int | Batch, int, int, ...]
 
 
 class Keyed:
@@ -72,14 +80,68 @@ class KeyedBatch(Keyed):
 Path = tuple[int, ...]
 
 
+class Batch:
+    """A key: one output of an aggregate whose input order is deterministic, as a unit.
+
+    ``cover`` holds the keys it consumed (its members', and the dropped items' before
+    them); ``path`` names it: its first member's path (no other item split in the same
+    pipeline has it — see :func:`path_of`).
+    """
+
+    __slots__ = ("cover", "path")
+
+    def __init__(self, cover: Sequence[Key], first: Key) -> None:
+        self.cover = cover
+        self.path = path_of(first)
+
+    def __repr__(self) -> str:
+        return f"Batch({'.'.join(map(str, self.path))}, {len(self.cover)} keys)"
+
+
 def path_of(key: Key) -> Path:
-    """``(p,)`` for a position, ``(p, j, ...)`` for a generator output (counts left out)."""
-    if type(key) is int:
+    """``(p,)`` for a position, ``(p, j, ...)`` for a split's output (counts left out), a
+    batch's first member's for a :class:`Batch` (and ``(*that, j, ...)`` for its outputs).
+
+    A batch shares its path with its first member, but the two are never both split: a
+    member is consumed whole by its aggregate, and a split item's outputs have longer paths.
+    """
+    kind = type(key)
+    if kind is int:
         return (key,)
-    return (key[0], *key[1::2])
+    if kind is Batch:
+        return key.path  # type: ignore[no-any-return]
+    root = key[0]
+    return (*(root.path if type(root) is Batch else (root,)), *key[1::2])
 
 
-def rekeyed(result: Any, item: Keyed, skip_outputs: dict[Path, set[int]]) -> Any:
+class DeliveredOutputs:
+    """The outputs of partly delivered items that a restored state says were delivered:
+    ``outputs`` of positions and of split outputs, ``batches`` of :class:`Batch` items,
+    each by path (filled by ``Pipeline.set_state``; the splitting stages consult it)."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[Path, set[int]] = {}
+        self.batches: dict[Path, set[int]] = {}
+
+    def of(self, key: Key) -> Any:
+        """The indices of ``key``'s outputs already delivered (empty if none)."""
+        if type(key) is Batch:
+            return self.batches.get(key.path, ())
+        if not self.outputs:
+            return ()
+        return self.outputs.get(path_of(key), ())
+
+
+def _outputs_of(outputs: list[Any], key: Key, delivered: DeliveredOutputs) -> list[Keyed]:
+    """``outputs`` of the item whose cover is ``key``, each keyed ``(*key, j, n)``, the ones
+    already delivered left out."""
+    base = key if type(key) is tuple else (key,)
+    n = len(outputs)
+    skipped = delivered.of(key)
+    return [Keyed(y, ((*base, j, n),)) for j, y in enumerate(outputs) if j not in skipped]
+
+
+def rekeyed(result: Any, item: Keyed, delivered: DeliveredOutputs) -> Any:
     """The engine element for ``result`` of an op applied to ``item``'s value."""
     from gristmill._src.engine.markers import Expand
 
@@ -88,13 +150,9 @@ def rekeyed(result: Any, item: Keyed, skip_outputs: dict[Path, set[int]]) -> Any
         return Keyed(SKIP, cover)
     if type(result) is Expand:
         outputs = result.items
-        if len(cover) == 1:  # one position (or one output of one): key each output
-            key = cover[0]
-            base = (key,) if type(key) is int else key
-            n = len(outputs)
-            skipped = skip_outputs.get(path_of(key), ())
-            keyed = [Keyed(y, ((*base, j, n),)) for j, y in enumerate(outputs) if j not in skipped]
-        elif outputs:  # several positions (after an aggregate): the last output covers them
+        if len(cover) == 1:  # one position, output or ordered batch: key each output
+            keyed = _outputs_of(outputs, cover[0], delivered)
+        elif outputs:  # a completion-order batch: the last output covers it
             keyed = [Keyed(y, ()) for y in outputs[:-1]] + [Keyed(outputs[-1], cover)]
         else:
             keyed = []
@@ -106,31 +164,41 @@ def rekeyed(result: Any, item: Keyed, skip_outputs: dict[Path, set[int]]) -> Any
     return Keyed(result, cover)
 
 
-def split(item: Keyed) -> Any:
-    """``disaggregate`` of a keyed batch: each item with its member's cover."""
+def split(item: Keyed, delivered: DeliveredOutputs) -> Any:
+    """``disaggregate`` of a keyed list: of one key (a position, an output, an ordered
+    batch), each item keyed as its output; of a completion-order batch, each item with its
+    member's cover (the last with the whole cover if they do not match)."""
     from gristmill._src.engine.markers import Expand
 
     values = list(item.value)
-    if not values:
-        return Keyed(SKIP, item.cover)
+    cover = item.cover
     if type(item) is KeyedBatch and item.size == len(values):
         return Expand([Keyed(v, m) for v, m in zip(values, item.members, strict=True)])
-    return Expand([Keyed(v, ()) for v in values[:-1]] + [Keyed(values[-1], item.cover)])
+    if len(cover) == 1:
+        keyed = _outputs_of(values, cover[0], delivered)
+        return Expand(keyed) if keyed else Keyed(SKIP, cover)
+    if not values:
+        return Keyed(SKIP, cover)
+    return Expand([Keyed(v, ()) for v in values[:-1]] + [Keyed(values[-1], cover)])
 
 
 class Covers:
     """What an aggregate has consumed since its last output: members and dropped items.
 
     Members are covers (``members``, from Keyed items) or single keys (``keys``, from
-    chunk-keyed plain values); a stream has one kind or the other.
+    chunk-keyed plain values); a stream has one kind or the other. With ``ordered`` (the
+    aggregate's input order is deterministic) an output is covered by one :class:`Batch`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, ordered: bool = False) -> None:
+        self.ordered = ordered
         self.members: list[Sequence[Key]] = []
         self.keys: list[Key] = []
         self.dropped: list[Key] = []
 
     def take(self, output: Any) -> Keyed:
+        if self.ordered:
+            return self._take_batch(output)
         members, keys, dropped = self.members, self.keys, self.dropped
         self.members, self.keys, self.dropped = [], [], []
         if keys:
@@ -151,6 +219,20 @@ class Covers:
             return KeyedBatch(output, cover, batch_members)
         return Keyed(output, cover)
 
+    def _take_batch(self, output: Any) -> Keyed:
+        """``output`` covered by one :class:`Batch` (dropped items first, then members)."""
+        members, keys, dropped = self.members, self.keys, self.dropped
+        self.members, self.keys, self.dropped = [], [], []
+        if keys:
+            first = keys[0]
+            cover: Sequence[Key] = tuple(dropped + keys) if dropped else tuple(keys)
+        else:
+            first = next((member[-1] for member in members if member), None)
+            cover = tuple(itertools.chain(dropped, *members))
+        if not cover:  # an output of nothing (a custom aggregator's): it covers nothing
+            return Keyed(output, ())
+        return Keyed(output, (Batch(cover, cover[-1] if first is None else first),))
+
     def drop_all(self) -> Keyed | None:
         """Everything consumed, resolved without an output (``drop_last``)."""
         cover = tuple(itertools.chain(self.dropped, *self.members, self.keys))
@@ -159,121 +241,6 @@ class Covers:
 
     def __bool__(self) -> bool:
         return bool(self.members or self.keys or self.dropped)
-
-
-class DeliveryTracker:
-    """The state of what the caller received: a watermark, positions above it, partials."""
-
-    def __init__(self, *, continuous: bool = False) -> None:
-        self.continuous = continuous  # states then also count the epoch ends delivered
-        self.watermark = 0
-        self.done: set[int] = set()
-        self.partial: dict[Path, set[int]] = {}  # parent path -> outputs delivered
-        self.epochs_ended = 0
-
-    def resolve(self, cover: Sequence[Key]) -> None:
-        watermark = self.watermark
-        if type(cover) is range:  # a whole batch of consecutive positions: O(1)
-            consecutive = cover.step == 1 and cover.start == watermark
-        else:  # the common case otherwise, in C: the next positions in order
-            consecutive = cover == tuple(range(watermark, watermark + len(cover)))
-        if cover and consecutive:
-            self.watermark = watermark + len(cover)
-            done = self.done
-            while self.watermark in done:
-                done.remove(self.watermark)
-                self.watermark += 1
-            return
-        for key in cover:
-            self._resolve_key(key)
-
-    def _resolve_key(self, key: Key) -> None:
-        if type(key) is int:
-            self._resolve(key)
-            return
-        parent: Key = key[0] if len(key) == 3 else key[:-2]
-        j, n = key[-2], key[-1]
-        path = path_of(parent)
-        outputs = self.partial.setdefault(path, set())
-        outputs.add(j)
-        if len(outputs) >= n:  # every output of the parent delivered: the parent is
-            del self.partial[path]
-            self._resolve_key(parent)
-
-    def _resolve(self, p: int) -> None:
-        if p == self.watermark:
-            self.watermark += 1
-            while self.watermark in self.done:
-                self.done.remove(self.watermark)
-                self.watermark += 1
-        elif p > self.watermark:
-            self.done.add(p)
-
-    def state(self) -> dict[str, Any]:
-        state = {
-            "version": STATE_VERSION,
-            "next_position": self.watermark,
-            "delivered_above": sorted(self.done),
-            "partial_outputs": {
-                ".".join(map(str, path)): sorted(js) for path, js in sorted(self.partial.items())
-            },
-        }
-        if self.continuous:
-            state["epochs_ended"] = self.epochs_ended
-        return state
-
-    def restore(self, state: Any) -> None:
-        """Adopts ``state`` (validated); raises ValueError naming what is wrong."""
-        expected = ["version", "next_position", "delivered_above", "partial_outputs"]
-        if self.continuous:
-            expected.append("epochs_ended")
-        if not isinstance(state, dict) or set(state) != set(expected):
-            kind = "continuous" if self.continuous else "non-continuous"
-            raise ValueError(
-                f"a {kind} pipeline's state must be a dict with keys {expected}, got "
-                f"{state!r}; pass a dict returned by Pipeline.get_state() of a pipeline "
-                "built the same way"
-            )
-        if state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"pipeline state version {state['version']!r} is not {STATE_VERSION}; restore "
-                "it with the gristmill version that saved it"
-            )
-        watermark = _count(state["next_position"], "next_position")
-        above = state["delivered_above"]
-        partial = state["partial_outputs"]
-        if not isinstance(above, list) or not isinstance(partial, dict):
-            raise ValueError(
-                "pipeline state 'delivered_above' must be a list and 'partial_outputs' a dict, "
-                f"got {above!r} and {partial!r}"
-            )
-        done = {_count(p, "delivered_above") for p in above}
-        if any(p < watermark for p in done):
-            raise ValueError(
-                f"pipeline state 'delivered_above' has positions below next_position "
-                f"{watermark}: {sorted(p for p in done if p < watermark)}"
-            )
-        outputs: dict[Path, set[int]] = {}
-        for key, js in partial.items():
-            try:
-                path = tuple(int(part) for part in str(key).split("."))
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"pipeline state 'partial_outputs' keys must be positions (or "
-                    f"'position.output' paths), got {key!r}"
-                ) from None
-            if not isinstance(js, list):
-                raise ValueError(f"pipeline state 'partial_outputs'[{key!r}] must be a list")
-            outputs[path] = {_count(j, "partial_outputs") for j in js}
-        if self.continuous:
-            self.epochs_ended = _count(state["epochs_ended"], "epochs_ended")
-        self.watermark, self.done, self.partial = watermark, done, outputs
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"pipeline state '{name}' values must be integers >= 0, got {value!r}")
-    return value
 
 
 class ResumableSource:
@@ -405,6 +372,10 @@ def describe_failed_input(failed: FailedInput) -> str | None:
         value = failed.value
         items = value.items if type(value) is Expand else (value,)
         keys = [key for item in items if isinstance(item, Keyed) for key in item.cover]
+    if any(type(key) is Batch or (type(key) is tuple and type(key[0]) is Batch) for key in keys):
+        keys = list(_in_batches(keys))  # a batch, or an output of one: name its positions
+        if len(keys) == 1:
+            return f"on a batch of source index {path_of(keys[0])[0]}"
     paths = [path_of(key) for key in keys]
     if not paths:
         return None
@@ -419,3 +390,14 @@ def describe_failed_input(failed: FailedInput) -> str | None:
     else:
         shown = ", ".join(map(str, positions[:8])) + (", ..." if len(positions) > 8 else "")
     return f"on a batch of source indices {shown}"
+
+
+def _in_batches(keys: Iterable[Key]) -> Iterator[Key]:
+    """``keys`` with each batch (or a batch's output) replaced by the keys it covers."""
+    for key in keys:
+        if type(key) is tuple and type(key[0]) is Batch:
+            key = key[0]
+        if type(key) is Batch:
+            yield from _in_batches(key.cover)
+        else:
+            yield key

@@ -1,0 +1,165 @@
+"""What the caller of a pipeline received: the pipeline's state (``get_state``).
+
+A :class:`DeliveryTracker` resolves the covers of the items ``get_item`` returns (see
+``tracking``): a watermark below which every source position is resolved, the positions
+resolved above it, and the outputs delivered of items still open — of positions and split
+outputs (``partial_outputs``) and of batches (``partial_batches``), each keyed by path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gristmill._src.spdl.tracking import Batch, Key, Path, path_of
+
+STATE_VERSION = 2
+"""Version 2 added ``partial_batches``; a version-1 state (without it) still restores."""
+
+
+class DeliveryTracker:
+    """The state of what the caller received: a watermark, positions above it, partials.
+
+    ``batches`` says whether the pipeline has an aggregate whose outputs are
+    :class:`Batch` keys (only then may a state name partly delivered batches).
+    """
+
+    def __init__(self, *, continuous: bool = False, batches: bool = False) -> None:
+        self.continuous = continuous  # states then also count the epoch ends delivered
+        self.batches = batches
+        self.watermark = 0
+        self.done: set[int] = set()
+        self.partial: dict[Path, set[int]] = {}  # parent path -> outputs delivered
+        self.partial_batches: dict[Path, set[int]] = {}  # batch path -> outputs delivered
+        self.epochs_ended = 0
+
+    def resolve(self, cover: Sequence[Key]) -> None:
+        watermark = self.watermark
+        if type(cover) is range:  # a whole batch of consecutive positions: O(1)
+            consecutive = cover.step == 1 and cover.start == watermark
+        else:  # the common case otherwise, in C: the next positions in order
+            consecutive = cover == tuple(range(watermark, watermark + len(cover)))
+        if cover and consecutive:
+            self.watermark = watermark + len(cover)
+            done = self.done
+            while self.watermark in done:
+                done.remove(self.watermark)
+                self.watermark += 1
+            return
+        for key in cover:
+            self._resolve_key(key)
+
+    def _resolve_key(self, key: Key) -> None:
+        kind = type(key)
+        if kind is int:
+            self._resolve(key)
+            return
+        if kind is Batch:  # delivered whole (or all its outputs were)
+            self.resolve(key.cover)
+            return
+        parent: Key = key[0] if len(key) == 3 else key[:-2]
+        j, n = key[-2], key[-1]
+        path = path_of(parent)
+        partial = self.partial_batches if type(parent) is Batch else self.partial
+        outputs = partial.setdefault(path, set())
+        outputs.add(j)
+        if len(outputs) >= n:  # every output of the parent delivered: the parent is
+            del partial[path]
+            self._resolve_key(parent)
+
+    def _resolve(self, p: int) -> None:
+        if p == self.watermark:
+            self.watermark += 1
+            while self.watermark in self.done:
+                self.done.remove(self.watermark)
+                self.watermark += 1
+        elif p > self.watermark:
+            self.done.add(p)
+
+    def state(self) -> dict[str, Any]:
+        state = {
+            "version": STATE_VERSION,
+            "next_position": self.watermark,
+            "delivered_above": sorted(self.done),
+            "partial_outputs": _by_path(self.partial),
+            "partial_batches": _by_path(self.partial_batches),
+        }
+        if self.continuous:
+            state["epochs_ended"] = self.epochs_ended
+        return state
+
+    def restore(self, state: Any) -> None:
+        """Adopts ``state`` (validated; a version-1 state has no ``partial_batches``);
+        raises ValueError naming what is wrong."""
+        version = state.get("version") if isinstance(state, dict) else None
+        if isinstance(state, dict) and "version" in state and version not in (1, STATE_VERSION):
+            raise ValueError(
+                f"pipeline state version {version!r} is not {STATE_VERSION} (or 1); restore "
+                "it with the gristmill version that saved it"
+            )
+        expected = ["version", "next_position", "delivered_above", "partial_outputs"]
+        if version != 1:
+            expected.append("partial_batches")
+        if self.continuous:
+            expected.append("epochs_ended")
+        if not isinstance(state, dict) or set(state) != set(expected):
+            kind = "continuous" if self.continuous else "non-continuous"
+            raise ValueError(
+                f"a {kind} pipeline's state must be a dict with keys {expected}, got "
+                f"{state!r}; pass a dict returned by Pipeline.get_state() of a pipeline "
+                "built the same way"
+            )
+        watermark = _count(state["next_position"], "next_position")
+        above = state["delivered_above"]
+        if not isinstance(above, list):
+            raise ValueError(f"pipeline state 'delivered_above' must be a list, got {above!r}")
+        done = {_count(p, "delivered_above") for p in above}
+        if any(p < watermark for p in done):
+            raise ValueError(
+                f"pipeline state 'delivered_above' has positions below next_position "
+                f"{watermark}: {sorted(p for p in done if p < watermark)}"
+            )
+        outputs = _paths(state["partial_outputs"], "partial_outputs")
+        batches = _paths(state.get("partial_batches", {}), "partial_batches")
+        if batches and not self.batches:
+            raise ValueError(
+                "pipeline state 'partial_batches' names batches partly delivered "
+                f"({sorted('.'.join(map(str, path)) for path in batches)}), but no aggregate "
+                "of this pipeline gets its items in a deterministic order, so the batches "
+                "cannot be formed again: build the stages before the aggregate with "
+                "output_order='input' (or concurrency=1), as in the pipeline that saved it"
+            )
+        if self.continuous:
+            self.epochs_ended = _count(state["epochs_ended"], "epochs_ended")
+        self.watermark, self.done = watermark, done
+        self.partial, self.partial_batches = outputs, batches
+
+
+def _by_path(partial: dict[Path, set[int]]) -> dict[str, list[int]]:
+    """A state's form of partly delivered items: ``{"p.j": [outputs delivered]}``."""
+    return {".".join(map(str, path)): sorted(js) for path, js in sorted(partial.items())}
+
+
+def _paths(partial: Any, name: str) -> dict[Path, set[int]]:
+    """The inverse of :func:`_by_path`, validated; ValueError names ``name``."""
+    if not isinstance(partial, dict):
+        raise ValueError(f"pipeline state {name!r} must be a dict, got {partial!r}")
+    paths: dict[Path, set[int]] = {}
+    for key, js in partial.items():
+        try:
+            path = tuple(int(part) for part in str(key).split("."))
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"pipeline state {name!r} keys must be positions (or 'position.output' "
+                f"paths), got {key!r}"
+            ) from None
+        if not isinstance(js, list):
+            raise ValueError(f"pipeline state {name!r}[{key!r}] must be a list, got {js!r}")
+        paths[path] = {_count(j, name) for j in js}
+    return paths
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"pipeline state '{name}' values must be integers >= 0, got {value!r}")
+    return value

@@ -229,26 +229,59 @@ def test_an_unguarded_script_may_ask_for_forked_workers_which_never_import_it(tm
 _INTERACTIVE = """
 import threading
 import gristmill as gm
-from gristmill.pipeline import iterate_in_subprocess
+from gristmill.pipeline import PipelineBuilder, iterate_in_subprocess
+from gristmill.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
 PRELUDE
+
+
+def triple(x):
+    return x * 3
+
+
+class Double(gm.transforms.Map):
+    def map(self, x):
+        return x * 2
+
+
 ds = gm.MapDataset.range(8).map(lambda x: x * 3).to_iter_dataset()
 print(list(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2))))
+sampler = gm.samplers.IndexSampler(6, shard_options=gm.sharding.NoSharding(), num_epochs=1)
+loader = gm.DataLoader(data_source=range(6), sampler=sampler, operations=[Double()], worker_count=2)
+print(list(loader))
+builder = PipelineBuilder().add_source(range(4))
+builder.to(ProcessPoolExecutorConfig(max_workers=2)).pipe(triple).to(MAIN_PROCESS)
+pipeline = builder.add_sink(4).build(num_threads=1)
+with pipeline.auto_stop():
+    print(sorted(pipeline))
 print(list(iterate_in_subprocess(lambda: range(3))))
 """
+_INTERACTIVE_OUTPUT = [
+    "[0, 3, 6, 9, 12, 15, 18, 21]",
+    "[0, 2, 4, 6, 8, 10]",
+    "[0, 3, 6, 9]",
+    "[0, 1, 2]",
+]
+# how the code reaches python: (arguments, standard input)
+_HOW = {
+    "-c": lambda code: (["-c", code], None),  # python -c CODE
+    "stdin": lambda code: (["-"], code),  # python - < train.py
+    "piped": lambda code: ([], code),  # cat train.py | python; a heredoc in a job file
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["-c", "stdin"])
+@pytest.mark.parametrize("how", sorted(_HOW))
 @pytest.mark.parametrize("prelude", ["", _USER_THREAD], ids=["no-thread", "user-thread"])
 def test_interactive_code_starts_workers_with_or_without_a_thread(tmp_path, how, prelude):
     # no script file for the workers to import: python -c, or a script read from stdin
-    # (whose __file__ is "<stdin>", which a spawned worker used to try to run)
+    # (whose __file__ is "<stdin>", which a worker started from the fork server or spawned
+    # used to try to run: FileNotFoundError); with a thread of the user's running, workers
+    # are not forked. Every backend that starts worker processes.
     code = textwrap.dedent(_INTERACTIVE.replace("PRELUDE", prelude))
-    done = run_python(
-        ["-c", code] if how == "-c" else ["-"], tmp_path, stdin=None if how == "-c" else code
-    )
+    args, stdin = _HOW[how](code)
+    done = run_python(args, tmp_path, stdin=stdin)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[0, 3, 6, 9, 12, 15, 18, 21]", "[0, 1, 2]"]
+    assert done.stdout.splitlines() == _INTERACTIVE_OUTPUT
 
 
 _ORPHAN_SCRIPT = """

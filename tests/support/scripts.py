@@ -1,5 +1,6 @@
 """Running user code as a user does: ``python script.py``, ``python -c``, ``python -``."""
 
+import os
 import subprocess
 import sys
 
@@ -30,3 +31,41 @@ def python_output(args, cwd=None):
     proc = _python(args, cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
+
+
+SMALL_SHM = "64m"  # Docker's default /dev/shm
+
+
+def private_shm_refused():
+    """Why a child cannot get a private ``/dev/shm`` here (``unshare -m`` and a tmpfs mount
+    need root, or a user namespace), or None where it can."""
+    try:
+        probe = subprocess.run(
+            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
+    except FileNotFoundError:
+        return "no unshare command"
+    if probe.returncode != 0:
+        return f"unshare -m with a tmpfs mount refused: {probe.stderr.strip()}"
+    return None
+
+
+def run_python_with_small_shm(args, cwd, size=SMALL_SHM, **env):
+    """``python *args`` as :func:`run_python` does, in a mount namespace of its own whose
+    ``/dev/shm`` is an empty tmpfs of ``size`` (the machine's ``/dev/shm`` is untouched)."""
+    mount = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$0" "$@"'
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", mount, sys.executable, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+        env={
+            **env,
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": ":".join([str(cwd), *sys.path]),
+        },
+    )

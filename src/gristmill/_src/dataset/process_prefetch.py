@@ -30,7 +30,7 @@ from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_
 from gristmill._src.dataset.positions import get_next_index, set_next_index
 from gristmill._src.dataset.with_options import WithOptionsIterDataset
 from gristmill._src.dataset.worker_slicing import WorkerSliceIterDataset, mark_in_worker
-from gristmill._src.engine import main_guard, reaper, remote_traceback, sending
+from gristmill._src.engine import exits, main_guard, reaper, remote_traceback, sending
 from gristmill._src.engine.process_lane import worker_context
 from gristmill._src.spdl import subprocess_worker as proto
 from gristmill._src.spdl.subprocess_handle import WorkerHandle
@@ -341,7 +341,7 @@ def _terminated(code: int) -> RuntimeError:
     if unguarded is not None:
         return unguarded
     return RuntimeError(
-        f"Worker process was terminated unexpectedly with exit code {code}. Search the logs "
+        f"Worker process was terminated unexpectedly with {exits.describe(code)}. Search the logs "
         "above for the source of the crash."
     )
 

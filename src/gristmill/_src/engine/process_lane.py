@@ -20,10 +20,11 @@ file names and source lines, printed once) and a note naming the worker, located
 element like any read failure. A worker that dies (``sys.exit`` in a
 transformation included: it ends the worker with that code) is reported as soon as it ends
 (its proxy waits on the pipe and the process sentinel together) as a RuntimeError naming
-the worker and its exit code; a pipeline that cannot be pickled for
-the workers raises the pickler's own error, with a note naming the stage. Closing ends the
-job of every idle worker and gives it back to the pool; a worker with a task in flight, or
-one that failed, is stopped: asked, then terminated, then killed.
+the worker and how it ended (:mod:`exits`: its exit code or signal, and what that usually
+means); a pipeline that cannot be pickled for the workers raises the pickler's own error,
+with a note naming the stage. Closing ends the job of every idle worker and gives it back
+to the pool; a worker with a task in flight, or one that failed, is stopped: asked, then
+terminated, then killed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing import connection
 from typing import Any, NoReturn, cast
 
-from gristmill._src.engine import main_guard, remote_traceback, sending, shm, worker_pool
+from gristmill._src.engine import exits, main_guard, remote_traceback, sending, shm, worker_pool
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
@@ -400,7 +401,7 @@ class ProcessCore(Core):
             return unguarded
         return WorkerDiedError(
             f"worker process {index} (pid {process.pid}) of this stage was terminated "
-            f"unexpectedly with exit code {process.exitcode}"
+            f"unexpectedly with {exits.describe(process.exitcode)}"
         )
 
     def retire_workers(self) -> None:

@@ -9,6 +9,12 @@ picks a prefix unique to the stage, worker and direction; whatever is left under
 stage stops (a receiver that died, results never read after an early close) is removed by
 :func:`unlink_leftovers`.
 
+A segment's space is reserved before it is written (``posix_fallocate``): ``/dev/shm`` is a
+tmpfs of fixed size (64 MiB in a Docker container not started with ``--shm-size``), and a
+write into a mapped file the tmpfs cannot hold kills the writer with SIGBUS. A buffer
+``/dev/shm`` has no room for stays in the pickle instead (it then crosses the pipe: copied,
+not shared), and the process logs once what is short and how to give it more room.
+
 :func:`encode` / :func:`decode` keep the pickle and the segment list apart (for a message
 that carries them side by side); :func:`dumps` / :func:`loads` put both in one bytes object.
 """
@@ -16,8 +22,10 @@ that carries them side by side); :func:`dumps` / :func:`loads` put both in one b
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import itertools
+import logging
 import mmap
 import os
 import pickle
@@ -25,6 +33,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from gristmill._src.engine import shm_map
+
+logger = logging.getLogger("gristmill")
 
 SHM_DIR = "/dev/shm"
 SHM_MIN_BYTES = 64 * 1024
@@ -58,9 +68,13 @@ def encode(value: Any, prefix: str | None, numbers: Iterator[int]) -> tuple[byte
         if prefix is None or raw.nbytes < SHM_MIN_BYTES:
             return True  # small: in the pickle itself
         name = f"{prefix}-{next(numbers)}"
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, raw.nbytes)
+            if not _reserve(fd, raw.nbytes):
+                os.unlink(path)
+                _warn_full(raw.nbytes)
+                return True  # no room in /dev/shm: in the pickle, through the pipe
             with mmap.mmap(fd, raw.nbytes) as segment:
                 segment[:] = raw
         finally:
@@ -74,6 +88,52 @@ def encode(value: Any, prefix: str | None, numbers: Iterator[int]) -> tuple[byte
         discard(segments)  # written before the pickle failed: nobody will read them
         raise
     return payload, segments
+
+
+def _reserve(fd: int, nbytes: int) -> bool:
+    """Gives the new segment ``fd`` its ``nbytes`` of ``/dev/shm`` now, so that writing it
+    cannot fail later (a tmpfs out of room kills the writer with SIGBUS); False where
+    ``/dev/shm`` has not that much free."""
+    stat = os.fstatvfs(fd)
+    if stat.f_bavail * stat.f_frsize < nbytes:  # the usual case of a full /dev/shm: cheap
+        return False
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as error:
+        if error.errno == errno.ENOSPC:  # another process took the room meanwhile
+            return False
+        if error.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        os.ftruncate(fd, nbytes)  # a file system that cannot reserve: size it only
+    return True
+
+
+_warned_in: int | None = None  # the process that logged the warning (a fork logs its own)
+
+
+def _warn_full(nbytes: int) -> None:
+    """Logs, once per process, that ``/dev/shm`` is too small and what to do about it."""
+    global _warned_in
+    if _warned_in == os.getpid():
+        return
+    _warned_in = os.getpid()
+    stat = os.statvfs(SHM_DIR)
+    logger.warning(
+        "gristmill: /dev/shm has %s free of %s, too little for an array of %s, so arrays it "
+        "cannot hold cross between processes through a pipe instead (copied, not shared: "
+        "slower). Arrays the consumer holds keep their share of /dev/shm. Docker gives a "
+        "container 64 MiB unless told otherwise: start it with `docker run --shm-size=8g` "
+        "(docker compose: `shm_size: 8g`; Kubernetes: an emptyDir with `medium: Memory` "
+        "mounted at /dev/shm), or keep fewer large arrays in flight (fewer workers, a "
+        "smaller buffer_size or per_worker_buffer_size, smaller batches)",
+        _mib(stat.f_bavail * stat.f_frsize),
+        _mib(stat.f_blocks * stat.f_frsize),
+        _mib(nbytes),
+    )
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def decode(payload: bytes, segments: Segments) -> Any:

@@ -16,7 +16,8 @@ stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_execu
 A broken executor (``concurrent.futures.BrokenExecutor``: a worker process died; or one
 shut down, "cannot schedule new futures after shutdown") fails every later call the same
 way, so it is no failed item: :class:`BrokenExecutorError` fails the stage at once,
-whatever its ``max_failures``.
+whatever its ``max_failures``. The standard library's ``BrokenProcessPool`` does not say how
+the worker died; the error does (:func:`worker_deaths`: the pool's processes' exit codes).
 
 The calls in flight are kept (:class:`ExecutorCall`), so that ``Pipeline.stop()`` can cancel
 those not started and warn about one still running: the interpreter waits for it at exit.
@@ -25,19 +26,24 @@ those not started and warn about one still running: the interpreter waits for it
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import functools
 import logging
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from gristmill._src.engine import remote_traceback
+from gristmill._src.engine import exits, remote_traceback
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.sending import ByValue
 
 logger = logging.getLogger("gristmill.pipeline")
 STOP_GRACE_S = 1.0  # how long stop() waits for calls already running on a user's executor
+_REAPED_S = 5.0  # how long a broken pool may take to terminate and reap its other workers
+_UNKNOWN = "which worker process died, and how, is unknown (exit code unknown)"
 
 
 class BrokenExecutorError(RuntimeError):
@@ -48,6 +54,37 @@ def _is_broken(error: BaseException) -> bool:
     if isinstance(error, concurrent.futures.BrokenExecutor):
         return True
     return isinstance(error, RuntimeError) and "cannot schedule new futures" in str(error)
+
+
+def pool_processes(executor: Any) -> dict[int, Any] | None:
+    """The worker processes of a standard-library ``ProcessPoolExecutor`` (pid -> Process):
+    its private ``_processes``, the dict its manager thread also uses (kept here: shutdown
+    drops the attribute, not the dict). None for any other executor."""
+    if not isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+        return None
+    processes = getattr(executor, "_processes", None)
+    return processes if isinstance(processes, dict) else None
+
+
+def worker_deaths(executor: Any, processes: dict[int, Any] | None) -> str:
+    """How the workers of a broken process pool ended: ``"its worker process pid 12 ended
+    with exit code -11, killed by SIGSEGV: …"``, for each worker that died on its own
+    (CPython's pool terminates the others with SIGTERM once one has died: those are named
+    only where all ended so)."""
+    if processes is None:
+        return f"{_UNKNOWN}: the executor does not say"
+    manager = getattr(executor, "_executor_manager_thread", None)
+    if isinstance(manager, threading.Thread) and manager is not threading.current_thread():
+        manager.join(_REAPED_S)  # it terminates and reaps the other workers, then ends
+    ended = [(pid, process.exitcode) for pid, process in list(processes.items())]
+    ended = [(pid, code) for pid, code in ended if code is not None]
+    if not ended:
+        return f"{_UNKNOWN}: the pool had not reaped it"
+    on_their_own = [(pid, code) for pid, code in ended if code != -signal.SIGTERM]
+    return "; ".join(
+        f"its worker process pid {pid} ended with {exits.describe(code)}"
+        for pid, code in on_their_own or ended
+    )
 
 
 def is_ray_backend(executor: Any) -> bool:
@@ -93,6 +130,7 @@ class ExecutorCall:
         self._submit = executor.submit
         self._target = target
         self.executor = executor
+        self._processes = pool_processes(executor)
         self.stage = stage
         self._pending: set[concurrent.futures.Future[Any]] = set()
 
@@ -118,12 +156,15 @@ class ExecutorCall:
             pending.discard(future)
 
     def _broken(self, error: BaseException) -> BrokenExecutorError:
+        died = "a process pool breaks when one of its workers dies (a crash, os._exit, "
+        died += "killed, out of memory)"
+        if isinstance(error, concurrent.futures.process.BrokenProcessPool):
+            died = worker_deaths(self.executor, self._processes)
         return BrokenExecutorError(
             f"The pipeline stage ({self.stage}) cannot go on: its executor {self.executor!r} "
-            f"is broken ({type(error).__name__}: {error}). Every later item would fail the "
-            "same way, so the stage fails now, whatever max_failures says; a process pool "
-            "breaks when one of its workers dies (killed, out of memory, os._exit). Create "
-            "a new executor and build the pipeline again"
+            f"is broken ({type(error).__name__}: {error}); {died}. Every later item would "
+            "fail the same way, so the stage fails now, whatever max_failures says. Create a "
+            "new executor and build the pipeline again"
         )
 
     def stop(self) -> None:

@@ -24,7 +24,7 @@ import os
 from multiprocessing import connection
 from typing import TYPE_CHECKING, Any
 
-from gristmill._src.engine import main_guard, sending, shm, worker_pool
+from gristmill._src.engine import exits, main_guard, sending, shm, worker_pool
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main, worker_context
 from gristmill._src.spdl import region_worker
 
@@ -161,7 +161,7 @@ class ProcessWorkers:
             main_guard.error_for_exit(process.exitcode)
             or RuntimeError(
                 f"worker {index} of {self._name} (pid {process.pid}) exited "
-                f"unexpectedly with exit code {process.exitcode}"
+                f"unexpectedly with {exits.describe(process.exitcode)}"
             ),
         )
 

@@ -21,14 +21,13 @@ import multiprocessing.context
 import multiprocessing.util
 import os
 import pickle
-import signal
 import threading
 import time
 import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import main_guard, shm, worker_pool
+from gristmill._src.engine import exits, main_guard, shm, worker_pool
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main
 from gristmill._src.engine.remote_traceback import note_origin
 from gristmill._src.spdl import subprocess_worker as proto
@@ -178,16 +177,13 @@ class WorkerHandle:
         if unguarded is not None:
             self.shutdown("its script has no __main__ guard")
             return unguarded
-        how = f"exit code {code}"
-        if code is not None and code < 0:
-            with contextlib.suppress(ValueError):
-                how += f", killed by {signal.Signals(-code).name}"
+        how = exits.status(code)
         self.shutdown(f"it died: {how}")
-        hint = "crashed or was killed (out of memory?)"
-        if self.generation == 0:
+        hint = exits.cause(code) or "it crashed or was killed (out of memory?)"
+        if self.generation == 0 and (code is None or code > 0):  # not a signal
             hint += ", or could not unpickle fn or an initializer (see its traceback above)"
         return RuntimeError(
-            f"The worker subprocess (pid {self.pid}) died ({how}) while {activity}; it "
+            f"The worker subprocess (pid {self.pid}) died ({how}) while {activity}: "
             f"{hint}. This iterable is closed: create a new one to start again"
         )
 

@@ -187,3 +187,31 @@ def test_parquet_iter_dataset_retries_and_gives_up(parquet_url):
     with pytest.raises(ConnectionResetError, match=r"gave up after 4 attempts") as info:
         list(gm.experimental.ParquetIterDataset(parquet_url, read_attempts=4))
     assert repr(parquet_url) in str(info.value)
+
+
+def test_tfrecord_source_retries_reads_of_its_index_scan(tfrecord_url):
+    fail_next("read", 2)
+    assert len(TFRecordDataSource(tfrecord_url)) == len(RECORDS)
+    fail_next("read", 1000)
+    with pytest.raises(ConnectionResetError, match=r"gave up after 2 attempts") as info:
+        TFRecordDataSource(tfrecord_url, read_attempts=2)
+    assert repr(tfrecord_url) in str(info.value)
+
+
+def test_parquet_source_retries_reads_after_it_is_open(parquet_url):
+    source = ParquetDataSource(parquet_url)
+    fail_next("read", 2)
+    assert source[4]["x"] == 4
+    source = ParquetDataSource(parquet_url, read_attempts=3)
+    fail_next("read", 1000)
+    with pytest.raises(ConnectionResetError, match=r"gave up after 3 attempts") as info:
+        source[4]
+    assert repr(parquet_url) in str(info.value)
+
+
+@pytest.mark.parametrize("value", [0, "3"])
+def test_parquet_read_attempts_is_checked_at_construction(parquet_url, value):
+    with pytest.raises((TypeError, ValueError), match=r"read_attempts must be"):
+        ParquetDataSource(parquet_url, read_attempts=value)
+    with pytest.raises((TypeError, ValueError), match=r"read_attempts must be"):
+        gm.experimental.ParquetIterDataset(parquet_url, read_attempts=value)

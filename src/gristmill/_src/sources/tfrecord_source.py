@@ -77,7 +77,9 @@ class TFRecordDataSource:
             index_dir = files.local_path(index_dir)
         self._index_dir: str | None = index_dir
         self._verify = fmt.resolve_verify_crc(verify_crc)
-        self._signatures = [idx.signature(path) for path in self._paths]
+        self._signatures = [
+            idx.signature(path, attempts=self._read_attempts) for path in self._paths
+        ]
         self._caches = [idx.cache_path(path, index_dir) for path in self._paths]
         # Offsets are loaded per file on first read (a cached index needs only its count here).
         self._offsets: list[idx.Offsets | None] = [None] * len(self._paths)
@@ -93,15 +95,17 @@ class TFRecordDataSource:
 
     def _count_once(self, k: int) -> int:
         path, cache = self._paths[k], self._caches[k]
-        sig = self._signatures[k] = idx.signature(path)
+        sig = self._signatures[k] = idx.signature(path, attempts=self._read_attempts)
         if cache is not None:
             count = idx.read_cached_count(cache, sig)
             if count is not None:
                 return count
         try:
-            offsets = idx.scan(path, sig.size, verify_crc=self._verify)
+            offsets = idx.scan(
+                path, sig.size, verify_crc=self._verify, attempts=self._read_attempts
+            )
         except ValueError as error:
-            now = idx.signature(path)
+            now = idx.signature(path, attempts=self._read_attempts)
             if now == sig:
                 raise
             raise file_changes.FileChangedError(
@@ -126,9 +130,9 @@ class TFRecordDataSource:
             offsets = idx.read_cached_offsets(cache, sig)
             if offsets is not None:
                 return offsets
-        now = idx.signature(path)
+        now = idx.signature(path, attempts=self._read_attempts)
         expected = self._count_of(k)
-        offsets = idx.scan(path, now.size, verify_crc=self._verify)
+        offsets = idx.scan(path, now.size, verify_crc=self._verify, attempts=self._read_attempts)
         if now != sig or len(offsets) - 1 != expected:
             raise ValueError(
                 f"TFRecord file {path!r} changed after the TFRecordDataSource was created "

@@ -148,6 +148,22 @@ def test_a_too_deep_state_dict_is_a_value_error(how):
         DICT_RESTORERS[how](deep_dict())
 
 
+def test_accept_changes_of_a_too_deep_state_is_a_value_error():
+    with pytest.raises(ValueError, match=rf"the state is too deeply nested: {LIMIT}"):
+        gm.checkpoint.accept_changes(deep_dict())
+
+
+@pytest.mark.parametrize("how", [h for h in DICT_RESTORERS if h != "torch-loader"])
+def test_an_integer_too_long_to_print_in_a_state_dict_names_the_field(how):
+    state = {"next_index": 1, "parent": {"next_index": 10**5000}}
+    with pytest.raises(
+        ValueError,
+        match=r"the state holds an integer of about 5001 digits in the field "
+        r"\['parent'\]\['next_index'\]; Python converts at most",
+    ):
+        DICT_RESTORERS[how](state)
+
+
 def test_a_state_that_holds_itself_is_a_value_error():
     state = {"next_index": 1}
     state["parent"] = state

@@ -55,24 +55,57 @@ def check_text_depth(text: str, where: str) -> None:
             depth -= 1
 
 
-def check_depth(state: Any, where: str = "the state") -> None:
-    """Raises the ValueError of a state (dicts and lists) nested deeper than ``MAX_DEPTH``.
+def check_limits(state: Any, where: str = "the state") -> None:
+    """Raises the ValueError of a state (dicts and lists) nested deeper than ``MAX_DEPTH``,
+    or holding an integer too long for Python to print (an error message would fail on it).
 
     Iterative, so a deep state is reported rather than exhausting the stack; a container
     that holds itself is reported as too deep too.
     """
-    stack: list[tuple[Any, int]] = [(state, 0)]
+    max_bits = _max_int_bits()
+    # (value, depth, parent entry, key): the field's path is built only for the message
+    stack: list[tuple[Any, int, Any, Any]] = [(state, 0, None, None)]
     while stack:
-        value, depth = stack.pop()
+        entry = stack.pop()
+        value, depth = entry[0], entry[1]
         if isinstance(value, dict):
-            children: Any = value.values()
+            children: Any = value.items()
         elif isinstance(value, list | tuple):
-            children = value
+            children = enumerate(value)
         else:
+            if isinstance(value, int) and max_bits and value.bit_length() > max_bits:
+                digits = int(value.bit_length() * _LOG10_2) + 1
+                raise _long_integer(where, f"about {digits}", _field(entry))
             continue
         if depth >= MAX_DEPTH:
             raise _too_deep(where)
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend((child, depth + 1, entry, key) for key, child in children)
+
+
+_LOG10_2 = 0.30103
+
+
+def _max_int_bits() -> int:
+    """Bits of the largest int Python prints (0: no limit)."""
+    digits = sys.get_int_max_str_digits()
+    return int(digits / _LOG10_2) - 4 if digits else 0  # a few bits of margin below
+
+
+def _field(entry: tuple[Any, int, Any, Any]) -> str:
+    keys = []
+    while entry[2] is not None:
+        keys.append(entry[3])
+        entry = entry[2]
+    return "".join(f"[{key!r}]" for key in reversed(keys))
+
+
+def _long_integer(where: str, digits: str, field: str) -> ValueError:
+    at = f"in the field {field}" if field else "as the whole state"
+    return ValueError(
+        f"{where} holds an integer of {digits} digits {at}; Python converts at most "
+        f"{sys.get_int_max_str_digits()} (sys.get_int_max_str_digits()) and a state's positions "
+        "have at most 20: it is damaged or was not written by get_state()"
+    )
 
 
 class _LongInteger:
@@ -124,10 +157,5 @@ def loads(data: str | bytes | bytearray, where: str) -> Any:
     check_text_depth(data, where)
     state = json.loads(data, parse_int=_parse_int)
     for field, number in _long_integers(state):
-        at = f"in the field {field}" if field else "as the whole document"
-        raise ValueError(
-            f"{where} holds an integer of {number.digits} digits {at}; Python converts at "
-            f"most {sys.get_int_max_str_digits()} (sys.get_int_max_str_digits()) and a state's "
-            "positions have at most 20: it is damaged or was not written by get_state()"
-        )
+        raise _long_integer(where, str(number.digits), field)
     return state

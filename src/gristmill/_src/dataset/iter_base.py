@@ -375,7 +375,7 @@ class DatasetIterator(Generic[T], abc.ABC):
         """``state`` given to ``set_state()``, checked and stripped of metadata at the root."""
         if not self._is_root:
             return state
-        state_json.check_depth(state)  # before anything recurses into it, or repr()s it
+        state_json.check_limits(state)  # before anything recurses into it, or repr()s it
         pipeline = self._pipeline_cache
         if pipeline is None:
             pipeline = self._pipeline_cache = state_meta.Pipeline(self._pipeline())

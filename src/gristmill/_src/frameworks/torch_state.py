@@ -37,7 +37,7 @@ def make_state(
 
 def check_state(state: Any, kind: SourceKind) -> dict[str, Any]:
     """``state`` checked, as a version-2 state (a version-1 one in epoch 0)."""
-    state_json.check_depth(state)
+    state_json.check_limits(state)
     version = state.get("version") if isinstance(state, dict) else None
     if version not in (None, 1, STATE_VERSION):
         raise ValueError(

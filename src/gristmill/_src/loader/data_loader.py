@@ -393,7 +393,7 @@ class DataLoaderIterator:
         self._set_state_dict(data)
 
     def _set_state_dict(self, data: Any) -> None:
-        state_json.check_depth(data)
+        state_json.check_limits(data)
         loader = self._loader
         if self._native():
             self._iterator.set_state(data)

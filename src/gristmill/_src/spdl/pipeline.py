@@ -342,7 +342,7 @@ class Pipeline(Generic[T]):
                 "set_state() must be called before the pipeline starts; build a new pipeline "
                 "and restore it before the first get_item()"
             )
-        state_json.check_depth(state)
+        state_json.check_limits(state)
         if isinstance(state, dict) and fingerprint.STAGES_KEY in state:
             # Without the list (gristmill.checkpoint.accept_changes): the shape is checked only.
             fingerprint.check(state[fingerprint.STAGES_KEY], self._stages)

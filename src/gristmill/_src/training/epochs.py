@@ -159,7 +159,7 @@ class Epochs:
 
     def set_state(self, state: dict[str, Any]) -> None:
         """The next iteration starts in ``state["epoch"]`` at ``state["iterator"]``."""
-        state_json.check_depth(state)
+        state_json.check_limits(state)
         if not isinstance(state, dict) or set(state) != _STATE_KEYS:
             raise ValueError(
                 f"an Epochs state is a dict with the keys {sorted(_STATE_KEYS)}, got "

@@ -20,11 +20,13 @@ RECORDS = [b"r%d" % i * (i + 1) for i in range(6)]
 
 class FlakyFileSystem(MemoryFileSystem):
     """The memory filesystem (same store) under ``flaky://``: the next ``failures[kind]``
-    calls of ``cat_file`` ("cat") or of a file's ``read`` ("read") raise ``error``."""
+    calls of ``cat_file`` ("cat"), of ``cat_ranges`` as a whole ("ranges": an older fsspec, or
+    a filesystem that raises instead of returning the exception) or of a file's ``read``
+    ("read") raise ``error``."""
 
     protocol = "flaky"
-    failures = {"cat": 0, "read": 0}  # noqa: RUF012
-    calls = {"cat": 0, "read": 0}  # noqa: RUF012
+    failures = {"cat": 0, "ranges": 0, "read": 0}  # noqa: RUF012
+    calls = {"cat": 0, "ranges": 0, "read": 0}  # noqa: RUF012
     error: type[OSError] = ConnectionResetError
 
     @classmethod
@@ -39,6 +41,10 @@ class FlakyFileSystem(MemoryFileSystem):
         if cls.failures[kind] > 0:
             cls.failures[kind] -= 1
             raise cls.error(f"simulated {cls.error.__name__} ({kind})")
+
+    def cat_ranges(self, paths, starts, ends, **kwargs):
+        self._fail("ranges")
+        return super().cat_ranges(paths, starts, ends, **kwargs)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         self._fail("cat")
@@ -60,11 +66,11 @@ fsspec.register_implementation("flaky", FlakyFileSystem, clobber=True)
 
 @pytest.fixture(autouse=True)
 def reset_failures():
-    FlakyFileSystem.failures.update(cat=0, read=0)
-    FlakyFileSystem.calls.update(cat=0, read=0)
+    FlakyFileSystem.failures.update(cat=0, ranges=0, read=0)
+    FlakyFileSystem.calls.update(cat=0, ranges=0, read=0)
     FlakyFileSystem.error = ConnectionResetError
     yield
-    FlakyFileSystem.failures.update(cat=0, read=0)
+    FlakyFileSystem.failures.update(cat=0, ranges=0, read=0)
 
 
 def fail_next(kind, n, error=ConnectionResetError):
@@ -113,6 +119,15 @@ def test_tfrecord_source_gives_up_with_an_error_naming_the_url_bytes_and_attempt
     with pytest.raises(ConnectionResetError, match=pattern) as info:
         source[2] if read == "getitem" else source._getitems([0, 2, 5])
     assert isinstance(info.value.__cause__, ConnectionResetError)
+
+
+def test_a_cat_ranges_that_raises_is_retried_too(tfrecord_url):
+    source = TFRecordDataSource(tfrecord_url)
+    fail_next("ranges", 2)
+    assert source._getitems([1, 4]) == [RECORDS[1], RECORDS[4]]
+    fail_next("ranges", 1000, TimeoutError)
+    with pytest.raises(TimeoutError, match=r"\(bytes \d+-\d+ and 1 more ranges\).*gave up after 3"):
+        source._getitems([1, 4])
 
 
 def test_read_attempts_is_configurable(tfrecord_url):

@@ -248,6 +248,8 @@ class RangeReader:
     def _remote_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """The ranges through ``cat_ranges``; failed ones (returned as exceptions, or the
         whole call raising) read again after a transient failure, as ``transient`` says."""
+        if not ranges:
+            return []
         out: list[bytes | None] = [None] * len(ranges)
         pending = list(range(len(ranges)))
         for attempt in range(1, self.attempts + 1):
@@ -277,9 +279,9 @@ class RangeReader:
         starts = [ranges[n][0] for n in pending]
         ends = [ranges[n][0] + ranges[n][1] for n in pending]
         try:
-            results = list(
-                self._fs.cat_ranges([self._inner] * len(pending), starts, ends, on_error="return")
-            )
+            # fsspec's default (on_error="return") puts a failed range's exception in its
+            # slot; an older fsspec, or a filesystem of its own, raises it: both are handled
+            results = list(self._fs.cat_ranges([self._inner] * len(pending), starts, ends))
         except OSError as error:  # the whole call failed: every pending range did
             results = [error] * len(pending)
         if len(results) != len(pending):

@@ -8,6 +8,7 @@ import pathlib
 import tempfile
 from typing import Any
 
+from gristmill._src.core import state_json
 from gristmill._src.core.processes import jax_process_index_and_count
 
 
@@ -56,7 +57,9 @@ def read_state_text(directory: str | os.PathLike[str]) -> str:
     Raises:
       CheckpointNotFoundError: no state file for this process (the message names the path;
         a FileNotFoundError and a ValueError).
-      ValueError: the file is not UTF-8 JSON (damaged, truncated, or not a state file).
+      ValueError: the file is not UTF-8 JSON (damaged, truncated, or not a state file), or
+        nests deeper than a state can (``state_json.MAX_DEPTH``), or holds an integer too
+        long to convert (the message names the field); every message names the file.
     """
     return _load(directory)[0]
 
@@ -83,7 +86,7 @@ def _load(directory: str | os.PathLike[str]) -> tuple[str, Any]:
             f"{raw[e.start : e.start + 1]!r}); it is damaged or was not written by get_state()"
         ) from None
     try:
-        return text, json.loads(text)
+        return text, state_json.loads(text, f"the checkpoint {str(path)!r}")
     except json.JSONDecodeError as e:
         raise ValueError(
             f"the checkpoint {str(path)!r} is not valid JSON ({e}; the file has {len(raw)} "

@@ -18,6 +18,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from gristmill._src.core import state_json
+
 STATE_KEY = "__gristmill__"
 STATE_VERSION = 2
 _UNCOMPARABLE_VERSIONS = {1}  # older fingerprints: restored by shape only
@@ -118,12 +120,17 @@ def accept_changes(state: Any) -> Any:
     >>> changed.get_state()["next_index"]
     1
     """
+    state_json.check_limits(state)  # it recurses: a deep state is an error, not a crash
+    return _without_records(state)
+
+
+def _without_records(state: Any) -> Any:
     if isinstance(state, list):
-        return [accept_changes(value) for value in state]
+        return [_without_records(value) for value in state]
     if not isinstance(state, dict):
         return state
     return {
-        key: accept_changes(value)
+        key: _without_records(value)
         for key, value in state.items()
         # an iterator's record, and an SPDL pipeline's (wherever it is nested)
         if key != STATE_KEY and not (key == "stages" and "next_position" in state)

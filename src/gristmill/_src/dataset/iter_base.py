@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from gristmill._src.checkpoint import files
 from gristmill._src.compat import grain_types
-from gristmill._src.core import seeds
+from gristmill._src.core import seeds, state_json
 from gristmill._src.core import state as state_meta
 from gristmill._src.core.dataset_options import IteratorContext
 from gristmill._src.core.node_stats import NodeStats
@@ -375,6 +375,7 @@ class DatasetIterator(Generic[T], abc.ABC):
         """``state`` given to ``set_state()``, checked and stripped of metadata at the root."""
         if not self._is_root:
             return state
+        state_json.check_limits(state)  # before anything recurses into it, or repr()s it
         pipeline = self._pipeline_cache
         if pipeline is None:
             pipeline = self._pipeline_cache = state_meta.Pipeline(self._pipeline())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import state_json, validation
 from gristmill._src.frameworks.torch_kinds import SourceKind, a_kind
 from gristmill._src.frameworks.torch_ranks import Slot
 
@@ -37,6 +37,7 @@ def make_state(
 
 def check_state(state: Any, kind: SourceKind) -> dict[str, Any]:
     """``state`` checked, as a version-2 state (a version-1 one in epoch 0)."""
+    state_json.check_limits(state)
     version = state.get("version") if isinstance(state, dict) else None
     if version not in (None, 1, STATE_VERSION):
         raise ValueError(

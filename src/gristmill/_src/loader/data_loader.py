@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gristmill._src.compat import grain_types
-from gristmill._src.core import transforms, validation
+from gristmill._src.core import state_json, transforms, validation
 from gristmill._src.core.options import (
     MultiprocessingOptions,
     MultiprocessingOrder,
@@ -385,14 +385,15 @@ class DataLoaderIterator:
 
     def set_state(self, state: bytes) -> None:
         try:
-            data = json.loads(state)
-        except (TypeError, ValueError) as error:
+            data = state_json.loads(state, "the DataLoader state (JSON bytes)")
+        except (TypeError, json.JSONDecodeError, UnicodeDecodeError) as error:
             raise ValueError(
                 f"a DataLoader state must be the JSON bytes of get_state(), got {state!r:.80}"
             ) from error
         self._set_state_dict(data)
 
     def _set_state_dict(self, data: Any) -> None:
+        state_json.check_limits(data)
         loader = self._loader
         if self._native():
             self._iterator.set_state(data)

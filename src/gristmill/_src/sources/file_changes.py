@@ -12,21 +12,15 @@ them apart: a change is a :class:`FileChangedError` (an OSError, no errno), neve
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gristmill._src.sources import files
+from gristmill._src.sources import files, transient
 
 logger = logging.getLogger("gristmill.source")
 T = TypeVar("T")
-
-# OS errors a loaded machine or a concurrent process can cause, gone a moment later.
-_TRANSIENT = frozenset(
-    {errno.EINTR, errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EBUSY, errno.EIO}
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +100,8 @@ def _changed(path: str, before: FileState | None, what: str, doing: str) -> File
 
 def worth_retrying(error: OSError) -> bool:
     """A failure a second attempt may not meet: a transient errno, or a file that changed
-    while it was opened."""
-    return isinstance(error, FileChangedError) or error.errno in _TRANSIENT
+    while it was opened (``transient.TRANSIENT_ERRNOS``)."""
+    return isinstance(error, FileChangedError) or error.errno in transient.TRANSIENT_ERRNOS
 
 
 def once_more(path: str, attempt: Callable[..., T], *args: Any) -> T:

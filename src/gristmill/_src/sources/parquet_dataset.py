@@ -20,7 +20,7 @@ from gristmill._src.dataset.in_place_slicing import check_set_slice
 from gristmill._src.dataset.interleave import InterleaveIterDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import state_count, state_fields
-from gristmill._src.sources import files
+from gristmill._src.sources import files, transient
 from gristmill._src.sources.parquet_io import ParquetFile, check_columns, rows_of
 
 _STATE_KEYS = ("row_group", "index_within_row_group")
@@ -36,7 +36,10 @@ class ParquetIterDataset(IterDataset[dict[str, Any]]):
         them; several files are interleaved row by row, at most 16 open at once.
       read_kwargs: passed to ``pyarrow.parquet.ParquetFile`` (``read_dictionary=``,
         ``memory_map=``, ``buffer_size=``, ...). gristmill also takes ``columns=[...]``:
-        read only those columns (Grain 0.2.18 rejects it).
+        read only those columns (Grain 0.2.18 rejects it); and ``read_attempts=``:
+        attempts per read of a remote file (default 3): a transient failure (a connection
+        reset, a timeout) is read again; an error that lasts is raised naming the file and
+        the attempts.
 
     Values are numpy scalars for numeric columns (``np.int64``; float64 with NaN for an int
     column with nulls in that row group), ``str`` / ``bytes`` / ``None`` for strings,
@@ -57,6 +60,8 @@ class ParquetIterDataset(IterDataset[dict[str, Any]]):
         super().__init__()
         self._paths = files.normalize_paths(path, parameter="path")
         self._columns = check_columns(read_kwargs.pop("columns", None))
+        if "read_attempts" in read_kwargs:
+            transient.check_read_attempts(read_kwargs["read_attempts"])
         self._read_kwargs = read_kwargs
 
     def __iter__(self) -> DatasetIterator[dict[str, Any]]:

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from gristmill._src.sources import file_changes, files
+from gristmill._src.sources import file_changes, files, transient
 
 _VERIFY_PAGES = {"page_checksum_verification": True}
 
@@ -63,8 +63,9 @@ def check_columns(columns: Any, parameter: str = "columns") -> tuple[str, ...] |
 
 
 def _is_os_problem(error: BaseException) -> bool:
-    """An error of the OS (errno set), as opposed to pyarrow rejecting the bytes."""
-    return isinstance(error, OSError) and error.errno is not None
+    """An error of the OS (errno set) or of the network (a remote read that gave up), as
+    opposed to pyarrow rejecting the bytes."""
+    return isinstance(error, OSError) and (error.errno is not None or transient.is_transient(error))
 
 
 def format_error(path: str, what: str, error: BaseException) -> ParquetFormatError:
@@ -134,7 +135,8 @@ class ParquetFile:
     Args:
       path: a local path or a URL (through fsspec).
       columns: the columns to read (all when None); a missing one is a ValueError.
-      read_kwargs: passed to ``pyarrow.parquet.ParquetFile``.
+      read_kwargs: passed to ``pyarrow.parquet.ParquetFile``, but for ``read_attempts``:
+        attempts per read of a remote file (see ``transient``).
     """
 
     def __init__(
@@ -142,6 +144,10 @@ class ParquetFile:
     ) -> None:
         self.path = path
         self._handle: IO[bytes] | None = None
+        read_kwargs = dict(read_kwargs)
+        self._attempts = transient.check_read_attempts(
+            read_kwargs.pop("read_attempts", transient.DEFAULT_READ_ATTEMPTS)
+        )
         # a file rewritten as it is opened looks damaged: that, and a busy machine's OS
         # errors, get a second try (file_changes)
         names, total = file_changes.once_more(path, self._open, read_kwargs)
@@ -181,7 +187,7 @@ class ParquetFile:
         source: Any = path
         before = None
         if "filesystem" not in read_kwargs:  # else a pyarrow filesystem opens `path`
-            handle: IO[bytes] = files.open_binary(path)  # OS errors name the path
+            handle: IO[bytes] = files.open_binary(path, attempts=self._attempts)  # names path
             if files.is_local(path):
                 # pyarrow's own reader is faster than a Python file object (no GIL per read).
                 handle.close()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gristmill._src.core import validation
-from gristmill._src.sources import files
+from gristmill._src.sources import files, transient
 from gristmill._src.sources.parquet_io import ParquetFile, check_columns
 
 _Block = tuple[list[str], list[np.ndarray]]
@@ -131,7 +131,10 @@ class ParquetDataSource:
       cache_row_groups: the most decoded row groups kept (default 8).
       cache_bytes: the most decoded bytes kept (Arrow size; default 512 MiB; None: no
         bound). The most recently read row group is kept whatever its size.
-      read_kwargs: passed to ``pyarrow.parquet.ParquetFile``.
+      read_kwargs: passed to ``pyarrow.parquet.ParquetFile``; and ``read_attempts``:
+        attempts per read of a remote file (default 3): a transient failure (a connection
+        reset, a timeout) is read again; an error that lasts is raised naming the file and
+        the attempts. Local files are read by pyarrow, once.
 
     >>> import tempfile, os, gristmill as gm
     >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
@@ -156,6 +159,8 @@ class ParquetDataSource:
         if cache_bytes is not None:
             validation.check_positive_int(cache_bytes, "cache_bytes", fix="; or None: no bound")
         self._cache_bytes = cache_bytes
+        if "read_attempts" in read_kwargs:
+            transient.check_read_attempts(read_kwargs["read_attempts"])
         self._read_kwargs = read_kwargs
         counts = []
         for k, path in enumerate(self._paths):

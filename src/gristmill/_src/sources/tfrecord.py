@@ -14,7 +14,7 @@ from typing import IO, Any, cast
 
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.iter_support import state_count, state_fields
-from gristmill._src.sources import file_changes, files
+from gristmill._src.sources import file_changes, files, transient
 from gristmill._src.sources import tfrecord_format as fmt
 
 # Bytes read per system call; any size restores the same state (it is not in the state).
@@ -40,6 +40,9 @@ class TFRecordIterDataset(IterDataset[bytes]):
       verify_crc: None (default): check the CRCs when google_crc32c is installed, else read
         unchecked and log a warning once per process; True: check them (google_crc32c
         required); False: do not check them.
+      read_attempts: attempts per read of a remote file (default 3): a transient failure
+        (a connection reset, a timeout) is read again; an error that lasts is raised naming
+        the file, the bytes and the attempts. Local files are read once.
 
     Raises:
       TypeError: ``path`` is not one path, or ``verify_crc`` is not a bool or None.
@@ -59,13 +62,20 @@ class TFRecordIterDataset(IterDataset[bytes]):
     (b'a', {'reader_offset': 17})
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify_crc: bool | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify_crc: bool | None = None,
+        read_attempts: int = transient.DEFAULT_READ_ATTEMPTS,
+    ) -> None:
         super().__init__()
         self._path = fmt.single_path(path)
         self._verify_crc = fmt.resolve_verify_crc(verify_crc)
+        self._read_attempts = transient.check_read_attempts(read_attempts)
 
     def __iter__(self) -> DatasetIterator[bytes]:
-        return _TFRecordIterator(self._path, self._verify_crc)
+        return _TFRecordIterator(self._path, self._verify_crc, self._read_attempts)
 
     def __str__(self) -> str:
         return f"TFRecordIterDataset(path={self._path!r})"
@@ -77,11 +87,13 @@ class _TFRecordIterator(DatasetIterator[bytes]):
         "sources.TFRecordDataSource for random access"
     )
 
-    def __init__(self, path: str, verify_crc: bool) -> None:
+    def __init__(self, path: str, verify_crc: bool, read_attempts: int) -> None:
         super().__init__()
         self._path = path
         self._verify = verify_crc
-        self._file: IO[bytes] | None = files.open_binary(path, buffered=False)
+        self._file: IO[bytes] | None = files.open_binary(
+            path, buffered=False, attempts=read_attempts
+        )
         self._opened = file_changes.file_state(path)
         try:
             self._size = _size_of(self._file, path)

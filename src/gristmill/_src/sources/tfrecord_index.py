@@ -33,7 +33,7 @@ from typing import IO, Any, TypeAlias
 
 import numpy as np
 
-from gristmill._src.sources import files
+from gristmill._src.sources import files, transient
 from gristmill._src.sources import tfrecord_format as fmt
 
 logger = logging.getLogger("gristmill.source")
@@ -56,15 +56,18 @@ class Signature:
     mtime: str
 
 
-def signature(path: str) -> Signature:
-    """The current size and modification time of ``path``."""
+def signature(path: str, *, attempts: int = transient.DEFAULT_READ_ATTEMPTS) -> Signature:
+    """The current size and modification time of ``path`` (a remote file's asked for up to
+    ``attempts`` times after transient failures)."""
     try:
         if files.is_local(path):
             st = os.stat(files.local_path(path))
             return Signature(st.st_size, str(st.st_mtime_ns))
         fs, inner = files.filesystem(path)
-        info = fs.info(inner)
+        info = transient.with_retries(path, lambda: "its size", attempts, lambda: fs.info(inner))
     except OSError as error:
+        if transient.names(error, path):
+            raise
         raise files._reraise(path, error) from error
     mtime = next(
         (
@@ -212,7 +215,9 @@ def _little_endian(offsets: Offsets) -> bytes:
     return offsets.tobytes()
 
 
-def scan(path: str, size: int, *, verify_crc: bool) -> Offsets:
+def scan(
+    path: str, size: int, *, verify_crc: bool, attempts: int = transient.DEFAULT_READ_ATTEMPTS
+) -> Offsets:
     """The record offsets of ``path`` (and ``size`` last), from one pass over its headers.
 
     Raises:
@@ -220,7 +225,7 @@ def scan(path: str, size: int, *, verify_crc: bool) -> Offsets:
         ``verify_crc``) a damaged length field; the message names the offset and record.
     """
     offsets = array("Q")
-    with files.open_binary(path) as file:
+    with files.open_binary(path, attempts=attempts) as file:
         _scan_file(file, path, size, verify_crc, offsets)
     offsets.append(size)
     return offsets

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gristmill._src.core import validation
-from gristmill._src.sources import file_changes, files
+from gristmill._src.sources import file_changes, files, transient
 from gristmill._src.sources import tfrecord_format as fmt
 from gristmill._src.sources import tfrecord_index as idx
 
@@ -34,6 +34,9 @@ class TFRecordDataSource:
         None (default) when google_crc32c is installed (``pip install -e
         '.[tfrecord]'``), else unchecked with a warning once per process; True:
         always (google_crc32c required); False: never.
+      read_attempts: attempts per read of a remote file (default 3): a transient failure
+        (a connection reset, a timeout) is read again; an error that lasts is raised naming
+        the file, the bytes and the attempts. Local files are read once.
 
     Raises:
       OSError: a file cannot be read (FileNotFoundError, PermissionError, ...: the OS's
@@ -60,8 +63,10 @@ class TFRecordDataSource:
         *,
         index_dir: str | os.PathLike[str] | None = None,
         verify_crc: bool | None = None,
+        read_attempts: int = transient.DEFAULT_READ_ATTEMPTS,
     ) -> None:
         self._paths = files.normalize_paths(paths)
+        self._read_attempts = transient.check_read_attempts(read_attempts)
         if index_dir is not None:
             index_dir = fmt.single_path(index_dir, "index_dir")
             if not files.is_local(index_dir):
@@ -72,14 +77,16 @@ class TFRecordDataSource:
             index_dir = files.local_path(index_dir)
         self._index_dir: str | None = index_dir
         self._verify = fmt.resolve_verify_crc(verify_crc)
-        self._signatures = [idx.signature(path) for path in self._paths]
+        self._signatures = [
+            idx.signature(path, attempts=self._read_attempts) for path in self._paths
+        ]
         self._caches = [idx.cache_path(path, index_dir) for path in self._paths]
         # Offsets are loaded per file on first read (a cached index needs only its count here).
         self._offsets: list[idx.Offsets | None] = [None] * len(self._paths)
         counts = [self._count(k) for k in range(len(self._paths))]
         self._ends_list: list[int] = list(itertools.accumulate(counts))
         self._length = self._ends_list[-1]
-        self._readers = [files.RangeReader(path) for path in self._paths]
+        self._readers = [files.RangeReader(p, attempts=self._read_attempts) for p in self._paths]
 
     def _count(self, k: int) -> int:
         # a file rewritten as it is indexed, and a busy machine's OS errors, are not damage:
@@ -88,15 +95,17 @@ class TFRecordDataSource:
 
     def _count_once(self, k: int) -> int:
         path, cache = self._paths[k], self._caches[k]
-        sig = self._signatures[k] = idx.signature(path)
+        sig = self._signatures[k] = idx.signature(path, attempts=self._read_attempts)
         if cache is not None:
             count = idx.read_cached_count(cache, sig)
             if count is not None:
                 return count
         try:
-            offsets = idx.scan(path, sig.size, verify_crc=self._verify)
+            offsets = idx.scan(
+                path, sig.size, verify_crc=self._verify, attempts=self._read_attempts
+            )
         except ValueError as error:
-            now = idx.signature(path)
+            now = idx.signature(path, attempts=self._read_attempts)
             if now == sig:
                 raise
             raise file_changes.FileChangedError(
@@ -121,9 +130,9 @@ class TFRecordDataSource:
             offsets = idx.read_cached_offsets(cache, sig)
             if offsets is not None:
                 return offsets
-        now = idx.signature(path)
+        now = idx.signature(path, attempts=self._read_attempts)
         expected = self._count_of(k)
-        offsets = idx.scan(path, now.size, verify_crc=self._verify)
+        offsets = idx.scan(path, now.size, verify_crc=self._verify, attempts=self._read_attempts)
         if now != sig or len(offsets) - 1 != expected:
             raise ValueError(
                 f"TFRecord file {path!r} changed after the TFRecordDataSource was created "
@@ -215,7 +224,7 @@ class TFRecordDataSource:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._readers = [files.RangeReader(path) for path in self._paths]
+        self._readers = [files.RangeReader(p, attempts=self._read_attempts) for p in self._paths]
 
     def __repr__(self) -> str:
         paths = self._paths

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.core import state_json
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import ChunkStream
 from gristmill._src.engine.markers import EOF, EPOCH_END, SKIP
@@ -345,6 +346,7 @@ class Pipeline(Generic[T]):
                 "set_state() must be called before the pipeline starts; build a new pipeline "
                 "and restore it before the first get_item()"
             )
+        state_json.check_limits(state)
         if isinstance(state, dict) and fingerprint.STAGES_KEY in state:
             # Without the list (gristmill.checkpoint.accept_changes): the shape is checked only.
             fingerprint.check(state[fingerprint.STAGES_KEY], self._stages)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gristmill._src.core import validation
+from gristmill._src.core import state_json, validation
 from gristmill._src.dataset import passes
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
@@ -159,6 +159,7 @@ class Epochs:
 
     def set_state(self, state: dict[str, Any]) -> None:
         """The next iteration starts in ``state["epoch"]`` at ``state["iterator"]``."""
+        state_json.check_limits(state)
         if not isinstance(state, dict) or set(state) != _STATE_KEYS:
             raise ValueError(
                 f"an Epochs state is a dict with the keys {sorted(_STATE_KEYS)}, got "

@@ -374,7 +374,7 @@ def mp_prefetch(
     buffer_size = workers * max(options.per_worker_buffer_size, MP_MIN_WORKER_BUFFER)
     stage = WorkerStage(
         workers,
-        ProcessBackend(worker_init_fn, mp_context)
+        ProcessBackend(worker_init_fn, mp_context, options.per_worker_buffer_size)
         if ray_backend is None
         else ray_backend.stage(worker_init_fn),
         autotune=autotune and ray_backend is None,

@@ -155,6 +155,9 @@ def pooled_worker_main(conn: Any, first: Any = None) -> None:
                 return
             if message is None:
                 return
+        if message[0] != "job":  # a region's late credit or "done": its job is over
+            message = None
+            continue
         _, job, args = message
         message = None
         if not job(conn, *args):

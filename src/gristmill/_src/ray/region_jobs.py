@@ -88,14 +88,14 @@ class RegionJobs:
 
     def open(self, key: str, index: int, work: bytes, options: tuple[Any, ...]) -> None:
         """Starts worker ``index``'s job of region ``key`` (``options``: ``(max_failures,
-        name, report_stats_interval)``)."""
+        name, report_stats_interval, buffer_size)``)."""
         conn = self._conn(key)
         if conn is None:  # closed already
             return
-        max_failures, name, interval = options
+        max_failures, name, interval, buffer_size = options
         thread = threading.Thread(
             target=region_worker.run_region,
-            args=(conn, index, work, max_failures, name, None, interval),
+            args=(conn, index, work, max_failures, name, None, interval, buffer_size),
             name=f"gristmill[{name}]-region-{index}",
             daemon=True,
         )

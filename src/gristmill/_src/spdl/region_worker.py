@@ -6,13 +6,19 @@ A region's workers are the pooled worker processes every process stage uses
 main pipeline, fed by the transfers the main process sends over the worker's pipe, and sends
 every chunk of outputs back as one message on the same pipe:
 
-- main -> worker: ``("items", payload)``, ``("epoch",)``, then ``("end",)``;
+- main -> worker: ``("items", payload)``, ``("epoch",)``, then ``("end",)``; at any time
+  ``("credit",)`` when the region's consumer took the items of one of the worker's outputs;
+  last ``("done",)``, once the worker's ``("end",)`` arrived (no credit follows it);
 - worker -> main: ``("taken",)`` when it takes a transfer (a credit back: the main process
   keeps at most ``QUEUE_DEPTH`` transfers sent and not taken per worker),
-  ``("items", payload)``, ``("epoch",)``, and last ``("end",)`` or
-  ``("error", remote_traceback.RemoteError)``.
+  ``("items", payload)`` of at most the region's ``buffer_size`` items, each taking one of
+  ``QUEUE_DEPTH`` output credits (so a worker has at most ``QUEUE_DEPTH * buffer_size`` items
+  sent and not yet taken by the consumer: their arrays in shared memory), ``("epoch",)``,
+  and last ``("end",)`` or ``("error", remote_traceback.RemoteError)``.
 
-After ``"end"`` the worker may serve another stage; after an error it ends.
+A reader thread takes every message from the pipe (a credit must arrive while the job's
+source is not reading). After ``"done"`` the worker may serve another stage; after an error
+it ends.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import queue
 import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -69,26 +76,66 @@ def pickled(values: list[Any], what: str, prefix: str | None, numbers: Any) -> b
 
 class _Pipe:
     """The worker's end of its pipe: sends from two threads (the source's acks, the job's
-    outputs) one at a time; reads the transfers on the source's thread only."""
+    outputs) one at a time; a reader thread takes every message: transfers for the source,
+    output credits for :meth:`send_output`."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._lock = threading.Lock()
+        self._credit = threading.Condition()
+        self._credits = QUEUE_DEPTH
+        self._inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._ended = False  # the reader is done: "done" read, or the pipe closed
         self.stopped = False  # the parent is gone or asked the worker to stop
+        self._reader = threading.Thread(target=self._read, name="gristmill-region-pipe")
+        self._reader.daemon = True
+        self._reader.start()
 
-    def send(self, message: tuple[Any, ...]) -> None:
-        with self._lock:
-            self._conn.send(message)
-
-    def transfers(self) -> Iterator[Any]:
-        """The items sent, with EPOCH_END at epoch ends, until "end"."""
+    def _read(self) -> None:
         while True:
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
                 message = None
+            if message is not None and message[0] == "credit":
+                with self._credit:
+                    self._credits += 1
+                    self._credit.notify_all()
+                continue
+            if message is None or message[0] == "done":
+                with self._credit:
+                    self._ended = True
+                    self.stopped = self.stopped or message is None
+                    self._credit.notify_all()
+                self._inbox.put(None)  # a source still reading ends
+                return
+            self._inbox.put(message)
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+    def send_output(self, message: tuple[Any, ...]) -> None:
+        """Sends an output once a credit allows it (or at once if the parent is gone:
+        the send then fails)."""
+        with self._credit:
+            while self._credits == 0 and not self._ended:
+                self._credit.wait()
+            self._credits -= 1
+        self.send(message)
+
+    def finish(self) -> bool:
+        """After "end" was sent: waits for the parent's "done"; False if it went away."""
+        self._reader.join()
+        return not self.stopped
+
+    def transfers(self) -> Iterator[Any]:
+        """The items sent, with EPOCH_END at epoch ends, until "end"."""
+        while True:
+            message = self._inbox.get()
             if message is None or message[0] == "end":
-                self.stopped = message is None
+                if message is None:
+                    self.stopped = True
                 return
             self.send(("taken",))
             if message[0] == "items":
@@ -139,7 +186,7 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
     """Runs the span over the transfers until they end; outputs go back on ``pipe``."""
     from gristmill._src.engine.streams import iterate_chunks
 
-    max_failures, name, shm_prefix, interval = options
+    max_failures, name, shm_prefix, interval, buffer_size = options
     span, initializer, initargs = _unpacked(work)
     if initializer is not None:
         initializer(*initargs)
@@ -156,14 +203,17 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
             except StopIteration:
                 break
             start = 0
-            for i, value in enumerate(values):
-                if value is EPOCH_END:
-                    if i > start:
-                        pipe.send(("items", pickled(values[start:i], output, shm_prefix, numbers)))
+            for i, value in enumerate([*values, EPOCH_END]):
+                if value is not EPOCH_END:
+                    continue
+                # at most buffer_size items an output, each output on a credit: what the
+                # consumer has not taken stays within QUEUE_DEPTH outputs
+                for lo in range(start, i, buffer_size or max(i - start, 1)):
+                    hi = i if buffer_size is None else min(i, lo + buffer_size)
+                    pipe.send_output(("items", pickled(values[lo:hi], output, shm_prefix, numbers)))
+                if i < len(values):
                     pipe.send(("epoch",))
-                    start = i + 1
-            if start < len(values):
-                pipe.send(("items", pickled(values[start:], output, shm_prefix, numbers)))
+                start = i + 1
     finally:
         # hooks first: they have exited when the main process sees "end"
         _close_worker_pipeline(lowering, queues)
@@ -177,10 +227,12 @@ def run_region(
     name: str,
     shm_prefix: str | None = None,
     report_stats_interval: float = -1,
+    buffer_size: int | None = None,
 ) -> bool:
     """Worker ``index`` of region ``name``: runs the region's span over the transfers sent
-    on ``conn`` (outputs' large arrays in segments named ``shm_prefix-<n>``); True when it
-    ended cleanly (the worker may serve another stage).
+    on ``conn`` (outputs' large arrays in segments named ``shm_prefix-<n>``, at most
+    ``buffer_size`` items an output: None, a chunk's); True when it ended cleanly (the
+    worker may serve another stage).
 
     ``work`` is ``(span, initializer, initargs)``, cloudpickled, or :class:`Inherited` by a
     worker forked for it. As in SPDL, the span is a pipeline of the worker's own: its stages
@@ -191,11 +243,12 @@ def run_region(
     pipe = _Pipe(conn)
     saved = config.saved_defaults()
     try:
-        _run(pipe, index, work, (max_failures, name, shm_prefix, report_stats_interval))
+        options = (max_failures, name, shm_prefix, report_stats_interval, buffer_size)
+        _run(pipe, index, work, options)
         if pipe.stopped:
             return False
         pipe.send(("end",))
-        return True
+        return pipe.finish()
     except BaseException as error:
         with contextlib.suppress(Exception):
             pipe.send(("error", RemoteError.of(error)))

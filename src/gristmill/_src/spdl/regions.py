@@ -27,6 +27,7 @@ stops the workers that did not end cleanly and releases the others.
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Any, Protocol
 
@@ -52,7 +53,7 @@ class RegionWorkers(Protocol):
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Starts ``region_worker.run_region`` on every worker (TypeError: the work cannot
-        reach them). ``options`` is ``(max_failures, report_stats_interval)``."""
+        reach them). ``options`` is ``(max_failures, report_stats_interval, buffer_size)``."""
 
     def send(self, index: int, message: tuple[Any, ...]) -> bool:
         """Sends worker ``index`` a message; False if it cannot take it any more."""
@@ -111,6 +112,9 @@ class RegionStream:
         self._finished: set[int] = set()  # workers that will send nothing more
         self._clean: set[int] = set()  # workers whose "end" came: they may be released
         self._credits = [QUEUE_DEPTH] * self._count
+        # (worker, items) of each output merged and not yet taken by the consumer: its
+        # credit goes back to the worker when it is
+        self._untaken: collections.deque[tuple[int, int]] = collections.deque()
         self._dispatch_error: BaseException | None = None
         self._error: BaseException | None = None
         self._threads: list[threading.Thread] = []
@@ -127,7 +131,8 @@ class RegionStream:
                 return
             self._started = True
             try:
-                self._workers.start(self, self._span, (self._max_failures, self._interval))
+                options = (self._max_failures, self._interval, self._buffer_size)
+                self._workers.start(self, self._span, options)
             except TypeError as error:  # the work cannot reach the workers: none started
                 with self._cond:
                     self._error = self._error or error
@@ -257,13 +262,16 @@ class RegionStream:
             self._held[index].append(message)
             return
         if kind == "items":
-            self._merged.extend(shm.loads(message[1]))
+            items = shm.loads(message[1])
+            self._merged.extend(items)
+            self._untaken.append((index, len(items)))
         elif kind == "epoch":
             self._at_epoch_end.add(index)
             self._release_epoch()
         elif kind == "end":
             self._finished.add(index)
             self._clean.add(index)
+            self._workers.send(index, ("done",))  # no credit follows: it may serve others
             self._release_epoch()
         elif kind == "error":
             where = f"a {self._workers.worker_kind} of {self._name}"
@@ -287,7 +295,24 @@ class RegionStream:
 
     def next_chunk(self) -> Chunk | None:
         self.start()
-        return self._output.next_chunk(self._outcome)
+        chunk = self._output.next_chunk(self._outcome)
+        if chunk is not None and chunk.values:
+            self._taken(len(chunk.values))
+        return chunk
+
+    def _taken(self, count: int) -> None:
+        """The consumer took ``count`` items: each output they came in gives its worker a
+        credit back (the oldest first: outputs are merged in arrival order)."""
+        with self._cond:
+            while count > 0 and self._untaken:
+                index, items = self._untaken.popleft()
+                taken = min(items, count)
+                count -= taken
+                if taken < items:  # never: the consumer takes everything merged
+                    self._untaken.appendleft((index, items - taken))
+                    break
+                if index not in self._finished and not self._closed:
+                    self._workers.send(index, ("credit",))
 
     def _outcome(self) -> tuple[bool, BaseException | None]:
         """A worker's error at once; the dispatcher's once every worker ended. ``_cond``

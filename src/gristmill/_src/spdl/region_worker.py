@@ -77,7 +77,7 @@ def pickled(values: list[Any], what: str, prefix: str | None, numbers: Any) -> b
 class _Pipe:
     """The worker's end of its pipe: sends from two threads (the source's acks, the job's
     outputs) one at a time; a reader thread takes every message: transfers for the source,
-    output credits for :meth:`send_output`."""
+    output credits for :meth:`take_credit`."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
@@ -115,14 +115,14 @@ class _Pipe:
         with self._lock:
             self._conn.send(message)
 
-    def send_output(self, message: tuple[Any, ...]) -> None:
-        """Sends an output once a credit allows it (or at once if the parent is gone:
-        the send then fails)."""
+    def take_credit(self) -> None:
+        """Waits until one more output may be sent (at once if the parent is gone: the
+        send then fails). Taken before the output is pickled: its arrays go to shared
+        memory then."""
         with self._credit:
             while self._credits == 0 and not self._ended:
                 self._credit.wait()
             self._credits -= 1
-        self.send(message)
 
     def finish(self) -> bool:
         """After "end" was sent: waits for the parent's "done"; False if it went away."""
@@ -210,7 +210,8 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
                 # consumer has not taken stays within QUEUE_DEPTH outputs
                 for lo in range(start, i, buffer_size or max(i - start, 1)):
                     hi = i if buffer_size is None else min(i, lo + buffer_size)
-                    pipe.send_output(("items", pickled(values[lo:hi], output, shm_prefix, numbers)))
+                    pipe.take_credit()
+                    pipe.send(("items", pickled(values[lo:hi], output, shm_prefix, numbers)))
                 if i < len(values):
                     pipe.send(("epoch",))
                 start = i + 1

@@ -60,7 +60,7 @@ BOUNDS = {
     # W x max(B elements, 16 MiB) in flight, the prefetch thread's B, one chunk being read
     "mp_prefetch": {"memory": _MP, "shm": _MP},
     "data_loader": {"memory": _MP, "shm": _MP},
-    # to(ProcessPoolExecutorConfig(2), buffer_size=1): per worker QUEUE_DEPTH (2) outputs
+    # to(ProcessPoolExecutorConfig(2), buffer_size=1): per worker OUTPUT_DEPTH (2) outputs
     # of 1 item sent and not taken; each worker's pipe stage computes ahead (2 x 1 + 2) and
     # makes one more; the sink's 2 hand-offs and the one it makes, each all the region held
     # (W x 2 items), and the one taken

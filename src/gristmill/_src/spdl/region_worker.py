@@ -7,28 +7,29 @@ main pipeline, fed by the transfers the main process sends over the worker's pip
 every chunk of outputs back as one message on the same pipe:
 
 - main -> worker: ``("items", payload)``, ``("epoch",)``, then ``("end",)``; at any time
-  ``("credit",)`` when the region's consumer took the items of one of the worker's outputs;
+  ``("credit", n)`` when the region's consumer took the items of ``n`` of its outputs;
   last ``("done",)``, once the worker's ``("end",)`` arrived (no credit follows it);
 - worker -> main: ``("taken",)`` when it takes a transfer (a credit back: the main process
   keeps at most ``QUEUE_DEPTH`` transfers sent and not taken per worker),
-  ``("items", payload)`` of at most the region's ``buffer_size`` items, each taking one of
-  ``QUEUE_DEPTH`` output credits (so a worker has at most ``QUEUE_DEPTH * buffer_size`` items
-  sent and not yet taken by the consumer: their arrays in shared memory), ``("epoch",)``,
+  ``("items", payload)`` of at most the region's ``buffer_size`` items, each taking one
+  output credit (the first ``OUTPUT_DEPTH`` come with the job, so a worker has at most
+  ``OUTPUT_DEPTH * buffer_size`` items sent and not yet taken by the consumer: their arrays
+  in shared memory), ``("epoch",)``,
   and last ``("end",)`` or ``("error", remote_traceback.RemoteError)``.
 
-A reader thread takes every message from the pipe (a credit must arrive while the job's
-source is not reading). After ``"done"`` the worker may serve another stage; after an error
+Whichever thread needs a message reads the pipe (``_Pipe``: a credit must be read while the
+job's source is not reading). After ``"done"`` the worker may serve another stage; after an error
 it ends.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
-import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from gristmill._src.engine import sending, shm
@@ -42,6 +43,9 @@ logger = logging.getLogger("gristmill.pipeline")
 
 QUEUE_DEPTH = 2
 """Transfers sent to a worker and not yet taken by it, at most."""
+OUTPUT_DEPTH = 2
+"""Outputs (of at most ``buffer_size`` items each) a worker may have sent that the region's
+consumer has not taken, at most: the main process sends them as the first credits."""
 
 
 class Inherited(NamedTuple):
@@ -76,40 +80,47 @@ def pickled(values: list[Any], what: str, prefix: str | None, numbers: Any) -> b
 
 class _Pipe:
     """The worker's end of its pipe: sends from two threads (the source's acks, the job's
-    outputs) one at a time; a reader thread takes every message: transfers for the source,
-    output credits for :meth:`take_credit`."""
+    outputs) one at a time. Whichever thread needs a message — the source a transfer,
+    :meth:`take_credit` an output credit — reads the pipe, one reader at a time, and files
+    what it reads for the other: a credit must be read even while the source is not
+    reading (its stages wait for the output that waits for the credit), and a transfer is
+    read by the source itself when nothing waits for a credit (no thread hop per transfer).
+    """
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._lock = threading.Lock()
-        self._credit = threading.Condition()
-        self._credits = QUEUE_DEPTH
-        self._inbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._ended = False  # the reader is done: "done" read, or the pipe closed
+        self._cond = threading.Condition()  # guards everything below
+        self._reading = False  # a thread is in recv(): the others wait for what it files
+        self._credits = 0  # the main process sends the first ones (OUTPUT_DEPTH)
+        self._inbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._ended = False  # "done" read, or the pipe closed: nothing more comes
         self.stopped = False  # the parent is gone or asked the worker to stop
-        self._reader = threading.Thread(target=self._read, name="gristmill-region-pipe")
-        self._reader.daemon = True
-        self._reader.start()
 
-    def _read(self) -> None:
-        while True:
+    def _read_until(self, ready: Callable[[], bool]) -> None:
+        """Reads messages (or waits for another reader's) until ``ready()``; ``_cond``
+        held."""
+        while not ready() and not self._ended:
+            if self._reading:
+                self._cond.wait()
+                continue
+            self._reading = True
+            self._cond.release()
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
                 message = None
-            if message is not None and message[0] == "credit":
-                with self._credit:
-                    self._credits += 1
-                    self._credit.notify_all()
-                continue
+            finally:
+                self._cond.acquire()
+                self._reading = False
             if message is None or message[0] == "done":
-                with self._credit:
-                    self._ended = True
-                    self.stopped = self.stopped or message is None
-                    self._credit.notify_all()
-                self._inbox.put(None)  # a source still reading ends
-                return
-            self._inbox.put(message)
+                self._ended = True
+                self.stopped = self.stopped or message is None
+            elif message[0] == "credit":
+                self._credits += message[1]
+            else:
+                self._inbox.append(message)
+            self._cond.notify_all()
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
@@ -119,20 +130,26 @@ class _Pipe:
         """Waits until one more output may be sent (at once if the parent is gone: the
         send then fails). Taken before the output is pickled: its arrays go to shared
         memory then."""
-        with self._credit:
-            while self._credits == 0 and not self._ended:
-                self._credit.wait()
+        with self._cond:
+            self._read_until(lambda: self._credits > 0)
             self._credits -= 1
 
     def finish(self) -> bool:
-        """After "end" was sent: waits for the parent's "done"; False if it went away."""
-        self._reader.join()
-        return not self.stopped
+        """After "end" was sent: reads the parent's late credits up to its "done"; False
+        if the parent went away."""
+        with self._cond:
+            self._read_until(lambda: False)
+            return not self.stopped
+
+    def _next_transfer(self) -> tuple[Any, ...] | None:
+        with self._cond:
+            self._read_until(lambda: bool(self._inbox))
+            return self._inbox.popleft() if self._inbox else None
 
     def transfers(self) -> Iterator[Any]:
         """The items sent, with EPOCH_END at epoch ends, until "end"."""
         while True:
-            message = self._inbox.get()
+            message = self._next_transfer()
             if message is None or message[0] == "end":
                 if message is None:
                     self.stopped = True
@@ -207,7 +224,7 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
                 if value is not EPOCH_END:
                     continue
                 # at most buffer_size items an output, each output on a credit: what the
-                # consumer has not taken stays within QUEUE_DEPTH outputs
+                # consumer has not taken stays within OUTPUT_DEPTH outputs
                 for lo in range(start, i, buffer_size or max(i - start, 1)):
                     hi = i if buffer_size is None else min(i, lo + buffer_size)
                     pipe.take_credit()

@@ -37,6 +37,7 @@ from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.remote_traceback import RemoteError, note_origin
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl import region_worker
 from gristmill._src.spdl.executors import is_ray_backend
 from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
@@ -139,6 +140,8 @@ class RegionStream:
                     self._finished = set(range(self._count))
                     self._cond.notify_all()
                 return
+            for index in range(self._count):  # the outputs each may send ahead
+                self._workers.send(index, ("credit", region_worker.OUTPUT_DEPTH))
             targets = ((self._dispatch, "dispatch"), (self._collect, "collect"))
             for target, suffix in targets:
                 thread = threading.Thread(
@@ -304,6 +307,7 @@ class RegionStream:
         """The consumer took ``count`` items: each output they came in gives its worker a
         credit back (the oldest first: outputs are merged in arrival order)."""
         with self._cond:
+            credits = [0] * self._count
             while count > 0 and self._untaken:
                 index, items = self._untaken.popleft()
                 taken = min(items, count)
@@ -311,8 +315,10 @@ class RegionStream:
                 if taken < items:  # never: the consumer takes everything merged
                     self._untaken.appendleft((index, items - taken))
                     break
-                if index not in self._finished and not self._closed:
-                    self._workers.send(index, ("credit",))
+                credits[index] += 1
+            for index, credit in enumerate(credits):
+                if credit and index not in self._finished and not self._closed:
+                    self._workers.send(index, ("credit", credit))
 
     def _outcome(self) -> tuple[bool, BaseException | None]:
         """A worker's error at once; the dispatcher's once every worker ended. ``_cond``

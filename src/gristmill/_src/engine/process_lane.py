@@ -302,7 +302,8 @@ class ProcessCore(Core):
         ``per_worker_buffer_size`` per worker, or as many elements as fit in
         ``WORKER_BYTES_IN_FLIGHT`` per worker if that is more. So the results in flight take
         at most ``workers * max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)``
-        bytes, an element measured as the largest one seen. Lock held."""
+        bytes, an element measured as the largest of the replies' sizes per element (a
+        task's results are sized together). Lock held."""
         workers = max(self.policy.workers, 1)
         elements = self._per_worker_buffer_size
         if self._element_bytes:

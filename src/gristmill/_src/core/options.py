@@ -65,7 +65,11 @@ class ReadOptions:
     Attributes:
       num_threads: threads reading and transforming elements concurrently; ``AUTOTUNE``
         (or leaving the default, 16) lets the autotuner choose and change it while reading.
-      prefetch_buffer_size: how many elements may be read ahead of the consumer; likewise.
+      prefetch_buffer_size: how many elements may be in flight ahead of the consumer:
+        claimed by a thread, being read, or read and not yet delivered (the consumer also
+        holds the task it is reading, at most ``prefetch_buffer_size / num_threads``
+        elements); likewise. Left at the default, the autotuner keeps the buffer's elements
+        within ``TuningBudget.ram_bytes`` (1 GiB).
     """
 
     num_threads: int = _Default(16)
@@ -98,7 +102,14 @@ class MultiprocessingOptions:
     Attributes:
       num_workers: worker processes; 0 runs in the main process; ``AUTOTUNE``: one per core
         this process may use.
-      per_worker_buffer_size: elements each worker may produce ahead.
+      per_worker_buffer_size: elements each worker may have in flight (claimed, being
+        made, in its pipe or in ``/dev/shm``, or made and not yet delivered) whatever their
+        size; smaller elements may fill up to 16 MiB a worker instead, so that their tasks
+        pay the round trip: at most ``num_workers * max(per_worker_buffer_size * e,
+        16 MiB)`` bytes for elements of ``e`` bytes (and within the read stage's buffer).
+        The output's prefetch thread holds as many again after the operations that run in
+        this process (batching). With ``order=GRAIN_PER_WORKER``, elements each worker sends
+        ahead (its pipeline's own buffers come on top, as in Grain).
       enable_profiling: log the pipeline's per-stage statistics (the ``gristmill.statistics``
         logger, INFO) every 60 s and at the end of the data.
       order: a :class:`MultiprocessingOrder`: the pipeline's order (default) or Grain's

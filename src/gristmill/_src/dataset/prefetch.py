@@ -307,8 +307,10 @@ def multithread_prefetch(
 MP_DEFAULT_WORKERS = 10
 """Workers of ``mp_prefetch(options=None)``, as upstream."""
 MP_MIN_WORKER_BUFFER = 16
-"""Elements in flight per worker at least: tasks are sized from measured cost so a
-worker's round trip (~0.3 ms) stays under 5 % of the work it carries."""
+"""The read stage's buffer per worker at least: tasks are sized from measured cost so a
+worker's round trip (~0.3 ms) stays under 5 % of the work it carries. Within it the workers
+hold only ``per_worker_buffer_size`` elements each, or what fits in 16 MiB a worker if that
+is more (``process_lane.ProcessCore.bound``)."""
 
 
 def mp_prefetch(
@@ -374,7 +376,7 @@ def mp_prefetch(
     buffer_size = workers * max(options.per_worker_buffer_size, MP_MIN_WORKER_BUFFER)
     stage = WorkerStage(
         workers,
-        ProcessBackend(worker_init_fn, mp_context)
+        ProcessBackend(worker_init_fn, mp_context, options.per_worker_buffer_size)
         if ray_backend is None
         else ray_backend.stage(worker_init_fn),
         autotune=autotune and ray_backend is None,

@@ -119,10 +119,14 @@ class ProcessBackend:
     Args:
       worker_init_fn: ``fn(worker_index, worker_count)``, run first in each worker.
       mp_context: a start method name; None picks one (``process_lane.start_method``).
+      per_worker_buffer_size: elements each worker may have in flight whatever their size;
+        beyond them, only what fits in ``process_lane.WORKER_BYTES_IN_FLIGHT`` bytes per
+        worker (``ProcessCore.bound``).
     """
 
     worker_init_fn: Callable[[int, int], Any] | None = None
     mp_context: str | None = None
+    per_worker_buffer_size: int = 1
 
     executor: ClassVar[Executor] = Executor.PROCESSES
     handoff_s: ClassVar[float] = PROCESS_HANDOFF_S
@@ -132,7 +136,12 @@ class ProcessBackend:
         from gristmill._src.engine.process_lane import ProcessCore
 
         return ProcessCore(
-            feed, counters, policy, worker_init_fn=self.worker_init_fn, mp_context=self.mp_context
+            feed,
+            counters,
+            policy,
+            worker_init_fn=self.worker_init_fn,
+            mp_context=self.mp_context,
+            per_worker_buffer_size=self.per_worker_buffer_size,
         )
 
 

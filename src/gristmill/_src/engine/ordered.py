@@ -114,10 +114,13 @@ class Core:
         threads = max(self.policy.workers, 1) if self.threaded else 1
         self.counters.set_threads(threads, time.perf_counter())
 
+    def bound(self) -> int:
+        """Positions this stage may have in flight (claimed, computing, or finished and not
+        yet delivered): the buffer. Lock held."""
+        return self.policy.buffer_size
+
     def _can_claim(self) -> bool:
-        return (
-            self.threaded and not self.feed.exhausted() and self.in_flight < self.policy.buffer_size
-        )
+        return self.threaded and not self.feed.exhausted() and self.in_flight < self.bound()
 
     # -- executor side ------------------------------------------------------------------
 
@@ -157,7 +160,7 @@ class Core:
                         counters.input_wait_s += time.perf_counter() - began
                         continue  # the wait above returns None once closed
                     generation, seq = self.generation, self.next_claim
-                    room = self.policy.buffer_size - self.in_flight
+                    room = self.bound() - self.in_flight
                     first_round = seq < self.policy.workers
                     limit = max(1, min(self.policy.thread_chunk(first_round), room))
                     self.next_claim += 1

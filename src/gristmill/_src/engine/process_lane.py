@@ -48,6 +48,13 @@ from gristmill._src.engine.stats import StageCounters
 _POLL_S = 0.1
 _JOIN_TIMEOUT_S = 2.0
 
+WORKER_BYTES_IN_FLIGHT = 16 << 20
+"""Bytes of results a worker may have in flight beyond its ``per_worker_buffer_size``
+elements (:meth:`ProcessCore.bound`). Cheap elements need tasks of many of them for a round
+trip (``PROCESS_HANDOFF_S``) to pay, so the window must hold more than a few; large ones
+fill memory first: 16 MiB holds a task of ~100 224x224x3 images per worker
+(``mp_images_batch64``) and 4 elements of 4 MiB."""
+
 
 def start_method(requested: str | None) -> str:
     """``requested``, else forkserver where the platform has it, else spawn. (A process
@@ -149,6 +156,9 @@ def pooled_worker_main(conn: Any, first: Any = None) -> None:
                 return
             if message is None:
                 return
+        if message[0] != "job":  # a region's late credit or "done": its job is over
+            message = None
+            continue
         _, job, args = message
         message = None
         if not job(conn, *args):
@@ -262,8 +272,13 @@ class ProcessCore(Core):
         *,
         worker_init_fn: Callable[[int, int], Any] | None = None,
         mp_context: str | None = None,
+        per_worker_buffer_size: int = 1,
     ) -> None:
         super().__init__(feed, counters, policy)
+        self._per_worker_buffer_size = per_worker_buffer_size
+        # the largest result per element seen (pickle and shared-memory bytes); 0 until
+        # the first reply: the window is then per_worker_buffer_size elements a worker
+        self._element_bytes = 0
         if not isinstance(feed, RangeFeed | StreamFeed):
             raise TypeError("the process executor runs a RangeFeed's reads or a StreamFeed's fn")
         self._worker_init_fn = worker_init_fn
@@ -281,6 +296,29 @@ class ProcessCore(Core):
         # is left when the stage stops (a worker killed mid-write, results never read) is
         # unlinked then.
         self._shm_prefix = shm.prefix_for(self)
+
+    def bound(self) -> int:
+        """Elements in flight (claimed by a worker, computing, in its pipe or in shared
+        memory, or finished and not yet delivered): the buffer, and within it
+        ``per_worker_buffer_size`` per worker, or as many elements as fit in
+        ``WORKER_BYTES_IN_FLIGHT`` per worker if that is more. So the results in flight take
+        at most ``workers * max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)``
+        bytes, an element measured as the largest of the replies' sizes per element (a
+        task's results are sized together). Lock held."""
+        workers = max(self.policy.workers, 1)
+        elements = self._per_worker_buffer_size
+        if self._element_bytes:
+            elements = max(elements, WORKER_BYTES_IN_FLIGHT // self._element_bytes)
+        return max(1, min(self.policy.buffer_size, workers * elements))
+
+    def _measured(self, size: int, payload: bytes, segments: Any) -> None:
+        """Records the bytes per element of a reply of ``size`` elements."""
+        total = len(payload) + sum(nbytes for _, nbytes in segments)
+        per_element = -(-total // max(size, 1))
+        if per_element > self._element_bytes:
+            with self.lock:
+                self._element_bytes = max(self._element_bytes, per_element)
+                self.work_ready.notify_all()  # the bound may have grown
 
     def start_workers(self, count: int, name: str) -> None:
         """Starts the worker processes and their proxy threads once. Lock held."""
@@ -374,6 +412,7 @@ class ProcessCore(Core):
             return Chunk(task.start, [], self._died(index, process))
         if reply[0] == "ok":
             self._reusable[index] = True
+            self._measured(task.size, reply[1], reply[2])
             try:
                 values = shm.decode(reply[1], reply[2])
             except Exception as decode_error:

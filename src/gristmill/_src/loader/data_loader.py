@@ -129,7 +129,9 @@ class DataLoader(grain_types.DataLoader):
         operation (``MapOperation``, ``BatchOperation``, …: an iterator of Records in, an
         iterator of Records out). A ``BatchOperation`` runs as the equivalent ``Batch``.
       worker_count: worker processes (``None``: the CPU count; 0: this process).
-      worker_buffer_size: elements each worker may produce ahead (at least).
+      worker_buffer_size: elements each worker may have in flight (made or being made,
+        not yet delivered); small elements may fill up to 16 MiB a worker instead:
+        ``MultiprocessingOptions.per_worker_buffer_size``.
       shard_options: which shard to read; ``None`` takes the sampler's.
       read_options: threads and buffer of the read stage when ``worker_count`` is 0.
       enable_profiling: log the per-stage statistics (``gristmill.statistics`` logger, INFO)

@@ -54,7 +54,7 @@ class RayWorkers:
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Puts the stages in the object store and opens the region's job on every actor."""
-        max_failures, interval, delivered = options
+        max_failures, interval, delivered, buffer_size = options
         try:
             payload = sending.dumps((span, None, ()))
         except Exception as error:
@@ -71,7 +71,10 @@ class RayWorkers:
                 self._pool.acquire(slot)
                 actor, _ = self._pool.current(slot)
                 self._call(actor.region_open).remote(
-                    self._key, work, slot, (max_failures, self._name, interval, delivered)
+                    self._key,
+                    work,
+                    slot,
+                    (max_failures, self._name, interval, delivered, buffer_size),
                 )
                 self._actors.append(actor)
 

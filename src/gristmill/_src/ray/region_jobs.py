@@ -88,14 +88,14 @@ class RegionJobs:
 
     def open(self, key: str, index: int, work: bytes, options: tuple[Any, ...]) -> None:
         """Starts worker ``index``'s job of region ``key`` (``options``: ``(max_failures,
-        name, report_stats_interval, delivered)``)."""
+        name, report_stats_interval, delivered, buffer_size)``)."""
         conn = self._conn(key)
         if conn is None:  # closed already
             return
-        max_failures, name, interval, delivered = options
+        max_failures, name, interval, delivered, buffer_size = options
         thread = threading.Thread(
             target=region_worker.run_region,
-            args=(conn, index, work, max_failures, name, None, interval, delivered),
+            args=(conn, index, work, max_failures, name, None, interval, delivered, buffer_size),
             name=f"gristmill[{name}]-region-{index}",
             daemon=True,
         )

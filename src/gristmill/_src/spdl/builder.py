@@ -489,8 +489,13 @@ class PipelineBuilder(Generic[T, U]):
 
         Each worker runs the region's stages as a pipeline of its own; items travel to the
         workers in transfers of at most ``buffer_size``, dealt round-robin, and come back in
-        completion order (stages inside a region cannot ask for input order). A stage's
-        ``concurrency`` applies in each worker.
+        completion order (stages inside a region cannot ask for input order), in outputs of
+        at most ``buffer_size`` items. A stage's ``concurrency`` applies in each worker.
+
+        Memory: a worker has at most 2 transfers sent and not taken, and at most 2 outputs
+        (``2 * buffer_size`` items, their arrays in ``/dev/shm``) sent and not yet taken
+        by the region's consumer; beyond that it holds only what its own stages read ahead
+        (docs/architecture.md, "Memory in flight").
         """
         self._pipes.append(defs.Placement(target, buffer_size))
         return self

@@ -48,7 +48,7 @@ class ProcessWorkers:
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Leases the workers and sends each its job; TypeError if the work cannot reach them."""
-        max_failures, interval, delivered = options
+        max_failures, interval, delivered, buffer_size = options
         self._workers, work = self._lease(span)
         for index, worker in enumerate(self._workers):
             prefix = None if self.shm_prefix is None else f"{self.shm_prefix}-w{index}"
@@ -61,6 +61,7 @@ class ProcessWorkers:
                 prefix,
                 interval,
                 delivered,
+                buffer_size,
             )
             # one that died while idle: the collector reports its sentinel
             with contextlib.suppress(OSError):

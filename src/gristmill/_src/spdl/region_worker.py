@@ -6,22 +6,30 @@ A region's workers are the pooled worker processes every process stage uses
 main pipeline, fed by the transfers the main process sends over the worker's pipe, and sends
 every chunk of outputs back as one message on the same pipe:
 
-- main -> worker: ``("items", payload)``, ``("epoch",)``, then ``("end",)``;
+- main -> worker: ``("items", payload)``, ``("epoch",)``, then ``("end",)``; at any time
+  ``("credit", n)`` when the region's consumer took the items of ``n`` of its outputs;
+  last ``("done",)``, once the worker's ``("end",)`` arrived (no credit follows it);
 - worker -> main: ``("taken",)`` when it takes a transfer (a credit back: the main process
   keeps at most ``QUEUE_DEPTH`` transfers sent and not taken per worker),
-  ``("items", payload)``, ``("epoch",)``, and last ``("end",)`` or
-  ``("error", remote_traceback.RemoteError)``.
+  ``("items", payload)`` of at most the region's ``buffer_size`` items, each taking one
+  output credit (the first ``OUTPUT_DEPTH`` come with the job, so a worker has at most
+  ``OUTPUT_DEPTH * buffer_size`` items sent and not yet taken by the consumer: their arrays
+  in shared memory), ``("epoch",)``,
+  and last ``("end",)`` or ``("error", remote_traceback.RemoteError)``.
 
-After ``"end"`` the worker may serve another stage; after an error it ends.
+Whichever thread needs a message reads the pipe (``_Pipe``: a credit must be read while the
+job's source is not reading). After ``"done"`` the worker may serve another stage; after an error
+it ends.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from gristmill._src.engine import sending, shm
@@ -35,6 +43,9 @@ logger = logging.getLogger("gristmill.pipeline")
 
 QUEUE_DEPTH = 2
 """Transfers sent to a worker and not yet taken by it, at most."""
+OUTPUT_DEPTH = 2
+"""Outputs (of at most ``buffer_size`` items each) a worker may have sent that the region's
+consumer has not taken, at most: the main process sends them as the first credits."""
 
 
 class Inherited(NamedTuple):
@@ -69,26 +80,79 @@ def pickled(values: list[Any], what: str, prefix: str | None, numbers: Any) -> b
 
 class _Pipe:
     """The worker's end of its pipe: sends from two threads (the source's acks, the job's
-    outputs) one at a time; reads the transfers on the source's thread only."""
+    outputs) one at a time. Whichever thread needs a message — the source a transfer,
+    :meth:`take_credit` an output credit — reads the pipe, one reader at a time, and files
+    what it reads for the other: a credit must be read even while the source is not
+    reading (its stages wait for the output that waits for the credit), and a transfer is
+    read by the source itself when nothing waits for a credit (no thread hop per transfer).
+    """
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._lock = threading.Lock()
+        self._cond = threading.Condition()  # guards everything below
+        self._reading = False  # a thread is in recv(): the others wait for what it files
+        self._credits = 0  # the main process sends the first ones (OUTPUT_DEPTH)
+        self._inbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._ended = False  # "done" read, or the pipe closed: nothing more comes
         self.stopped = False  # the parent is gone or asked the worker to stop
+
+    def _read_until(self, ready: Callable[[], bool]) -> None:
+        """Reads messages (or waits for another reader's) until ``ready()``; ``_cond``
+        held."""
+        while not ready() and not self._ended:
+            if self._reading:
+                self._cond.wait()
+                continue
+            self._reading = True
+            self._cond.release()
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                message = None
+            finally:
+                self._cond.acquire()
+                self._reading = False
+            if message is None or message[0] == "done":
+                self._ended = True
+                self.stopped = self.stopped or message is None
+            elif message[0] == "credit":
+                self._credits += message[1]
+            else:
+                self._inbox.append(message)
+            self._cond.notify_all()
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
             self._conn.send(message)
 
+    def take_credit(self) -> None:
+        """Waits until one more output may be sent (at once if the parent is gone: the
+        send then fails). Taken before the output is pickled: its arrays go to shared
+        memory then."""
+        with self._cond:
+            self._read_until(lambda: self._credits > 0)
+            self._credits -= 1
+
+    def finish(self) -> bool:
+        """After "end" was sent: reads the parent's late credits up to its "done"; False
+        if the parent went away."""
+        with self._cond:
+            self._read_until(lambda: False)
+            return not self.stopped
+
+    def _next_transfer(self) -> tuple[Any, ...] | None:
+        with self._cond:
+            self._read_until(lambda: bool(self._inbox))
+            return self._inbox.popleft() if self._inbox else None
+
     def transfers(self) -> Iterator[Any]:
         """The items sent, with EPOCH_END at epoch ends, until "end"."""
         while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):
-                message = None
+            message = self._next_transfer()
             if message is None or message[0] == "end":
-                self.stopped = message is None
+                if message is None:
+                    self.stopped = True
                 return
             self.send(("taken",))
             if message[0] == "items":
@@ -139,7 +203,7 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
     """Runs the span over the transfers until they end; outputs go back on ``pipe``."""
     from gristmill._src.engine.streams import iterate_chunks
 
-    max_failures, name, shm_prefix, interval, delivered = options
+    max_failures, name, shm_prefix, interval, delivered, buffer_size = options
     span, initializer, initargs = _unpacked(work)
     if initializer is not None:
         initializer(*initargs)
@@ -158,14 +222,18 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
             except StopIteration:
                 break
             start = 0
-            for i, value in enumerate(values):
-                if value is EPOCH_END:
-                    if i > start:
-                        pipe.send(("items", pickled(values[start:i], output, shm_prefix, numbers)))
+            for i, value in enumerate([*values, EPOCH_END]):
+                if value is not EPOCH_END:
+                    continue
+                # at most buffer_size items an output, each output on a credit: what the
+                # consumer has not taken stays within OUTPUT_DEPTH outputs
+                for lo in range(start, i, buffer_size or max(i - start, 1)):
+                    hi = i if buffer_size is None else min(i, lo + buffer_size)
+                    pipe.take_credit()
+                    pipe.send(("items", pickled(values[lo:hi], output, shm_prefix, numbers)))
+                if i < len(values):
                     pipe.send(("epoch",))
-                    start = i + 1
-            if start < len(values):
-                pipe.send(("items", pickled(values[start:], output, shm_prefix, numbers)))
+                start = i + 1
     finally:
         # hooks first: they have exited when the main process sees "end"
         _close_worker_pipeline(lowering, queues)
@@ -180,10 +248,12 @@ def run_region(
     shm_prefix: str | None = None,
     report_stats_interval: float = -1,
     delivered: tuple[dict[Any, set[int]], dict[Any, set[int]]] | None = None,
+    buffer_size: int | None = None,
 ) -> bool:
     """Worker ``index`` of region ``name``: runs the region's span over the transfers sent
-    on ``conn`` (outputs' large arrays in segments named ``shm_prefix-<n>``); True when it
-    ended cleanly (the worker may serve another stage).
+    on ``conn`` (outputs' large arrays in segments named ``shm_prefix-<n>``, at most
+    ``buffer_size`` items an output: None, a chunk's); True when it ended cleanly (the
+    worker may serve another stage).
 
     ``work`` is ``(span, initializer, initargs)``, cloudpickled, or :class:`Inherited` by a
     worker forked for it. As in SPDL, the span is a pipeline of the worker's own: its stages
@@ -194,12 +264,19 @@ def run_region(
     pipe = _Pipe(conn)
     saved = config.saved_defaults()
     try:
-        options = (max_failures, name, shm_prefix, report_stats_interval, delivered)
+        options = (
+            max_failures,
+            name,
+            shm_prefix,
+            report_stats_interval,
+            delivered,
+            buffer_size,
+        )
         _run(pipe, index, work, options)
         if pipe.stopped:
             return False
         pipe.send(("end",))
-        return True
+        return pipe.finish()
     except BaseException as error:
         with contextlib.suppress(Exception):
             pipe.send(("error", RemoteError.of(error)))

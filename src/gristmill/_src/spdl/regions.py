@@ -29,6 +29,7 @@ and releases the others.
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Any, Protocol
 
@@ -38,6 +39,7 @@ from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.remote_traceback import RemoteError, note_origin
 from gristmill._src.engine.stats import StageCounters
+from gristmill._src.spdl import region_worker
 from gristmill._src.spdl.executors import is_ray_backend
 from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
@@ -55,9 +57,9 @@ class RegionWorkers(Protocol):
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Starts ``region_worker.run_region`` on every worker (TypeError: the work cannot
-        reach them). ``options`` is ``(max_failures, report_stats_interval, delivered)``,
-        ``delivered`` the outputs a restored state delivered (``(outputs, batches)`` of
-        ``tracking.DeliveredOutputs``, or None)."""
+        reach them). ``options`` is ``(max_failures, report_stats_interval, delivered,
+        buffer_size)``, ``delivered`` the outputs a restored state delivered (``(outputs,
+        batches)`` of ``tracking.DeliveredOutputs``, or None)."""
 
     def send(self, index: int, message: tuple[Any, ...]) -> bool:
         """Sends worker ``index`` a message; False if it cannot take it any more."""
@@ -118,6 +120,9 @@ class RegionStream:
         self._finished: set[int] = set()  # workers that will send nothing more
         self._clean: set[int] = set()  # workers whose "end" came: they may be released
         self._credits = [QUEUE_DEPTH] * self._count
+        # (worker, items) of each output merged and not yet taken by the consumer: its
+        # credit goes back to the worker when it is
+        self._untaken: collections.deque[tuple[int, int]] = collections.deque()
         self._dispatch_error: BaseException | None = None
         self._error: BaseException | None = None
         self._threads: list[threading.Thread] = []
@@ -141,7 +146,12 @@ class RegionStream:
                 return
             self._started = True
             try:
-                options = (self._max_failures, self._interval, self._delivered_now())
+                options = (
+                    self._max_failures,
+                    self._interval,
+                    self._delivered_now(),
+                    self._buffer_size,
+                )
                 self._workers.start(self, self._span, options)
             except TypeError as error:  # the work cannot reach the workers: none started
                 with self._cond:
@@ -149,6 +159,8 @@ class RegionStream:
                     self._finished = set(range(self._count))
                     self._cond.notify_all()
                 return
+            for index in range(self._count):  # the outputs each may send ahead
+                self._workers.send(index, ("credit", region_worker.OUTPUT_DEPTH))
             targets = ((self._dispatch, "dispatch"), (self._collect, "collect"))
             for target, suffix in targets:
                 thread = threading.Thread(
@@ -272,13 +284,16 @@ class RegionStream:
             self._held[index].append(message)
             return
         if kind == "items":
-            self._merged.extend(shm.loads(message[1]))
+            items = shm.loads(message[1])
+            self._merged.extend(items)
+            self._untaken.append((index, len(items)))
         elif kind == "epoch":
             self._at_epoch_end.add(index)
             self._release_epoch()
         elif kind == "end":
             self._finished.add(index)
             self._clean.add(index)
+            self._workers.send(index, ("done",))  # no credit follows: it may serve others
             self._release_epoch()
         elif kind == "error":
             where = f"a {self._workers.worker_kind} of {self._name}"
@@ -302,7 +317,27 @@ class RegionStream:
 
     def next_chunk(self) -> Chunk | None:
         self.start()
-        return self._output.next_chunk(self._outcome)
+        chunk = self._output.next_chunk(self._outcome)
+        if chunk is not None and chunk.values:
+            self._taken(len(chunk.values))
+        return chunk
+
+    def _taken(self, count: int) -> None:
+        """The consumer took ``count`` items: each output they came in gives its worker a
+        credit back (the oldest first: outputs are merged in arrival order)."""
+        with self._cond:
+            credits = [0] * self._count
+            while count > 0 and self._untaken:
+                index, items = self._untaken.popleft()
+                taken = min(items, count)
+                count -= taken
+                if taken < items:  # never: the consumer takes everything merged
+                    self._untaken.appendleft((index, items - taken))
+                    break
+                credits[index] += 1
+            for index, credit in enumerate(credits):
+                if credit and index not in self._finished and not self._closed:
+                    self._workers.send(index, ("credit", credit))
 
     def _outcome(self) -> tuple[bool, BaseException | None]:
         """A worker's error at once; the dispatcher's once every worker ended. ``_cond``

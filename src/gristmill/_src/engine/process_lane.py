@@ -31,14 +31,21 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
 from typing import Any, NoReturn, cast
 
-from gristmill._src.engine import exits, main_guard, remote_traceback, sending, shm, worker_pool
+from gristmill._src.engine import (
+    exits,
+    main_guard,
+    parent_watch,
+    remote_traceback,
+    sending,
+    shm,
+    worker_pool,
+)
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
@@ -145,9 +152,20 @@ def pooled_worker_main(conn: Any, first: Any = None) -> None:
     globals, environment variables, threads it did not stop. Its objects do not (each job
     unpickles its own work).
     """
-    # Ctrl-C reaches the whole process group: the parent decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    message = first
+    # the script's SIGTERM handler would make terminate() a no-op; Ctrl-C reaches the whole
+    # process group, and the parent decides when workers stop
+    parent_watch.reset_signals()
+    # the parent SIGKILLed: end now, even inside a long element, removing the dead run's
+    # segments in flight
+    parent_watch.watch_parent(shm.sweep)
+    try:
+        _serve(conn, first)
+    finally:
+        if _hung_up(conn):  # the parent may be dying: let the watch remove its segments
+            parent_watch.end_if_parent_ends(_JOIN_TIMEOUT_S)
+
+
+def _serve(conn: Any, message: Any) -> None:
     while True:
         if message is None:
             try:
@@ -163,6 +181,18 @@ def pooled_worker_main(conn: Any, first: Any = None) -> None:
         message = None
         if not job(conn, *args):
             return
+
+
+def _hung_up(conn: Any) -> bool:
+    """Whether the parent's end of ``conn`` is closed (end-of-file to read)."""
+    if conn.closed:
+        return False
+    try:
+        if conn.poll(0):
+            conn.recv_bytes()
+    except (EOFError, OSError):
+        return True
+    return False
 
 
 def run_tasks(

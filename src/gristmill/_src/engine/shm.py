@@ -15,6 +15,15 @@ write into a mapped file the tmpfs cannot hold kills the writer with SIGBUS. A b
 ``/dev/shm`` has no room for stays in the pickle instead (it then crosses the pipe: copied,
 not shared), and the process logs once what is short and how to give it more room.
 
+A prefix names the process that owns the stage: ``gristmill-<pid>-<start>.<pidns>-<id>``,
+with the process's start time (``/proc/<pid>/stat``, clock ticks since boot) and its pid
+namespace's inode, so a segment's owner can be told dead or alive later without trusting a
+pid that may have been reused. When the owner was SIGKILLed, its segments in flight have no
+one to unlink them: :func:`sweep` removes every segment whose owner has ended (never one of a
+live process, nor one whose owner it cannot check: another pid namespace, a name without the
+start time). It runs once in each process, when the process first picks a prefix, and in a
+worker that finds its parent gone (``parent_watch``).
+
 :func:`encode` / :func:`decode` keep the pickle and the segment list apart (for a message
 that carries them side by side); :func:`dumps` / :func:`loads` put both in one bytes object.
 """
@@ -27,8 +36,10 @@ import glob
 import itertools
 import logging
 import mmap
+import multiprocessing.util
 import os
 import pickle
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,9 +59,93 @@ def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
+_PREFIX = "gristmill-"
+_identity: tuple[int, str] | None = None  # (pid, "<start>.<pidns>") of this process
+_identity_lock = threading.Lock()
+
+
 def prefix_for(owner: object) -> str | None:
-    """A segment-name prefix unique to ``owner`` in this process (None: no shared memory)."""
-    return f"gristmill-{os.getpid()}-{id(owner):x}" if available() else None
+    """A segment-name prefix unique to ``owner`` in this process (None: no shared memory).
+    The first call in a process sweeps the segments of dead owners (:func:`sweep`)."""
+    global _identity
+    if not available():
+        return None
+    pid = os.getpid()
+    with _identity_lock:
+        if _identity is None or _identity[0] != pid:  # the first call here (or in a fork)
+            _identity = (pid, _process_identity(pid) or "")
+            sweep()
+            # last at exit, after multiprocessing has terminated and joined the daemonic
+            # workers (which may write segments until they end): whatever this process owns
+            multiprocessing.util.Finalize(None, _unlink_own, (pid,), exitpriority=-100)
+        identity = _identity[1]
+    return f"{_owner_prefix(pid, identity)}-{id(owner):x}"
+
+
+def _owner_prefix(pid: int, identity: str) -> str:
+    """The start of the names of every segment that process ``pid`` owns."""
+    return f"{_PREFIX}{pid}-{identity}" if identity else f"{_PREFIX}{pid}"
+
+
+def _unlink_own(pid: int) -> None:
+    """At exit: unlinks every segment this process owns (in flight when it stopped: no
+    one will read them)."""
+    if _identity is not None and _identity[0] == pid == os.getpid() and _identity[1]:
+        unlink_leftovers(_owner_prefix(pid, _identity[1]))
+
+
+def _process_identity(pid: int) -> str | None:
+    """``"<start>.<pidns>"`` for the live process ``pid`` (None: ended, or no /proc)."""
+    start = _start_time(pid)
+    try:
+        namespace = os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+    return None if start is None else f"{start}.{namespace}"
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time of the running process ``pid`` (None: it has ended, zombie included)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # after the command's name
+    except (OSError, IndexError):
+        return None
+    if fields[0] in (b"Z", b"X"):  # exited, not yet reaped
+        return None
+    return int(fields[19])  # field 22 of proc(5), counted from the state (field 3)
+
+
+def sweep() -> None:
+    """Unlinks the segments whose owner has ended (see the module docstring)."""
+    try:
+        names = os.listdir(SHM_DIR)
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return
+    alive: dict[tuple[int, int], bool] = {}
+    for name in names:
+        owner = _owner_of(name, namespace)
+        if owner is None:
+            continue
+        if owner not in alive:
+            alive[owner] = _start_time(owner[0]) == owner[1]
+        if not alive[owner]:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, name))
+
+
+def _owner_of(name: str, namespace: int) -> tuple[int, int] | None:
+    """``(pid, start)`` of the owner of segment ``name``, if it names one in ``namespace``."""
+    if not name.startswith(_PREFIX):
+        return None
+    parts = name[len(_PREFIX) :].split("-", 2)
+    if len(parts) < 3 or not parts[0].isdigit():
+        return None
+    start, _, space = parts[1].partition(".")
+    if not (start.isdigit() and space.isdigit()) or int(space) != namespace:
+        return None
+    return int(parts[0]), int(start)
 
 
 def counter() -> Iterator[int]:

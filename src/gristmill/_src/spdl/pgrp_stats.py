@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 
+from gristmill._src.engine import parent_watch
 from gristmill._src.spdl.bg_tasks import BackgroundTask
 
 logger = logging.getLogger("gristmill.pipeline")
@@ -196,6 +197,7 @@ def _monitor_main(
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    parent_watch.watch_parent()  # the parent SIGKILLed: nobody would stop it
 
     async def _loop() -> None:
         loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 import threading
 import warnings
 import weakref
@@ -438,12 +439,15 @@ def _stop_before_thread_joins(pipeline: Pipeline[Any]) -> None:
     if register is None:  # not CPython: the engine's atexit hook still stops it
         return
     with contextlib.suppress(RuntimeError):  # already shutting down
-        register(functools.partial(_stop_at_exit, weakref.ref(pipeline)))
+        register(functools.partial(_stop_at_exit, weakref.ref(pipeline), os.getpid()))
 
 
-def _stop_at_exit(ref: weakref.ref[Pipeline[Any]]) -> None:
+def _stop_at_exit(ref: weakref.ref[Pipeline[Any]], pid: int) -> None:
     pipeline = ref()
-    if pipeline is None:
+    # a process forked from this one (a stdlib process pool's worker, forked from a stage
+    # thread) inherits the hook, and the pipeline with locks held by threads it does not
+    # have: stopping it there would wait for ever
+    if pipeline is None or os.getpid() != pid:
         return
     try:
         pipeline.stop()

@@ -23,6 +23,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.engine import parent_watch
+
 _OWNERS: weakref.WeakValueDictionary[int, _PriorityPool] = weakref.WeakValueDictionary()
 _OWNER_IDS = itertools.count()
 
@@ -191,7 +193,11 @@ class PriorityProcessPoolExecutor(_PriorityPool):
         super().__init__({"max_workers": max_workers, **kwargs})
 
     def _make_pool(self) -> concurrent.futures.Executor:
-        return concurrent.futures.ProcessPoolExecutor(**self._kwargs)
+        # its workers end with the script, even SIGKILLed (parent_watch)
+        kwargs = dict(self._kwargs)
+        user = (kwargs.get("initializer"), tuple(kwargs.get("initargs", ())))
+        kwargs["initializer"], kwargs["initargs"] = parent_watch.init_pool_worker, user
+        return concurrent.futures.ProcessPoolExecutor(**kwargs)
 
     def _workers(self) -> int:
         count = self._kwargs["max_workers"]

@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from gristmill._src.core.extras import install_command
+from gristmill._src.engine import parent_watch
 from gristmill._src.spdl.builder import PipelineBuilder
 
 V = TypeVar("V")
@@ -39,6 +40,7 @@ def _torch(module: str = "torch") -> ModuleType:
 
 def _init_worker(name: str, collate: Callable[[Any], Any], semaphore: Any) -> None:
     global _dataset, _collate
+    parent_watch.init_pool_worker()  # the pool is ours: it ends with the script
     memory = SharedMemory(name=name)
     buffer: Any = memory.buf
     try:

@@ -22,9 +22,14 @@ from gristmill.pipeline import PipelineBuilder
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-SLOW_S = 10e-3
+SLOW_S = 30e-3
+"""A slow element's wait. What a loaded machine adds per element is a fixed delay outside the
+wait (the consumer's thread waiting for a core or the GIL between calls: ~11 ms an element
+in a full-suite run with two CPU hogs and two other test runs, load average ~16, which put a
+10 ms stage at 57 % of its thread's time, under ``BUSY_LOAD``); 30 ms keeps such a stage
+above it."""
 N = 40
-"""Elements of most pipelines here (N x SLOW_S: 0.4 s of waits)."""
+"""Elements of most pipelines here (N x SLOW_S: 1.2 s of waits)."""
 
 
 def slow(x):

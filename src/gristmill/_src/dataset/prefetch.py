@@ -378,7 +378,7 @@ def mp_prefetch(
         workers,
         ProcessBackend(worker_init_fn, mp_context, options.per_worker_buffer_size)
         if ray_backend is None
-        else ray_backend.stage(worker_init_fn),
+        else ray_backend.stage(worker_init_fn, options.per_worker_buffer_size),
         autotune=autotune and ray_backend is None,
     )
     lowered = lower(ds, workers, buffer_size, stage)

@@ -119,6 +119,11 @@ class Core:
         yet delivered): the buffer. Lock held."""
         return self.policy.buffer_size
 
+    def largest_task(self) -> int:
+        """Elements one task may hold at most (within the room the bound leaves). Lock
+        held."""
+        return self.bound()
+
     def _can_claim(self) -> bool:
         return self.threaded and not self.feed.exhausted() and self.in_flight < self.bound()
 
@@ -160,7 +165,7 @@ class Core:
                         counters.input_wait_s += time.perf_counter() - began
                         continue  # the wait above returns None once closed
                     generation, seq = self.generation, self.next_claim
-                    room = self.bound() - self.in_flight
+                    room = min(self.bound() - self.in_flight, self.largest_task())
                     first_round = seq < self.policy.workers
                     limit = max(1, min(self.policy.thread_chunk(first_round), room))
                     self.next_claim += 1

@@ -63,6 +63,18 @@ fill memory first: 16 MiB holds a task of ~100 224x224x3 images per worker
 (``mp_images_batch64``) and 4 elements of 4 MiB."""
 
 
+def capped_bound(policy: ChunkPolicy, per_worker_buffer_size: int, element_bytes: int) -> int:
+    """The window of a stage whose workers send results back (worker processes, Ray
+    actors): ``policy.buffer_size``, and within it ``per_worker_buffer_size`` elements per
+    worker, or as many as fit in ``WORKER_BYTES_IN_FLIGHT`` per worker if that is more
+    (``element_bytes``, measured: 0 until the first reply)."""
+    workers = max(policy.workers, 1)
+    elements = per_worker_buffer_size
+    if element_bytes:
+        elements = max(elements, WORKER_BYTES_IN_FLIGHT // element_bytes)
+    return max(1, min(policy.buffer_size, workers * elements))
+
+
 def start_method(requested: str | None) -> str:
     """``requested``, else forkserver where the platform has it, else spawn. (A process
     stage given no method forks instead where that is safe: ``main_guard.fork_is_safe``.)"""
@@ -335,11 +347,7 @@ class ProcessCore(Core):
         at most ``workers * max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)``
         bytes, an element measured as the largest of the replies' sizes per element (a
         task's results are sized together). Lock held."""
-        workers = max(self.policy.workers, 1)
-        elements = self._per_worker_buffer_size
-        if self._element_bytes:
-            elements = max(elements, WORKER_BYTES_IN_FLIGHT // self._element_bytes)
-        return max(1, min(self.policy.buffer_size, workers * elements))
+        return capped_bound(self.policy, self._per_worker_buffer_size, self._element_bytes)
 
     def _measured(self, size: int, payload: bytes, segments: Any) -> None:
         """Records the bytes per element of a reply of ``size`` elements."""

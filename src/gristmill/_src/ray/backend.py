@@ -36,7 +36,8 @@ from gristmill._src.engine import remote_traceback
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
-from gristmill._src.engine.process_lane import pickled_work
+from gristmill._src.engine.process_lane import capped_bound, pickled_work
+from gristmill._src.engine.tuner import nbytes
 from gristmill._src.ray import import_ray
 from gristmill._src.ray.pool import ActorPool
 
@@ -109,9 +110,14 @@ class RayBackend:
         """The backend's actor pool (internal)."""
         return cast(ActorPool, self.__dict__["_pool"])
 
-    def stage(self, worker_init_fn: Callable[[int, int], Any] | None = None) -> RayStage:
-        """This backend for one stage, ``worker_init_fn(slot, count)`` run on each actor."""
-        return RayStage(self, worker_init_fn)
+    def stage(
+        self,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+        per_worker_buffer_size: int = 1,
+    ) -> RayStage:
+        """This backend for one stage, ``worker_init_fn(slot, count)`` run on each actor;
+        ``per_worker_buffer_size`` as for worker processes (``RayCore.bound``)."""
+        return RayStage(self, worker_init_fn, per_worker_buffer_size)
 
     def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
         return self.stage().make_core(feed, counters, policy)
@@ -130,13 +136,21 @@ class RayStage:
 
     backend: RayBackend
     worker_init_fn: Callable[[int, int], Any] | None = None
+    per_worker_buffer_size: int = 1
 
     executor: ClassVar[Executor] = Executor.RAY
     handoff_s: ClassVar[float] = RAY_HANDOFF_S
     remote: ClassVar[bool] = True
 
     def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
-        return RayCore(feed, counters, policy, self.backend.pool, self.worker_init_fn)
+        return RayCore(
+            feed,
+            counters,
+            policy,
+            self.backend.pool,
+            self.worker_init_fn,
+            self.per_worker_buffer_size,
+        )
 
 
 @dataclasses.dataclass(eq=False)
@@ -174,10 +188,14 @@ class RayCore(Core):
         policy: ChunkPolicy,
         pool: ActorPool,
         worker_init_fn: Callable[[int, int], Any] | None = None,
+        per_worker_buffer_size: int = 1,
     ) -> None:
         super().__init__(feed, counters, policy)
         if not isinstance(feed, RangeFeed | StreamFeed):
             raise TypeError("the Ray executor runs a RangeFeed's reads or a StreamFeed's fn")
+        self._per_worker_buffer_size = per_worker_buffer_size
+        # the largest reply per element seen (its values' bytes); 0 until the first reply
+        self._element_bytes = 0
         self._pool = pool
         self._worker_init_fn = worker_init_fn
         self._key = uuid.uuid4().hex  # this stage's jobs on the actors
@@ -188,6 +206,29 @@ class RayCore(Core):
         self._proxies: dict[int, threading.Thread] = {}  # slot -> its proxy, lock held
         self._name = ""
         self._era = pool.era  # the pool's shutdowns when the stage started
+
+    def bound(self) -> int:
+        """Elements in flight (claimed, on an actor, in the object store, or finished and
+        not yet delivered): as for worker processes (``process_lane.capped_bound``), at
+        most ``workers * max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)``
+        bytes, an element measured from the replies' values. Lock held."""
+        return capped_bound(self.policy, self._per_worker_buffer_size, self._element_bytes)
+
+    def largest_task(self) -> int:
+        """An actor's share of the window: a task's reply is one object in the store, kept
+        whole while any of its elements is alive, so one reply holds at most
+        ``max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)`` bytes. Lock held."""
+        return max(1, self.bound() // max(self.policy.workers, 1))
+
+    def _measured(self, values: list[Any]) -> None:
+        """Records the bytes per element of a reply's ``values``."""
+        if not values:
+            return
+        per_element = -(-sum(nbytes(value) for value in values) // len(values))
+        if per_element > self._element_bytes:
+            with self.lock:
+                self._element_bytes = max(self._element_bytes, per_element)
+                self.work_ready.notify_all()  # the bound may have grown
 
     def start_workers(self, count: int, name: str) -> None:
         """Sends the work to the object store and starts the proxies, once. Lock held."""
@@ -347,6 +388,8 @@ class RayCore(Core):
                     return None
 
     def _chunk(self, task: Task, reply: tuple[Any, ...], slot: int) -> Chunk:
+        if reply[0] != "exit":
+            self._measured(reply[1])
         if reply[0] == "ok":
             return task.chunk(reply[1], task.upstream_error)
         error = reply_error(reply, f"Ray actor {slot}")

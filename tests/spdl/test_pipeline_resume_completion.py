@@ -153,6 +153,32 @@ def test_an_ordered_state_inside_a_batch_restores_into_a_reordering_pipeline():
         check_resume(14, pre, 4, "unbatch", k, {"concurrency": 1}, {"concurrency": 4})
 
 
+def test_a_state_inside_a_batch_of_batches_is_refused_where_batches_depend_on_timing():
+    # An outer batch's members are batches, which a state cannot name: refused, not repeated.
+    def build_it(concurrency):
+        return (
+            PipelineBuilder()
+            .add_source(range(40))
+            .pipe(slow_map, concurrency=concurrency)
+            .aggregate(2)
+            .aggregate(3)
+            .pipe(unbatch)
+            .add_sink(3)
+            .build(num_threads=concurrency)
+        )
+
+    first = build_it(4)
+    take(first, 1)
+    state = first.get_state()
+    first.stop()
+    assert state["partial_batches"]
+    assert not state["batch_members"]
+    second = build_it(4)
+    with pytest.raises(ValueError, match="a batch of batches, whose members a state cannot"):
+        second.set_state(state)
+    second.stop()
+
+
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(

@@ -154,13 +154,18 @@ class DeliveryTracker:
         members = _members(state.get("batch_members", {}), batches)
         unknown = [path for path in batches if path not in members]
         if unknown and not self.batches:
+            why = (  # a version-3 state leaves out only the members it cannot name
+                "a batch of batches, whose members a state cannot name"
+                if version not in (1, 2)
+                else "saved before gristmill recorded batch members"
+            )
             raise ValueError(
                 "pipeline state 'partial_batches' names batches partly delivered "
                 f"({sorted('.'.join(map(str, path)) for path in unknown)}) without their "
-                "'batch_members', and no aggregate of this pipeline gets its items in a "
-                "deterministic order, so the batches cannot be formed again: build the "
+                f"'batch_members' ({why}), and no aggregate of this pipeline gets its items "
+                "in a deterministic order, so the batches cannot be formed again: build the "
                 "stages before the aggregate with output_order='input' (or concurrency=1), "
-                "or save the state with this gristmill version (which records the members)"
+                "as in the pipeline that saved it"
             )
         if self.continuous:
             self.epochs_ended = _count(state["epochs_ended"], "epochs_ended")

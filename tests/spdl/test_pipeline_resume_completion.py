@@ -193,3 +193,42 @@ def test_completion_order_shapes_resume_with_exactly_the_rest(pre, size, post, n
     total = len(drain(build(n, pre, size, post, concurrency=4)))
     k = data.draw(st.integers(0, total), label="k")
     check_resume(n, pre, size, post, k, SETTINGS[0], SETTINGS[second])
+
+
+def continuous(concurrency):
+    return (
+        PipelineBuilder()
+        .add_source(range(10), continuous=True)
+        .pipe(slow_map, concurrency=concurrency)
+        .aggregate(3)  # an epoch's last batch is partial: flushed at the epoch's end
+        .pipe(unbatch, concurrency=concurrency)
+        .add_sink(3)
+        .build(num_threads=concurrency)
+    )
+
+
+def items_of(epoch):
+    return sorted(x for x in epoch if not isinstance(x, tuple))
+
+
+@pytest.mark.slow
+def test_a_continuous_completion_order_pipeline_resumes_inside_a_batch_across_epochs():
+    every_epoch = [2 * x + 1 for x in range(10)]
+    for cut in range(0, 30, 2):
+        first = continuous(4)
+        seen: list[list] = [[]]
+        while sum(map(len, seen)) < cut:  # read `cut` items, across epoch ends
+            try:
+                seen[-1].append(first.get_item(timeout=30))
+            except EOFError:
+                seen.append([])
+        state = first.get_state()
+        first.stop()
+        second = continuous(4)
+        second.set_state(state)
+        rest = [list(second.get_iterator(timeout=30))]
+        while len(seen) - 1 + len(rest) < 3:
+            rest.append(list(second.get_iterator(timeout=30)))
+        second.stop()
+        epochs = [*seen[:-1], seen[-1] + rest[0], *rest[1:]]
+        assert [items_of(e) for e in epochs] == [every_epoch] * 3, (cut, state, epochs)

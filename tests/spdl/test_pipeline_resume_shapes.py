@@ -1,7 +1,8 @@
 """Pipeline.get_state / set_state over every pipeline shape and every stop position: a
 pipeline restored after k outputs yields exactly the outputs from k on — through filters,
 aggregates (with and without ``drop_last``), disaggregates, generator ops and batch-level
-maps, wherever the stages keep their items' order (input order, or one worker)."""
+maps, wherever the stages keep their items' order (input order, or one worker). Where they
+reorder items (completion order, several workers): test_pipeline_resume_completion.py."""
 
 import json
 
@@ -205,13 +206,8 @@ def test_a_disaggregate_of_source_lists_resumes_inside_a_list(cut):
     assert head + drain(second) == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_state_inside_a_batch_is_refused_where_batches_depend_on_timing():
-    first = issue_pipeline()
-    take(first, 2)
-    state = first.get_state()
-    first.stop()
-    assert state["partial_batches"] == {"1": [0, 1]}  # the batch [1, 2, 3, 4], 2 delivered
-    reordering = (  # four workers in completion order: the batches depend on timing
+def reordering_pipeline():
+    return (  # four workers in completion order: the batches depend on timing
         PipelineBuilder()
         .add_source(range(12))
         .pipe(drop0, concurrency=4)
@@ -220,9 +216,54 @@ def test_a_state_inside_a_batch_is_refused_where_batches_depend_on_timing():
         .add_sink(3)
         .build(num_threads=4)
     )
+
+
+def test_a_state_inside_a_batch_restores_where_batches_depend_on_timing():
+    first = issue_pipeline()
+    take(first, 2)
+    state = first.get_state()
+    first.stop()
+    assert state["partial_batches"] == {"1": [0, 1]}  # the batch [1, 2, 3, 4], 2 delivered
+    assert state["batch_members"] == {"1": [0, 1, 2, 3, 4]}  # 0 dropped, then its members
+    reordering = reordering_pipeline()
+    reordering.set_state(state)
+    rest = drain(reordering)
+    assert sorted(rest) == list(range(3, 12))
+    assert sorted(rest[:2]) == [3, 4]  # the open batch is formed first, from its members
+
+
+def test_a_version_2_state_inside_a_batch_is_refused_where_batches_depend_on_timing():
+    first = issue_pipeline()
+    take(first, 2)
+    state = first.get_state()
+    first.stop()
+    del state["batch_members"]  # as gristmill wrote it before recording the members
+    state["version"] = 2
+    reordering = reordering_pipeline()
     with pytest.raises(ValueError, match="'partial_batches' names batches partly delivered"):
         reordering.set_state(state)
     reordering.stop()
+    ordered = issue_pipeline()  # where the batches form again from their first position
+    ordered.set_state(state)
+    assert drain(ordered) == list(range(3, 12))
+
+
+def test_batch_members_are_validated():
+    first = issue_pipeline()
+    take(first, 2)
+    state = first.get_state()
+    first.stop()
+    for members, message in [
+        ({"2": [2, 3]}, "names batch '2', which 'partial_batches' does not"),
+        ({"1": [[1, 0]]}, r"keys must be positions or \[position, output, count, ...\]"),
+        ({"1": []}, "entries must be non-empty lists"),
+        ({"1": [-1]}, "'batch_members' values must be integers >= 0"),
+        ([1], "'batch_members' must be a dict"),
+    ]:
+        pipeline = issue_pipeline()
+        with pytest.raises(ValueError, match=message):
+            pipeline.set_state({**state, "batch_members": members})
+        pipeline.stop()
 
 
 def test_a_version_1_state_still_restores():

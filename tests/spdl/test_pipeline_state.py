@@ -175,11 +175,12 @@ def test_state_shape_and_independence_from_settings():
         a.get_state()
         == b.get_state()
         == {
-            "version": 2,
+            "version": 3,
             "next_position": 9,
             "delivered_above": [],
             "partial_outputs": {},
             "partial_batches": {},
+            "batch_members": {},
             "stages": ["0:src(range(0, 30))", "1:drop_multiples_of_3", "2:times10"],
         }
     )
@@ -212,7 +213,7 @@ def test_bad_states_and_misuse():
     with pytest.raises(ValueError, match="a non-continuous pipeline's state must be a dict with"):
         pipeline.set_state({"next_index": 3})
     good = {"version": 1, "next_position": 2, "delivered_above": [], "partial_outputs": {}}
-    with pytest.raises(ValueError, match=r"version 9 is not 2 \(or 1\)"):
+    with pytest.raises(ValueError, match=r"version 9 is not 3 \(or 1 or 2\)"):
         pipeline.set_state({**good, "version": 9})
     with pytest.raises(ValueError, match="'next_position' values must be integers >= 0"):
         pipeline.set_state({**good, "next_position": -1})
@@ -272,11 +273,12 @@ def test_a_state_taken_at_an_epoch_end_resumes_with_the_next_epoch():
     state = first.get_state()
     first.stop()
     assert state == {
-        "version": 2,
+        "version": 3,
         "next_position": 7,
         "delivered_above": [],
         "partial_outputs": {},
         "partial_batches": {},
+        "batch_members": {},
         "epochs_ended": 1,
         "stages": ["0:src(range(0, 7), continuous=True)", "1:times10"],
     }
@@ -351,6 +353,7 @@ def test_dropped_items_before_a_batch_resolve_with_it_through_a_split():
     state = first.get_state()
     first.stop()
     assert (state["next_position"], state["partial_batches"]) == (5, {"5": [0]})
+    assert state["batch_members"] == {"5": [5, 6, 7]}
     second = build_it(3)
     second.set_state(state)
     assert list(second) == [6, 7, 8, 9, 10, 11]

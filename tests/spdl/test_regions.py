@@ -117,6 +117,33 @@ def test_a_state_among_a_split_s_outputs_in_a_region_skips_those_delivered(batch
     assert sorted(head + list(second)) == expected
 
 
+def odd_only(x):
+    return x if x % 2 else None
+
+
+@pytest.mark.slow
+def test_a_state_inside_a_batch_formed_in_a_region_resumes_with_exactly_the_rest():
+    # The two workers each batch what they are dealt: a batch depends on the dealing, so a
+    # restore must form the open batch again from its members (all sent to one worker).
+    def build():
+        builder = PipelineBuilder().add_source(range(24))
+        builder.to(FORK).pipe(odd_only, concurrency=2).aggregate(3)
+        builder.to(defs.MAIN_PROCESS).pipe(unbatch)
+        return builder.add_sink(3).build(num_threads=2)
+
+    inside = 0
+    for cut in range(13):
+        first = build()
+        head = [first.get_item(timeout=10) for _ in range(cut)]
+        state = first.get_state()
+        first.stop()
+        inside += bool(state.get("batch_members"))
+        second = build()
+        second.set_state(state)
+        assert sorted(head + list(second)) == list(range(1, 24, 2)), (cut, state)
+    assert inside  # some cuts were inside a batch
+
+
 def test_continuous_epochs_do_not_mix_across_workers():
     pipeline = region(n=10, continuous=True)
     try:

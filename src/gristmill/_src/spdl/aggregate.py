@@ -1,15 +1,17 @@
 """``aggregate``: a stateful ``accumulate`` / ``flush`` aggregation of an upstream stream.
 
 Run inline by whoever pulls it; it flattens ``Expand`` values and skips ``SKIP`` ones. With
-keyed items (a resumable pipeline) each output covers the source keys of what it consumed
-(``tracking.Covers``): as one ``tracking.Batch`` key when its input order is deterministic
-(``ordered``), so that a restore can form the same batch again. At an ``EPOCH_END`` the
+keyed items (a resumable pipeline) each output is covered by one ``tracking.Batch`` key:
+what it consumed, in order (``tracking.Covers``). A restored state's open batches are
+formed again first from exactly their members (``rebuild.BatchRebuilds``: the stream's
+items of theirs are claimed before the aggregator sees them). At an ``EPOCH_END`` the
 partial aggregate is flushed (or dropped with ``drop_last``) and the marker forwarded; an
 error from upstream ends the stream after a flush, as upstream's EOF after a failure does.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 import time
@@ -21,7 +23,8 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.defs import Collate
 from gristmill._src.spdl.hooks import StageHooks
-from gristmill._src.spdl.tracking import Batch, Covers, Keyed, KeyedBatch
+from gristmill._src.spdl.rebuild import BatchRebuilds
+from gristmill._src.spdl.tracking import Batch, Covers, DeliveredOutputs, Keyed
 
 
 def covers_take(covers: Covers, output: Any) -> Any:
@@ -53,9 +56,12 @@ class AggregateStream:
         name: str,
         epochs: bool = False,
         hooks: StageHooks | None = None,
-        ordered: bool = False,
+        delivered: DeliveredOutputs | None = None,
     ) -> None:
         self._upstream = upstream
+        self._unused = aggregator  # copied for the batches a restore forms again
+        self._delivered = delivered
+        self._rebuilds: BatchRebuilds | None = None
         # with drop_last, a partial batch of a Collate is dropped here (no flush call)
         self._collate = aggregator if type(aggregator) is Collate else None
         if hooks is not None:  # each call runs inside the stage's task hooks, as in SPDL
@@ -67,8 +73,7 @@ class AggregateStream:
         self._done = False
         self._position = 0
         self._counters = StageCounters(name, 1, 1)
-        self._ordered = ordered
-        self._covers = Covers(ordered=ordered)  # source keys consumed since the last output
+        self._covers = Covers()  # source keys consumed since the last output
 
     def _flush(self, outputs: list[Any]) -> None:
         """The partial aggregate at an end: ``flush()``'s, or none with ``drop_last``
@@ -85,9 +90,37 @@ class AggregateStream:
             if dropped is not None:
                 outputs.append(dropped)
 
+    def _start_rebuilds(self) -> None:
+        """Before the first item: the batches a restored state names, to form again."""
+        delivered, self._delivered = self._delivered, None
+        if delivered is not None and delivered.members:
+            self._rebuilds = BatchRebuilds(delivered.members, copy.deepcopy(self._unused))
+
+    def _claim(self, chunk: Chunk, outputs: list[Any]) -> Chunk:
+        """``chunk`` less the items of the batches to form again (formed into ``outputs``
+        once whole)."""
+        rebuilds = self._rebuilds
+        assert rebuilds is not None
+        if chunk.keys is not None:
+            values, keys = [], []
+            for value, key in zip(chunk.values, chunk.keys, strict=True):
+                if key is None or not rebuilds.claim(key, value, outputs):
+                    values.append(value)
+                    keys.append(key)
+            return Chunk(chunk.start, values, chunk.error, keys)
+        kept = []
+        for item in flatten(chunk.values):
+            claimed = isinstance(item, Keyed) and len(item.cover) == 1
+            if claimed and rebuilds.claim(item.cover[0], item.value, outputs):
+                continue
+            kept.append(item)
+        return Chunk(chunk.start, kept, chunk.error)
+
     def next_chunk(self) -> Chunk | None:
         if self._done:
             return None
+        if self._delivered is not None:
+            self._start_rebuilds()
         accumulate = self._aggregator.accumulate
         collate = self._aggregator if type(self._aggregator) is Collate else None
         covers = self._covers
@@ -98,6 +131,8 @@ class AggregateStream:
             self._counters.input_wait_s += began - taking  # its input (upstream work too)
             outputs: list[Any] = []
             error = None
+            if chunk is not None and self._rebuilds:
+                chunk = self._claim(chunk, outputs)
             if chunk is not None and chunk.keys is not None and collate is not None:
                 self._collate_keyed(collate, chunk.values, chunk.keys, outputs)
             elif chunk is not None and chunk.keys is not None:
@@ -150,6 +185,8 @@ class AggregateStream:
                 error = chunk.error
             if chunk is None or error is not None:
                 self._done = True
+                if self._rebuilds:
+                    self._rebuilds.form_rest(outputs)
                 self._flush(outputs)
             if outputs or error is not None:
                 start, self._position = self._position, self._position + len(outputs)
@@ -187,10 +224,7 @@ class AggregateStream:
                     # A whole batch of consecutive positions: its cover is a range (the
                     # caller resolves it in O(1)), its members implicit.
                     cover = keys[i : i + n]
-                    if self._ordered:
-                        outputs.append(Keyed(values[i : i + n], (Batch(cover, cover[0]),)))
-                    else:
-                        outputs.append(KeyedBatch(values[i : i + n], cover, None))
+                    outputs.append(Keyed(values[i : i + n], (Batch(cover, cover[0]),)))
                     i += n
                     continue
                 take = min(n - len(batch), stop - i)

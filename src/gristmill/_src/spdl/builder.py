@@ -199,8 +199,8 @@ class _Lowering:
     state delivered (filled by ``Pipeline.set_state``); ``queues`` (if given) observes every
     stage's output boundary (SPDL's stats queues). ``ordered`` says whether the items reach
     the next stage in a deterministic order (from the source, through stages that keep
-    order): an aggregate then keys its outputs as batches (``tracking.Batch``), and
-    ``batch_keys`` records that one did.
+    order), and ``batch_keys`` records that an aggregate got such items: a state without
+    its open batches' members (version 2) restores only then (``delivery.py``).
     """
 
     def __init__(
@@ -364,7 +364,7 @@ class _Lowering:
                 name=str(info),
                 epochs=continuous,
                 hooks=self._hooks(info),
-                ordered=self.ordered,
+                delivered=self.delivered,
             )
             self.batch_keys = self.batch_keys or self.ordered
             return self._observed(info, aggregate, Role.AGGREGATE), False  # Keyed values

@@ -3,7 +3,9 @@
 A :class:`DeliveryTracker` resolves the covers of the items ``get_item`` returns (see
 ``tracking``): a watermark below which every source position is resolved, the positions
 resolved above it, and the outputs delivered of items still open — of positions and split
-outputs (``partial_outputs``) and of batches (``partial_batches``), each keyed by path.
+outputs (``partial_outputs``) and of batches (``partial_batches``), each keyed by path,
+and those batches' members (``batch_members``: what each consumed, in order), so that a
+restore forms them again from exactly those members (``rebuild.py``).
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ from typing import Any
 
 from gristmill._src.spdl.tracking import Batch, Key, Path, path_of
 
-STATE_VERSION = 2
-"""Version 2 added ``partial_batches``; a version-1 state (without it) still restores."""
+STATE_VERSION = 3
+"""Version 2 added ``partial_batches``, version 3 ``batch_members``; a version-1 or -2 state
+(without them) still restores."""
 
 
 class DeliveryTracker:
     """The state of what the caller received: a watermark, positions above it, partials.
 
-    ``batches`` says whether the pipeline has an aggregate whose outputs are
-    :class:`Batch` keys (only then may a state name partly delivered batches).
+    ``batches`` says whether the pipeline has an aggregate whose input order is
+    deterministic: only then may a state name partly delivered batches without their
+    members (a version-2 state), since such a batch forms again from its first position.
     """
 
     def __init__(self, *, continuous: bool = False, batches: bool = False) -> None:
@@ -31,9 +35,15 @@ class DeliveryTracker:
         self.done: set[int] = set()
         self.partial: dict[Path, set[int]] = {}  # parent path -> outputs delivered
         self.partial_batches: dict[Path, set[int]] = {}  # batch path -> outputs delivered
+        self.batch_members: dict[Path, Sequence[Key]] = {}  # batch path -> its cover
         self.epochs_ended = 0
 
     def resolve(self, cover: Sequence[Key]) -> None:
+        if len(cover) == 1:  # an output of a batch (a split's): the common case after one
+            key = cover[0]
+            if type(key) is tuple and len(key) == 3 and type(key[0]) is Batch:
+                self._resolve_batch_output(key[0], key[1], key[2])
+                return
         watermark = self.watermark
         if type(cover) is range:  # a whole batch of consecutive positions: O(1)
             consecutive = cover.step == 1 and cover.start == watermark
@@ -59,13 +69,30 @@ class DeliveryTracker:
             return
         parent: Key = key[0] if len(key) == 3 else key[:-2]
         j, n = key[-2], key[-1]
+        if type(parent) is Batch:
+            self._resolve_batch_output(parent, j, n)
+            return
         path = path_of(parent)
-        partial = self.partial_batches if type(parent) is Batch else self.partial
-        outputs = partial.setdefault(path, set())
+        outputs = self.partial.setdefault(path, set())
         outputs.add(j)
         if len(outputs) >= n:  # every output of the parent delivered: the parent is
-            del partial[path]
+            del self.partial[path]
             self._resolve_key(parent)
+
+    def _resolve_batch_output(self, batch: Batch, j: int, n: int) -> None:
+        """Output ``j`` of the ``n`` of ``batch`` delivered; the batch's members recorded
+        while it is open (a restored state's kept), resolved once all are delivered."""
+        path = batch.path
+        outputs = self.partial_batches.get(path)
+        if outputs is None:
+            outputs = self.partial_batches[path] = set()
+            if path not in self.batch_members:
+                self.batch_members[path] = batch.cover
+        outputs.add(j)
+        if len(outputs) >= n:
+            del self.partial_batches[path]
+            self.batch_members.pop(path, None)
+            self.resolve(batch.cover)
 
     def _resolve(self, p: int) -> None:
         if p == self.watermark:
@@ -83,23 +110,26 @@ class DeliveryTracker:
             "delivered_above": sorted(self.done),
             "partial_outputs": _by_path(self.partial),
             "partial_batches": _by_path(self.partial_batches),
+            "batch_members": _members_by_path(self.batch_members),
         }
         if self.continuous:
             state["epochs_ended"] = self.epochs_ended
         return state
 
     def restore(self, state: Any) -> None:
-        """Adopts ``state`` (validated; a version-1 state has no ``partial_batches``);
-        raises ValueError naming what is wrong."""
+        """Adopts ``state`` (validated; a version-1 state has no ``partial_batches``, a
+        version-2 one no ``batch_members``); raises ValueError naming what is wrong."""
         version = state.get("version") if isinstance(state, dict) else None
-        if isinstance(state, dict) and "version" in state and version not in (1, STATE_VERSION):
+        if isinstance(state, dict) and "version" in state and version not in (1, 2, 3):
             raise ValueError(
-                f"pipeline state version {version!r} is not {STATE_VERSION} (or 1); restore "
-                "it with the gristmill version that saved it"
+                f"pipeline state version {version!r} is not {STATE_VERSION} (or 1 or 2); "
+                "restore it with the gristmill version that saved it"
             )
         expected = ["version", "next_position", "delivered_above", "partial_outputs"]
         if version != 1:
             expected.append("partial_batches")
+        if version not in (1, 2):
+            expected.append("batch_members")
         if self.continuous:
             expected.append("epochs_ended")
         if not isinstance(state, dict) or set(state) != set(expected):
@@ -121,18 +151,27 @@ class DeliveryTracker:
             )
         outputs = _paths(state["partial_outputs"], "partial_outputs")
         batches = _paths(state.get("partial_batches", {}), "partial_batches")
-        if batches and not self.batches:
+        members = _members(state.get("batch_members", {}), batches)
+        unknown = [path for path in batches if path not in members]
+        if unknown and not self.batches:
+            why = (  # a version-3 state leaves out only the members it cannot name
+                "a batch of batches, whose members a state cannot name"
+                if version not in (1, 2)
+                else "saved before gristmill recorded batch members"
+            )
             raise ValueError(
                 "pipeline state 'partial_batches' names batches partly delivered "
-                f"({sorted('.'.join(map(str, path)) for path in batches)}), but no aggregate "
-                "of this pipeline gets its items in a deterministic order, so the batches "
-                "cannot be formed again: build the stages before the aggregate with "
-                "output_order='input' (or concurrency=1), as in the pipeline that saved it"
+                f"({sorted('.'.join(map(str, path)) for path in unknown)}) without their "
+                f"'batch_members' ({why}), and no aggregate of this pipeline gets its items "
+                "in a deterministic order, so the batches cannot be formed again: build the "
+                "stages before the aggregate with output_order='input' (or concurrency=1), "
+                "as in the pipeline that saved it"
             )
         if self.continuous:
             self.epochs_ended = _count(state["epochs_ended"], "epochs_ended")
         self.watermark, self.done = watermark, done
         self.partial, self.partial_batches = outputs, batches
+        self.batch_members = members
 
 
 def _by_path(partial: dict[Path, set[int]]) -> dict[str, list[int]]:
@@ -157,6 +196,55 @@ def _paths(partial: Any, name: str) -> dict[Path, set[int]]:
             raise ValueError(f"pipeline state {name!r}[{key!r}] must be a list, got {js!r}")
         paths[path] = {_count(j, name) for j in js}
     return paths
+
+
+def _member_form(key: Key) -> int | list[int] | None:
+    """A batch member's key in a state: a position, or a split output's key as a list
+    (``[p, j, n, ...]``); None for a key a state cannot name (a batch of batches)."""
+    if type(key) is int:
+        return key
+    if type(key) is tuple and all(type(part) is int for part in key):
+        return list(key)
+    return None
+
+
+def _members_by_path(members: dict[Path, Sequence[Key]]) -> dict[str, list[Any]]:
+    """A state's form of open batches' members (those a state can name whole)."""
+    named = {}
+    for path, keys in sorted(members.items()):
+        forms = [_member_form(key) for key in keys]
+        if None not in forms:
+            named[".".join(map(str, path))] = forms
+    return named
+
+
+def _members(named: Any, batches: dict[Path, set[int]]) -> dict[Path, Sequence[Key]]:
+    """The inverse of :func:`_members_by_path`, validated against ``batches``."""
+    paths = _paths({k: [0] for k in named} if isinstance(named, dict) else named, "batch_members")
+    members: dict[Path, Sequence[Key]] = {}
+    for (path, _), forms in zip(paths.items(), named.values(), strict=True):
+        if path not in batches:
+            raise ValueError(
+                f"pipeline state 'batch_members' names batch {'.'.join(map(str, path))!r}, "
+                "which 'partial_batches' does not; pass a state from Pipeline.get_state()"
+            )
+        if not isinstance(forms, list) or not forms:
+            raise ValueError(
+                f"pipeline state 'batch_members' entries must be non-empty lists, got {forms!r}"
+            )
+        keys: list[Key] = []
+        for form in forms:
+            if isinstance(form, list) and len(form) >= 3 and len(form) % 2:
+                keys.append(tuple(_count(part, "batch_members") for part in form))
+            elif isinstance(form, list):
+                raise ValueError(
+                    "pipeline state 'batch_members' keys must be positions or "
+                    f"[position, output, count, ...] lists, got {form!r}"
+                )
+            else:
+                keys.append(_count(form, "batch_members"))
+        members[path] = tuple(keys)
+    return members
 
 
 def _count(value: Any, name: str) -> int:

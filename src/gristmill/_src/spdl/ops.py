@@ -25,7 +25,7 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.spdl.executors import BrokenExecutorError, ExecutorCall, on_executor
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.tasks import log_failure
-from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, KeyedBatch, rekeyed, split
+from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, rekeyed, split
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -113,7 +113,7 @@ def kind_of(op: Callable[..., Any]) -> str:
     return "sync"
 
 
-_MARKED = frozenset({Keyed, KeyedBatch, Expand, type(SKIP)})
+_MARKED = frozenset({Keyed, Expand, type(SKIP)})
 """Types of engine elements that are not plain values (EPOCH_END is a SKIP-type marker)."""
 
 

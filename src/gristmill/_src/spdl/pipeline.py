@@ -359,6 +359,7 @@ class Pipeline(Generic[T]):
         self._resumable.epochs_ended = self._tracker.epochs_ended
         self._delivered.outputs = dict(self._tracker.partial)
         self._delivered.batches = dict(self._tracker.partial_batches)
+        self._delivered.members = dict(self._tracker.batch_members)
 
     def get_iterator(self, *, timeout: float | None = None) -> Iterator[Any]:
         """An iterator over the rest of the stream (single use; one epoch)."""

@@ -209,7 +209,9 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
         initializer(*initargs)
     lowering, queues, source = _worker_pipeline(span, pipe, max_failures, interval)
     if delivered is not None:  # a restored state's: the span's splits skip them
-        lowering.delivered.outputs, lowering.delivered.batches = delivered
+        outputs, batches, members = delivered
+        lowering.delivered.outputs, lowering.delivered.batches = outputs, batches
+        lowering.delivered.members = members
     last, _ = lowering.stages(source, span, False, 0)
     produce = iterate_chunks(last)
     queues.start()  # the queues' stage hooks, before any item moves
@@ -247,7 +249,7 @@ def run_region(
     name: str,
     shm_prefix: str | None = None,
     report_stats_interval: float = -1,
-    delivered: tuple[dict[Any, set[int]], dict[Any, set[int]]] | None = None,
+    delivered: tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]] | None = None,
     buffer_size: int | None = None,
 ) -> bool:
     """Worker ``index`` of region ``name``: runs the region's span over the transfers sent

@@ -19,7 +19,9 @@ Main process side (:class:`RegionStream`, one stage of the outer pipeline):
 
 Keyed items (a resumable pipeline) keep their covers across the trip, so states work
 through regions: a restored state's delivered outputs go to every worker with its job, so
-that its splits skip them as the main process's do. Items cross pickled (large arrays in
+that its splits skip them as the main process's do, and so do the members of the batches
+it forms again (``rebuild.py``): the dispatcher sends their items all to worker 0, so that
+an aggregate in the region gets each such batch whole. Items cross pickled (large arrays in
 shared memory between processes). A worker failure (a stage over its failure budget, a
 raising initializer) ends the region with that error, the worker's frames ending its
 traceback (``engine.remote_traceback``); a worker's death ends it with the transport's
@@ -43,7 +45,17 @@ from gristmill._src.spdl import region_worker
 from gristmill._src.spdl.executors import is_ray_backend
 from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
-from gristmill._src.spdl.tracking import DeliveredOutputs
+from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, path_of
+
+
+def _root(item: Any) -> int | None:
+    """The source position of a keyed item with one key rooted at a position."""
+    if not isinstance(item, Keyed) or len(item.cover) != 1:
+        return None
+    key = item.cover[0]
+    root = key if type(key) is int else key[0] if type(key) is tuple else None
+    return root if type(root) is int else None
+
 
 _JOIN_TIMEOUT_S = 2.0  # a safety net for close(): its threads are woken, never polled
 
@@ -133,12 +145,21 @@ class RegionStream:
 
     # -- start ---------------------------------------------------------------------------
 
-    def _delivered_now(self) -> tuple[dict[Any, set[int]], dict[Any, set[int]]] | None:
-        """What a restored state delivered, for the workers' splits (None: nothing)."""
+    def _delivered_now(self) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]] | None:
+        """What a restored state delivered, for the workers' splits, and the members of the
+        batches to form again, for their aggregates (None: nothing)."""
         delivered = self._delivered
         if delivered is None or not (delivered.outputs or delivered.batches):
             return None
-        return dict(delivered.outputs), dict(delivered.batches)
+        return dict(delivered.outputs), dict(delivered.batches), dict(delivered.members)
+
+    def _rebuild_roots(self) -> set[int]:
+        """The source positions of the batches a restore forms again: their items all go
+        to worker 0, so that an aggregate in the region gets each such batch whole."""
+        delivered = self._delivered
+        if delivered is None:
+            return set()
+        return {path_of(key)[0] for keys in delivered.members.values() for key in keys}
 
     def start(self) -> None:
         with self._start_lock:
@@ -227,6 +248,7 @@ class RegionStream:
     def _dispatch(self) -> None:
         turn = 0
         transfer: list[Any] = []
+        roots = self._rebuild_roots()
         prefix = self._workers.shm_prefix
         prefix = None if prefix is None else f"{prefix}-in"
         numbers = shm.counter()
@@ -248,6 +270,10 @@ class RegionStream:
                     if item is EPOCH_END:
                         flush()
                         self._broadcast(("epoch",))
+                        continue
+                    if roots and _root(item) in roots:  # of a batch to form again
+                        payload = pickled([item], "an item sent to a to() region", prefix, numbers)
+                        self._send(0, ("items", payload))
                         continue
                     transfer.append(item)
                     if len(transfer) >= self._buffer_size:

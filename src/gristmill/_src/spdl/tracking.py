@@ -8,15 +8,12 @@ extends the key: ``(parent, j, n, k, m)``). A key's *path* names it without the 
 ``(p,)``, ``(p, j)``, … — a batch's is its first member's. Pipe stages keep the cover with
 the result (a dropped item keeps it too, as ``Keyed(SKIP, cover)``).
 
-An aggregate whose input order is deterministic (every stage before it keeps its items'
-order: input order, or one worker) covers its output with one :class:`Batch` key, so that
-its outputs after a split are numbered within the batch: a restore re-forms the same batch
-(its positions are re-read from its first one, the aggregate starting empty there) and
-skips the outputs already delivered — exact for any op, whatever it does to the batch.
-Otherwise (completion order) batches depend on timing and an output covers everything it
-consumed since its last output, member by member when the output is a list of the members
-(:class:`KeyedBatch`: a disaggregate hands each item its member's cover); a generator's
-outputs of such a batch are covered by the last one.
+An aggregate covers its output with one :class:`Batch` key (what it consumed, in order),
+so that its outputs after a split are numbered within the batch; while some of them are
+delivered the state records the batch's members, and a restore forms the same batch again
+from exactly those members (``rebuild.py``) and skips the outputs already delivered — exact
+for any op, whatever it does to the batch, and in any order the stages before the aggregate
+deliver in.
 
 The caller's ``get_item`` resolves covers as it returns items (``delivery.py``), so the
 state — a watermark below which every position is resolved, the resolved positions above
@@ -50,38 +47,11 @@ class Keyed:
         self.cover = cover
 
 
-class KeyedBatch(Keyed):
-    """A list-like value whose item ``i`` covers ``members[i]`` (``cover`` is their union).
-
-    ``members=None`` says item ``i`` covers the single key ``cover[i]`` (the common case,
-    built without a tuple per item).
-    """
-
-    __slots__ = ("_members",)
-
-    def __init__(
-        self, value: Any, cover: Sequence[Key], members: list[Sequence[Key]] | None
-    ) -> None:
-        super().__init__(value, cover)
-        self._members = members
-
-    @property
-    def members(self) -> list[Sequence[Key]]:
-        if self._members is None:
-            return [(key,) for key in self.cover]
-        return self._members
-
-    @property
-    def size(self) -> int:
-        """The number of members."""
-        return len(self.cover) if self._members is None else len(self._members)
-
-
 Path = tuple[int, ...]
 
 
 class Batch:
-    """A key: one output of an aggregate whose input order is deterministic, as a unit.
+    """A key: one output of an aggregate, as a unit.
 
     ``cover`` holds the keys it consumed (its members', and the dropped items' before
     them); ``path`` names it: its first member's path (no other item split in the same
@@ -117,11 +87,14 @@ def path_of(key: Key) -> Path:
 class DeliveredOutputs:
     """The outputs of partly delivered items that a restored state says were delivered:
     ``outputs`` of positions and of split outputs, ``batches`` of :class:`Batch` items,
-    each by path (filled by ``Pipeline.set_state``; the splitting stages consult it)."""
+    each by path, and ``members``: those batches' covers, where the state records them
+    (filled by ``Pipeline.set_state``; the splitting stages consult it, the aggregates
+    form those batches again: ``rebuild.py``)."""
 
     def __init__(self) -> None:
         self.outputs: dict[Path, set[int]] = {}
         self.batches: dict[Path, set[int]] = {}
+        self.members: dict[Path, Sequence[Key]] = {}
 
     def of(self, key: Key) -> Any:
         """The indices of ``key``'s outputs already delivered (empty if none)."""
@@ -152,28 +125,23 @@ def rekeyed(result: Any, item: Keyed, delivered: DeliveredOutputs) -> Any:
         outputs = result.items
         if len(cover) == 1:  # one position, output or ordered batch: key each output
             keyed = _outputs_of(outputs, cover[0], delivered)
-        elif outputs:  # a completion-order batch: the last output covers it
+        elif outputs:  # an item of several keys: the last output covers them
             keyed = [Keyed(y, ()) for y in outputs[:-1]] + [Keyed(outputs[-1], cover)]
         else:
             keyed = []
         if not keyed:
             return Keyed(SKIP, cover)
         return Expand(keyed)
-    if type(item) is KeyedBatch and isinstance(result, (list, tuple)) and len(result) == item.size:
-        return KeyedBatch(result, cover, item._members)
     return Keyed(result, cover)
 
 
 def split(item: Keyed, delivered: DeliveredOutputs) -> Any:
-    """``disaggregate`` of a keyed list: of one key (a position, an output, an ordered
-    batch), each item keyed as its output; of a completion-order batch, each item with its
-    member's cover (the last with the whole cover if they do not match)."""
+    """``disaggregate`` of a keyed list: of one key (a position, an output, a batch), each
+    item keyed as its output; of several keys, the last item covers them."""
     from gristmill._src.engine.markers import Expand
 
     values = list(item.value)
     cover = item.cover
-    if type(item) is KeyedBatch and item.size == len(values):
-        return Expand([Keyed(v, m) for v, m in zip(values, item.members, strict=True)])
     if len(cover) == 1:
         keyed = _outputs_of(values, cover[0], delivered)
         return Expand(keyed) if keyed else Keyed(SKIP, cover)
@@ -186,40 +154,16 @@ class Covers:
     """What an aggregate has consumed since its last output: members and dropped items.
 
     Members are covers (``members``, from Keyed items) or single keys (``keys``, from
-    chunk-keyed plain values); a stream has one kind or the other. With ``ordered`` (the
-    aggregate's input order is deterministic) an output is covered by one :class:`Batch`.
+    chunk-keyed plain values); a stream has one kind or the other. An output is covered by
+    one :class:`Batch`, its cover the keys consumed in order (dropped items first).
     """
 
-    def __init__(self, *, ordered: bool = False) -> None:
-        self.ordered = ordered
+    def __init__(self) -> None:
         self.members: list[Sequence[Key]] = []
         self.keys: list[Key] = []
         self.dropped: list[Key] = []
 
     def take(self, output: Any) -> Keyed:
-        if self.ordered:
-            return self._take_batch(output)
-        members, keys, dropped = self.members, self.keys, self.dropped
-        self.members, self.keys, self.dropped = [], [], []
-        if keys:
-            if members:
-                raise AssertionError("an aggregate's inputs are Keyed items or keyed chunks")
-            count = len(keys)
-            cover = tuple(dropped + keys) if dropped else tuple(keys)
-            batch_members: list[Sequence[Key]] | None = None
-            if dropped:  # dropped items resolve with the first member
-                batch_members = [(*dropped, keys[0]), *zip(keys[1:])]
-        else:
-            count = len(members)
-            if members and dropped:  # dropped items resolve with the first member
-                members[0] = (*dropped, *members[0])
-            cover = tuple(itertools.chain(dropped if not members else (), *members))
-            batch_members = members
-        if isinstance(output, (list, tuple)) and len(output) == count:
-            return KeyedBatch(output, cover, batch_members)
-        return Keyed(output, cover)
-
-    def _take_batch(self, output: Any) -> Keyed:
         """``output`` covered by one :class:`Batch` (dropped items first, then members)."""
         members, keys, dropped = self.members, self.keys, self.dropped
         self.members, self.keys, self.dropped = [], [], []

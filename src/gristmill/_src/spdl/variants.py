@@ -31,7 +31,7 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.merged import MergedOutput
-from gristmill._src.spdl.tracking import Keyed, KeyedBatch
+from gristmill._src.spdl.tracking import Keyed
 
 LOOKAHEAD = 64
 """Items routed but not yet taken by their paths, at most (all paths together)."""
@@ -237,29 +237,13 @@ class PathVariantsStream:
                 f"{len(elements)} items; it must return exactly one index per item."
             )
         parts: list[list[Any]] = [[] for _ in self._inlets]
-        members: list[list[Any]] = [[] for _ in self._inlets]
-        item_members = item.members if type(item) is KeyedBatch else None
-        for j, (element, index) in enumerate(zip(elements, indices, strict=True)):
-            path = self._index(index)
-            parts[path].append(element)
-            if item_members is not None:
-                members[path].append(item_members[j])
+        for element, index in zip(elements, indices, strict=True):
+            parts[self._index(index)].append(element)
         for path, inlet in enumerate(self._inlets):
             if not keyed:
                 inlet.put(parts[path])
-            elif item_members is not None:
-                cover = tuple(key for member in members[path] for key in member)
-                if path == 0:  # a batch that is not one member per element: path 0 covers it
-                    cover = tuple(dict.fromkeys((*cover, *self._unmembered(item))))
-                inlet.put(KeyedBatch(parts[path], cover, members[path]))
-            else:
+            else:  # path 0's part covers the batch (its keys resolve once all is delivered)
                 inlet.put(Keyed(parts[path], item.cover if path == 0 else ()))
-
-    @staticmethod
-    def _unmembered(item: KeyedBatch) -> tuple[Any, ...]:
-        """Keys of ``item``'s cover that no member covers (dropped items merged into it)."""
-        covered = {key for member in item.members for key in member}
-        return tuple(key for key in item.cover if key not in covered)
 
     def _pull(self, path: int) -> None:
         outlet = self._outlets[path]
@@ -373,19 +357,10 @@ def _concatenated(row: list[Any]) -> Any:
         return [element for output in row if output is not SKIP for element in output]
     values: list[Any] = []
     cover: list[Any] = []
-    members: list[Any] | None = []
     for output in row:
         cover.extend(output.cover)
-        if output.value is SKIP:
-            members = None  # a dropped part: the elements no longer match members
-            continue
-        values.extend(output.value)
-        if members is not None and type(output) is KeyedBatch:
-            members.extend(output.members)
-        else:
-            members = None
+        if output.value is not SKIP:
+            values.extend(output.value)
     if not values and all(output.value is SKIP for output in row):
         return Keyed(SKIP, tuple(cover))
-    if members is not None and len(members) == len(values):
-        return KeyedBatch(values, tuple(cover), members)
     return Keyed(values, tuple(cover))

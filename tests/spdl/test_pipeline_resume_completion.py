@@ -1,0 +1,234 @@
+"""Pipeline.get_state / set_state where the stages before an aggregate reorder their items
+(completion order, several workers): the batches depend on timing, so a restore must form
+the batches the caller was inside of from exactly their members. Outputs are unique (source
+values through injective ops), so the caller's items before the state plus the restored
+pipeline's are checked as a multiset against an uninterrupted run: nothing repeated,
+nothing lost; and every batch is whole."""
+
+import json
+import time
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gristmill.pipeline import PipelineBuilder
+
+pytestmark = pytest.mark.usefixtures("quiet_failure_logs")
+
+
+def drop_some(x):
+    """An item filter: drops multiples of 3."""
+    return None if x % 3 == 0 else x
+
+
+def slow_map(x):
+    """An injective map whose items take different times, so that completion order
+    differs from input order (the checks hold either way)."""
+    time.sleep(0.001 * (x % 4))
+    return 2 * x + 1
+
+
+def expand(x):
+    """An item generator: 0, 1 or 2 outputs, unique."""
+    for i in range(x % 3):
+        yield 3 * x + i
+
+
+def reverse(batch):
+    """A batch-level op that reorders the batch (its outputs are not its members in
+    place)."""
+    return list(reversed(batch))
+
+
+def unbatch(batch):
+    """A generator over a batch: its elements, then (odd length) an end marker naming the
+    batch's members."""
+    yield from batch
+    if len(batch) % 2:
+        yield ("end", tuple(sorted(batch)))
+
+
+PRE = {"filter": drop_some, "map": slow_map, "generator": expand}
+POST = {
+    "unbatch": [("pipe", unbatch)],
+    "disaggregate": [("disaggregate",)],
+    "reverse+disaggregate": [("pipe", reverse), ("disaggregate",)],
+    "reverse+unbatch": [("pipe", reverse), ("pipe", unbatch)],
+    "batches": [("pipe", reverse)],
+}
+
+
+def build(n, pre, size, post, *, concurrency, order="completion"):
+    builder = PipelineBuilder().add_source(range(n))
+    for kind in pre:
+        builder = builder.pipe(PRE[kind], concurrency=concurrency, output_order=order)
+    builder = builder.aggregate(size)
+    for step in POST[post]:
+        if step[0] == "disaggregate":
+            builder = builder.disaggregate()
+        else:
+            builder = builder.pipe(step[1], concurrency=concurrency, output_order=order)
+    return builder.add_sink(3).build(num_threads=concurrency)
+
+
+def take(pipeline, count):
+    out = []
+    for _ in range(count):
+        try:
+            out.append(pipeline.get_item(timeout=30))
+        except EOFError:
+            break
+    return out
+
+
+def drain(pipeline):
+    try:
+        return take(pipeline, 10**6)
+    finally:
+        pipeline.stop()
+
+
+def leaves(outputs):
+    """The multiset of the items in ``outputs`` (a batch counts as its members) and the
+    batches seen (batch outputs and end markers, as sorted member tuples)."""
+    items: Counter = Counter()
+    batches = []
+    for out in outputs:
+        if isinstance(out, list):
+            items.update(out)
+            batches.append(tuple(sorted(out)))
+        elif isinstance(out, tuple):
+            batches.append(out[1])
+        else:
+            items[out] += 1
+    return items, batches
+
+
+def check_resume(n, pre, size, post, k, first, second):
+    """Takes ``k`` outputs from a pipeline built with ``first`` settings, restores its
+    state into one built with ``second``; returns (head, rest, expected items)."""
+    expected, _ = leaves(drain(build(n, pre, size, post, **first)))
+    before = build(n, pre, size, post, **first)
+    head = take(before, k)
+    state = json.loads(json.dumps(before.get_state()))
+    before.stop()
+    after = build(n, pre, size, post, **second)
+    after.set_state(state)
+    rest = drain(after)
+    items, batches = leaves(head + rest)
+    assert items == expected, (k, state, head, rest)
+    # Every batch is whole: of the aggregate's size (one, the last, may be smaller), its
+    # members delivered, each member in one batch.
+    assert sum(len(b) < size for b in batches) <= 1, (k, state, head, rest)
+    assert all(len(b) <= size for b in batches)
+    members = Counter(x for b in batches for x in b)
+    assert max(members.values(), default=1) == 1, (k, state, head, rest)
+    assert set(members) <= set(expected)
+    return head, rest
+
+
+SETTINGS = [
+    {"concurrency": 4},
+    {"concurrency": 1},
+    {"concurrency": 3, "order": "input"},
+]
+
+
+@pytest.mark.parametrize("post", sorted(POST))
+@pytest.mark.parametrize("second", range(len(SETTINGS)), ids=["c4", "c1", "input3"])
+def test_a_state_inside_a_completion_order_batch_resumes_with_exactly_the_rest(post, second):
+    pre = ["filter", "map"]
+    n, size = 23, 4
+    total = len(drain(build(n, pre, size, post, concurrency=4)))
+    for k in range(total + 1):
+        check_resume(n, pre, size, post, k, SETTINGS[0], SETTINGS[second])
+
+
+def test_an_ordered_state_inside_a_batch_restores_into_a_reordering_pipeline():
+    # saved in input order (one worker), restored with four workers in completion order
+    pre = ["filter", "map"]
+    for k in range(12):
+        check_resume(14, pre, 4, "unbatch", k, {"concurrency": 1}, {"concurrency": 4})
+
+
+def test_a_state_inside_a_batch_of_batches_is_refused_where_batches_depend_on_timing():
+    # An outer batch's members are batches, which a state cannot name: refused, not repeated.
+    def build_it(concurrency):
+        return (
+            PipelineBuilder()
+            .add_source(range(40))
+            .pipe(slow_map, concurrency=concurrency)
+            .aggregate(2)
+            .aggregate(3)
+            .pipe(unbatch)
+            .add_sink(3)
+            .build(num_threads=concurrency)
+        )
+
+    first = build_it(4)
+    take(first, 1)
+    state = first.get_state()
+    first.stop()
+    assert state["partial_batches"]
+    assert not state["batch_members"]
+    second = build_it(4)
+    with pytest.raises(ValueError, match="a batch of batches, whose members a state cannot"):
+        second.set_state(state)
+    second.stop()
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pre=st.lists(st.sampled_from(sorted(PRE)), min_size=1, max_size=3),
+    size=st.integers(1, 4),
+    post=st.sampled_from(sorted(POST)),
+    n=st.sampled_from([0, 1, 6, 13]),
+    second=st.sampled_from(range(len(SETTINGS))),
+    data=st.data(),
+)
+def test_completion_order_shapes_resume_with_exactly_the_rest(pre, size, post, n, second, data):
+    total = len(drain(build(n, pre, size, post, concurrency=4)))
+    k = data.draw(st.integers(0, total), label="k")
+    check_resume(n, pre, size, post, k, SETTINGS[0], SETTINGS[second])
+
+
+def continuous(concurrency):
+    return (
+        PipelineBuilder()
+        .add_source(range(10), continuous=True)
+        .pipe(slow_map, concurrency=concurrency)
+        .aggregate(3)  # an epoch's last batch is partial: flushed at the epoch's end
+        .pipe(unbatch, concurrency=concurrency)
+        .add_sink(3)
+        .build(num_threads=concurrency)
+    )
+
+
+def items_of(epoch):
+    return sorted(x for x in epoch if not isinstance(x, tuple))
+
+
+@pytest.mark.slow
+def test_a_continuous_completion_order_pipeline_resumes_inside_a_batch_across_epochs():
+    every_epoch = [2 * x + 1 for x in range(10)]
+    for cut in range(0, 30, 2):
+        first = continuous(4)
+        seen: list[list] = [[]]
+        while sum(map(len, seen)) < cut:  # read `cut` items, across epoch ends
+            try:
+                seen[-1].append(first.get_item(timeout=30))
+            except EOFError:
+                seen.append([])
+        state = first.get_state()
+        first.stop()
+        second = continuous(4)
+        second.set_state(state)
+        rest = [list(second.get_iterator(timeout=30))]
+        while len(seen) - 1 + len(rest) < 3:
+            rest.append(list(second.get_iterator(timeout=30)))
+        second.stop()
+        epochs = [*seen[:-1], seen[-1] + rest[0], *rest[1:]]
+        assert [items_of(e) for e in epochs] == [every_epoch] * 3, (cut, state, epochs)

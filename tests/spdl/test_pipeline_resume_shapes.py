@@ -40,11 +40,12 @@ def mix(x):
 
 def expand(x):
     """A generator op: a batch's elements (unbatch) and, for a batch of odd length, one
-    more; an item's 0, 1 or 2 outputs."""
+    more (a list, in a batch of batches, so that a disaggregate after it still gets lists);
+    an item's 0, 1 or 2 outputs."""
     if isinstance(x, list):
         yield from x
         if len(x) % 2:
-            yield -len(x)
+            yield [-len(x)] if isinstance(x[0], list) else -len(x)
         return
     for i in range(x % 3):
         yield 3 * x + i
@@ -255,7 +256,7 @@ def test_batch_members_are_validated():
     first.stop()
     for members, message in [
         ({"2": [2, 3]}, "names batch '2', which 'partial_batches' does not"),
-        ({"1": [[1, 0]]}, r"keys must be positions or \[position, output, count, ...\]"),
+        ({"1": [[1, 0]]}, r"keys must be positions, \[position, output, count, ...\] lists"),
         ({"1": []}, "entries must be non-empty lists"),
         ({"1": [-1]}, "'batch_members' values must be integers >= 0"),
         ([1], "'batch_members' must be a dict"),

@@ -175,7 +175,7 @@ def test_state_shape_and_independence_from_settings():
         a.get_state()
         == b.get_state()
         == {
-            "version": 3,
+            "version": 4,
             "next_position": 9,
             "delivered_above": [],
             "partial_outputs": {},
@@ -213,7 +213,7 @@ def test_bad_states_and_misuse():
     with pytest.raises(ValueError, match="a non-continuous pipeline's state must be a dict with"):
         pipeline.set_state({"next_index": 3})
     good = {"version": 1, "next_position": 2, "delivered_above": [], "partial_outputs": {}}
-    with pytest.raises(ValueError, match=r"version 9 is not 3 \(or 1 or 2\)"):
+    with pytest.raises(ValueError, match=r"version 9 is not 4 \(or 1, 2 or 3\)"):
         pipeline.set_state({**good, "version": 9})
     with pytest.raises(ValueError, match="'next_position' values must be integers >= 0"):
         pipeline.set_state({**good, "next_position": -1})
@@ -273,7 +273,7 @@ def test_a_state_taken_at_an_epoch_end_resumes_with_the_next_epoch():
     state = first.get_state()
     first.stop()
     assert state == {
-        "version": 3,
+        "version": 4,
         "next_position": 7,
         "delivered_above": [],
         "partial_outputs": {},

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gristmill._src.spdl.tracking import Batch, Key, Path, path_of
+from gristmill._src.spdl.tracking import Batch, Key, Path, level_of, name_of, path_of
 
-STATE_VERSION = 3
-"""Version 2 added ``partial_batches``, version 3 ``batch_members``; a version-1 or -2 state
-(without them) still restores."""
+STATE_VERSION = 4
+"""Version 2 added ``partial_batches``, version 3 ``batch_members``, version 4 the members
+of a batch of batches (nested member records); a version-1, -2 or -3 state still
+restores."""
 
 
 class DeliveryTracker:
@@ -120,9 +121,9 @@ class DeliveryTracker:
         """Adopts ``state`` (validated; a version-1 state has no ``partial_batches``, a
         version-2 one no ``batch_members``); raises ValueError naming what is wrong."""
         version = state.get("version") if isinstance(state, dict) else None
-        if isinstance(state, dict) and "version" in state and version not in (1, 2, 3):
+        if isinstance(state, dict) and "version" in state and version not in (1, 2, 3, 4):
             raise ValueError(
-                f"pipeline state version {version!r} is not {STATE_VERSION} (or 1 or 2); "
+                f"pipeline state version {version!r} is not {STATE_VERSION} (or 1, 2 or 3); "
                 "restore it with the gristmill version that saved it"
             )
         expected = ["version", "next_position", "delivered_above", "partial_outputs"]
@@ -154,9 +155,9 @@ class DeliveryTracker:
         members = _members(state.get("batch_members", {}), batches)
         unknown = [path for path in batches if path not in members]
         if unknown and not self.batches:
-            why = (  # a version-3 state leaves out only the members it cannot name
-                "a batch of batches, whose members a state cannot name"
-                if version not in (1, 2)
+            why = (  # a version-3 state left out only a batch of batches' members
+                "a batch of batches, saved before gristmill recorded their members"
+                if version == 3
                 else "saved before gristmill recorded batch members"
             )
             raise ValueError(
@@ -198,53 +199,115 @@ def _paths(partial: Any, name: str) -> dict[Path, set[int]]:
     return paths
 
 
-def _member_form(key: Key) -> int | list[int] | None:
-    """A batch member's key in a state: a position, or a split output's key as a list
-    (``[p, j, n, ...]``); None for a key a state cannot name (a batch of batches)."""
-    if type(key) is int:
+def _member_form(key: Key) -> Any:
+    """A batch member's key in a state: a position; a split output's key as a list
+    (``[p, j, n, ...]``); an inner batch (a batch of batches' member) as its record
+    ``{"level": l, "path": [...], "cover": [member forms]}``; a split output of one as
+    ``{"of": that record, "output": [j, n, ...]}``."""
+    kind = type(key)
+    if kind is int:
         return key
-    if type(key) is tuple and all(type(part) is int for part in key):
-        return list(key)
-    return None
+    if kind is Batch:
+        cover = [_member_form(k) for k in key.cover]
+        return {"level": key.level, "path": list(key.path), "cover": cover}
+    if type(key[0]) is Batch:
+        return {"of": _member_form(key[0]), "output": list(key[1:])}
+    return list(key)
 
 
 def _members_by_path(members: dict[Path, Sequence[Key]]) -> dict[str, list[Any]]:
-    """A state's form of open batches' members (those a state can name whole)."""
-    named = {}
-    for path, keys in sorted(members.items()):
-        forms = [_member_form(key) for key in keys]
-        if None not in forms:
-            named[".".join(map(str, path))] = forms
-    return named
+    """A state's form of open batches' members."""
+    return {
+        ".".join(map(str, path)): [_member_form(key) for key in keys]
+        for path, keys in sorted(members.items())
+    }
 
 
 def _members(named: Any, batches: dict[Path, set[int]]) -> dict[Path, Sequence[Key]]:
     """The inverse of :func:`_members_by_path`, validated against ``batches``."""
     paths = _paths({k: [0] for k in named} if isinstance(named, dict) else named, "batch_members")
     members: dict[Path, Sequence[Key]] = {}
+    seen: dict[tuple[int, Path], Batch] = {}  # each inner batch's record, once
     for (path, _), forms in zip(paths.items(), named.values(), strict=True):
         if path not in batches:
             raise ValueError(
                 f"pipeline state 'batch_members' names batch {'.'.join(map(str, path))!r}, "
                 "which 'partial_batches' does not; pass a state from Pipeline.get_state()"
             )
-        if not isinstance(forms, list) or not forms:
-            raise ValueError(
-                f"pipeline state 'batch_members' entries must be non-empty lists, got {forms!r}"
-            )
-        keys: list[Key] = []
-        for form in forms:
-            if isinstance(form, list) and len(form) >= 3 and len(form) % 2:
-                keys.append(tuple(_count(part, "batch_members") for part in form))
-            elif isinstance(form, list):
-                raise ValueError(
-                    "pipeline state 'batch_members' keys must be positions or "
-                    f"[position, output, count, ...] lists, got {form!r}"
-                )
-            else:
-                keys.append(_count(form, "batch_members"))
-        members[path] = tuple(keys)
+        members[path] = _cover(forms, seen)
     return members
+
+
+_MEMBER_FORMS = (
+    "positions, [position, output, count, ...] lists, inner batches "
+    '{"level": l, "path": [...], "cover": [...]} or their outputs {"of": batch, '
+    '"output": [output, count, ...]}'
+)
+
+
+def _cover(forms: Any, seen: dict[tuple[int, Path], Batch]) -> tuple[Key, ...]:
+    if not isinstance(forms, list) or not forms:
+        raise ValueError(
+            f"pipeline state 'batch_members' entries must be non-empty lists, got {forms!r}"
+        )
+    return tuple(_member(form, seen) for form in forms)
+
+
+def _member(form: Any, seen: dict[tuple[int, Path], Batch]) -> Key:
+    """A member key from its state form (:func:`_member_form`), validated."""
+    if isinstance(form, list) and len(form) >= 3 and len(form) % 2:
+        return tuple(_count(part, "batch_members") for part in form)
+    if isinstance(form, dict) and set(form) == {"of", "output"}:
+        output = form["output"]
+        if not isinstance(output, list) or not output or len(output) % 2:
+            raise ValueError(
+                "pipeline state 'batch_members' outputs of an inner batch must be "
+                f"[output, count, ...] lists, got {output!r}"
+            )
+        inner = _member(form["of"], seen)
+        if type(inner) is not Batch:
+            raise ValueError(
+                f"pipeline state 'batch_members' 'of' must be an inner batch, got {form!r}"
+            )
+        return (inner, *(_count(part, "batch_members") for part in output))
+    if isinstance(form, dict) and set(form) == {"level", "path", "cover"}:
+        return _inner_batch(form, seen)
+    if isinstance(form, (list, dict)):
+        raise ValueError(
+            f"pipeline state 'batch_members' keys must be {_MEMBER_FORMS}, got {form!r}"
+        )
+    return _count(form, "batch_members")
+
+
+def _inner_batch(form: dict[str, Any], seen: dict[tuple[int, Path], Batch]) -> Batch:
+    """An inner batch's key from its record: its level above its members', one record a
+    name (its level and path) across the state."""
+    level, path = form["level"], form["path"]
+    if not isinstance(path, list) or not path:
+        raise ValueError(
+            f"pipeline state 'batch_members' inner batch path must be a non-empty list of "
+            f"integers >= 0, got {path!r}"
+        )
+    name = (_count(level, "batch_members"), tuple(_count(p, "batch_members") for p in path))
+    cover = _cover(form["cover"], seen)
+    below = max(level_of(key) for key in cover)
+    if name[0] <= below:
+        raise ValueError(
+            f"pipeline state 'batch_members' inner batch at level {level!r} has members at "
+            f"level {below}; an inner batch's level is one more than its members' (pass a "
+            "state from Pipeline.get_state())"
+        )
+    known = seen.get(name)
+    if known is not None and [name_of(k) for k in known.cover] != [name_of(k) for k in cover]:
+        raise ValueError(
+            f"pipeline state 'batch_members' names inner batch {path!r} at level {level!r} "
+            "with two different covers; pass a state from Pipeline.get_state()"
+        )
+    if known is not None:
+        return known
+    batch = seen[name] = Batch.__new__(Batch)
+    batch.cover, batch.level, batch.path = cover, name[0], name[1]
+    return batch
 
 
 def _count(value: Any, name: str) -> int:

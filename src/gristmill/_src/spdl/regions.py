@@ -45,7 +45,7 @@ from gristmill._src.spdl import region_worker
 from gristmill._src.spdl.executors import is_ray_backend
 from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
-from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, path_of
+from gristmill._src.spdl.tracking import Batch, DeliveredOutputs, Keyed, path_of
 
 
 def _root(item: Any) -> int | None:
@@ -159,7 +159,7 @@ class RegionStream:
         delivered = self._delivered
         if delivered is None:
             return set()
-        return {path_of(key)[0] for keys in delivered.members.values() for key in keys}
+        return {key for keys in delivered.members.values() for key in _positions(keys)}
 
     def start(self) -> None:
         with self._start_lock:
@@ -416,3 +416,13 @@ def _rebuilt(remote: RemoteError | str, where: str) -> BaseException:
     error = remote.rebuilt()
     note_origin(error, where)
     return error
+
+
+def _positions(keys: Any) -> Any:
+    """The source positions of ``keys``, an inner batch's (a batch of batches') all."""
+    for key in keys:
+        root = key if type(key) is Batch else key[0] if type(key) is tuple else key
+        if type(root) is Batch:
+            yield from _positions(root.cover)
+        else:
+            yield path_of(key)[0]

@@ -55,17 +55,48 @@ class Batch:
 
     ``cover`` holds the keys it consumed (its members', and the dropped items' before
     them); ``path`` names it: its first member's path (no other item split in the same
-    pipeline has it — see :func:`path_of`).
+    pipeline has it — see :func:`path_of`); ``level`` is its nesting: 1 over source items
+    (or their splits), one more than its members' over another aggregate's outputs (a batch
+    of batches), so that ``(level, path)`` names it among every batch of the pipeline
+    (:func:`name_of`; an outer batch's path is its first inner batch's).
     """
 
-    __slots__ = ("cover", "path")
+    __slots__ = ("cover", "level", "path")
 
     def __init__(self, cover: Sequence[Key], first: Key) -> None:
         self.cover = cover
         self.path = path_of(first)
+        self.level = 1 + level_of(first)
 
     def __repr__(self) -> str:
-        return f"Batch({'.'.join(map(str, self.path))}, {len(self.cover)} keys)"
+        return f"Batch({'.'.join(map(str, self.path))}@{self.level}, {len(self.cover)} keys)"
+
+
+def level_of(key: Key) -> int:
+    """0 for a source position or a split of one; a batch's level for a batch or a split
+    of one."""
+    kind = type(key)
+    if kind is int:
+        return 0
+    if kind is Batch:
+        return key.level  # type: ignore[no-any-return]
+    root = key[0]
+    return root.level if type(root) is Batch else 0
+
+
+def name_of(key: Key) -> Any:
+    """``key`` as a hashable value equal for equal keys: itself for a position or a split
+    of one; ``("batch", level, *path)`` for a batch (and that, then the output numbers, for
+    a split of one). A restore matches the items it forms batches of again by name."""
+    kind = type(key)
+    if kind is int:
+        return key
+    if kind is Batch:
+        return ("batch", key.level, *key.path)
+    root = key[0]
+    if type(root) is Batch:
+        return (("batch", root.level, *root.path), *key[1:])
+    return key
 
 
 def path_of(key: Key) -> Path:

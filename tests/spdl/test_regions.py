@@ -144,6 +144,35 @@ def test_a_state_inside_a_batch_formed_in_a_region_resumes_with_exactly_the_rest
     assert inside  # some cuts were inside a batch
 
 
+def leaves(batch):
+    """A batch of batches' items, one output each."""
+    for inner in batch:
+        yield from inner
+
+
+@pytest.mark.slow
+def test_a_state_inside_a_batch_of_batches_formed_in_a_region_resumes_with_exactly_the_rest():
+    # As above, a level deeper: the open outer batch's inner batches are formed again from
+    # their members (all their positions sent to one worker), then the outer one of them.
+    def build():
+        builder = PipelineBuilder().add_source(range(24))
+        builder.to(FORK).pipe(odd_only, concurrency=2).aggregate(2).aggregate(2)
+        builder.to(defs.MAIN_PROCESS).pipe(leaves)
+        return builder.add_sink(3).build(num_threads=2)
+
+    inside = 0
+    for cut in range(13):
+        first = build()
+        head = [first.get_item(timeout=10) for _ in range(cut)]
+        state = first.get_state()
+        first.stop()
+        inside += any(isinstance(m, dict) for ms in state["batch_members"].values() for m in ms)
+        second = build()
+        second.set_state(state)
+        assert sorted(head + list(second)) == list(range(1, 24, 2)), (cut, state)
+    assert inside  # some cuts were inside a batch of batches
+
+
 def test_continuous_epochs_do_not_mix_across_workers():
     pipeline = region(n=10, continuous=True)
     try:

@@ -6,8 +6,9 @@ output, one unit), or ``(parent, j, n)`` (output ``j`` of the ``n`` a generator 
 disaggregate made from an item whose cover is the one key ``parent``; a split of a split
 extends the key: ``(parent, j, n, k, m)``). A key's *path* names it without the counts:
 ``(p,)``, ``(p, j)``, … — a batch's is its first member's (a batch of batches shares it
-with its first inner batch: a batch's *level* tells them apart, see :func:`name_of`). Pipe stages keep the cover with
-the result (a dropped item keeps it too, as ``Keyed(SKIP, cover)``).
+with its first inner batch: a batch's *level* tells them apart, see :func:`name_of`). Pipe
+stages keep the cover with the result (a dropped item keeps it too, as
+``Keyed(SKIP, cover)``).
 
 An aggregate covers its output with one :class:`Batch` key (what it consumed, in order),
 so that its outputs after a split are numbered within the batch; while some of them are

@@ -68,7 +68,7 @@ class Batch:
     def __init__(self, cover: Sequence[Key], first: Key) -> None:
         self.cover = cover
         self.path = path_of(first)
-        self.level = 1 + level_of(first)
+        self.level = 1 if type(first) is int else 1 + level_of(first)  # (the common case)
 
     def __repr__(self) -> str:
         return f"Batch({'.'.join(map(str, self.path))}@{self.level}, {len(self.cover)} keys)"

@@ -349,11 +349,14 @@ def test_the_processes_gristmill_makes_itself_end_when_the_script_is_killed(scri
     while run.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
     alive = run.alive()
+    segments = _segments(run.pid)  # torch_loader: the pickled dataset's
     print(
         f"\n[preemption] SIGKILL {backend}: {len(alive)} of {len(run.seen)} processes "
-        f"alive {time.monotonic() - killed:.2f} s after the kill"
+        f"alive {time.monotonic() - killed:.2f} s after the kill; segments left "
+        f"{len(segments)} ({_bytes(segments)} B)"
     )
     assert alive == set()
+    assert segments == []
 
 
 @pytest.mark.parametrize("backend", _PROCESS_BACKENDS)

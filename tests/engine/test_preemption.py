@@ -10,8 +10,9 @@ handler installed (SIGTERM sets a flag), for every backend that starts worker pr
 - the script is SIGKILLed while every worker is inside a long element (a sleep, a busy
   loop): every worker ends within about a second;
 - the processes gristmill makes itself end too: a ``PriorityProcessPoolExecutor``'s
-  pool, the pool of ``get_pytorch_dataloader``'s loader, the subprocess of a
-  ``ProcessGroupStatsMonitor`` background task.
+  pool, the pool of ``get_pytorch_dataloader``'s loader (and its dataset's segment), the
+  subprocess of a ``ProcessGroupStatsMonitor`` background task, a ``RayBackend``'s actors
+  on a local Ray the script started (Ray's own services are not counted).
 
 Only the processes and segments of the scripts these tests start are counted (their
 descendants, found in /proc while they run; segments named after their pid). Each test
@@ -100,6 +101,15 @@ def iterate():
         ))
     if BACKEND == "subprocess":
         return iter(iterate_in_subprocess(produce))
+    if BACKEND == "ray":  # a local Ray, started by the script
+        import ray
+        from gristmill.ray import RayBackend
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+        ds = grain.MapDataset.range(10**6).map(element).to_iter_dataset()
+        options = grain.MultiprocessingOptions(num_workers=2)
+        return iter(ds.mp_prefetch(options, backend=RayBackend(2, {"num_cpus": 0.25})))
     if BACKEND == "torch_loader":
         from gristmill.dataloader import get_pytorch_dataloader
 
@@ -331,29 +341,51 @@ def test_workers_inside_a_long_element_end_soon_after_the_script_is_killed(scrip
 
 
 # the processes gristmill starts itself (not through a user's executor), and how many
-_OWN_PROCESSES = {"priority_pool": 2, "torch_loader": 2, "pgrp_stats": 1}
+_OWN_PROCESSES = {"priority_pool": 2, "torch_loader": 2, "pgrp_stats": 1, "ray": 2}
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _own(backend, pids):
+    """Of the script's descendants, the processes gristmill started: with Ray, the pool's
+    actors (``ray::PoolActor``); the rest (Ray's own services: the user's ``ray.init``
+    started them) are not gristmill's to end."""
+    if backend != "ray":
+        return set(pids)
+    return {pid for pid in pids if _cmdline(pid).startswith("ray::PoolActor")}
 
 
 @pytest.mark.parametrize("backend", list(_OWN_PROCESSES))
 def test_the_processes_gristmill_makes_itself_end_when_the_script_is_killed(script, backend):
-    if backend == "torch_loader":
-        pytest.importorskip("torch")
+    if backend in ("torch_loader", "ray"):
+        pytest.importorskip(backend.split("_")[0])
     run = script(backend, "inflight")
     _wait_for(lambda: (run.out / "ready").exists(), "the script to stall")
     expected = _OWN_PROCESSES[backend]
-    _wait_for(lambda: len(run.remember_descendants()) >= expected, f"the {backend} processes")
+    _wait_for(
+        lambda: len(_own(backend, run.remember_descendants())) >= expected,
+        f"the {backend} processes",
+    )
+    own = _own(backend, run.seen)
     os.kill(run.pid, signal.SIGKILL)
     killed = time.monotonic()
     assert run.process.wait(_WAIT_S) == -signal.SIGKILL
     deadline = killed + _GONE_BOUND_S
-    while run.alive() and time.monotonic() < deadline:
+    while own & run.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
-    alive = run.alive()
+    alive = own & run.alive()
     segments = _segments(run.pid)  # torch_loader: the pickled dataset's
     print(
-        f"\n[preemption] SIGKILL {backend}: {len(alive)} of {len(run.seen)} processes "
-        f"alive {time.monotonic() - killed:.2f} s after the kill; segments left "
-        f"{len(segments)} ({_bytes(segments)} B)"
+        f"\n[preemption] SIGKILL {backend}: {len(alive)} of {len(own)} processes "
+        f"alive {time.monotonic() - killed:.2f} s after the kill (of all {len(run.seen)} "
+        f"descendants: {len(run.alive())}); segments left {len(segments)} "
+        f"({_bytes(segments)} B)"
     )
     assert alive == set()
     assert segments == []

@@ -9,7 +9,10 @@ handler installed (SIGTERM sets a flag), for every backend that starts worker pr
   whatever is left;
 - the script is SIGKILLed while every worker is inside a long element (a sleep, a busy
   loop): every worker ends within about a second;
-- a process pool gristmill makes itself (``PriorityProcessPoolExecutor``) ends too.
+- the processes gristmill makes itself end too: a ``PriorityProcessPoolExecutor``'s
+  pool, the pool of ``get_pytorch_dataloader``'s loader (and its dataset's segment), the
+  subprocess of a ``ProcessGroupStatsMonitor`` background task, a ``RayBackend``'s actors
+  on a local Ray the script started (Ray's own services are not counted).
 
 Only the processes and segments of the scripts these tests start are counted (their
 descendants, found in /proc while they run; segments named after their pid). Each test
@@ -60,6 +63,18 @@ def produce():
     return map(element, range(10**6))
 
 
+class Dataset:  # a PyTorch map-style dataset
+    def __len__(self):
+        return 10**6
+
+    def __getitem__(self, i):
+        return element(i)
+
+
+async def report(usage):  # a ProcessGroupStatsMonitor's callback
+    pass
+
+
 def iterate():
     import gristmill as grain
     from gristmill.pipeline import (
@@ -86,7 +101,30 @@ def iterate():
         ))
     if BACKEND == "subprocess":
         return iter(iterate_in_subprocess(produce))
+    if BACKEND == "ray":  # a local Ray, started by the script
+        import ray
+        from gristmill.ray import RayBackend
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+        ds = grain.MapDataset.range(10**6).map(element).to_iter_dataset()
+        options = grain.MultiprocessingOptions(num_workers=2)
+        return iter(ds.mp_prefetch(options, backend=RayBackend(2, {"num_cpus": 0.25})))
+    if BACKEND == "torch_loader":
+        from gristmill.dataloader import get_pytorch_dataloader
+
+        return iter(get_pytorch_dataloader(Dataset(), batch_size=None, num_workers=2))
     builder = PipelineBuilder().add_source(range(10**6))
+    if BACKEND == "pgrp_stats":
+        from gristmill.pipeline import ProcessGroupStatsMonitor, build_pipeline
+
+        builder.pipe(element)
+        monitor = lambda: ProcessGroupStatsMonitor(report, interval=0.05)
+        pipeline = build_pipeline(
+            builder.add_sink(3).get_config(), num_threads=2, background_tasks=[monitor]
+        )
+        pipeline.start()
+        return pipeline.get_iterator(timeout=300)
     if BACKEND.startswith("region"):  # forked where that is safe, or from the fork server
         method = "forkserver" if BACKEND == "region_forkserver" else None
         config = ProcessPoolExecutorConfig(max_workers=2, mp_context=method)
@@ -279,8 +317,10 @@ def test_a_killed_run_s_segments_are_removed_by_its_workers_or_the_next_run(
     assert left == []
 
 
-@pytest.mark.parametrize("backend", _PROCESS_BACKENDS)
+@pytest.mark.parametrize("backend", [*_PROCESS_BACKENDS, "torch_loader"])
 def test_workers_inside_a_long_element_end_soon_after_the_script_is_killed(script, backend):
+    if backend == "torch_loader":
+        pytest.importorskip("torch")
     run = script(backend, "long")
     expected = 1 if backend == "subprocess" else 2
     _wait_for(lambda: len(list(run.out.glob("long-*"))) >= expected, "workers in long elements")
@@ -300,22 +340,55 @@ def test_workers_inside_a_long_element_end_soon_after_the_script_is_killed(scrip
     assert alive == set()
 
 
-def test_the_workers_of_a_pool_gristmill_makes_end_when_the_script_is_killed(script):
-    run = script("priority_pool", "inflight")
+# the processes gristmill starts itself (not through a user's executor), and how many
+_OWN_PROCESSES = {"priority_pool": 2, "torch_loader": 2, "pgrp_stats": 1, "ray": 2}
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _own(backend, pids):
+    """Of the script's descendants, the processes gristmill started: with Ray, the pool's
+    actors (``ray::PoolActor``); the rest (Ray's own services: the user's ``ray.init``
+    started them) are not gristmill's to end."""
+    if backend != "ray":
+        return set(pids)
+    return {pid for pid in pids if _cmdline(pid).startswith("ray::PoolActor")}
+
+
+@pytest.mark.parametrize("backend", list(_OWN_PROCESSES))
+def test_the_processes_gristmill_makes_itself_end_when_the_script_is_killed(script, backend):
+    if backend in ("torch_loader", "ray"):
+        pytest.importorskip(backend.split("_")[0])
+    run = script(backend, "inflight")
     _wait_for(lambda: (run.out / "ready").exists(), "the script to stall")
-    _wait_for(lambda: len(run.remember_descendants()) >= 2, "the pool's workers")
+    expected = _OWN_PROCESSES[backend]
+    _wait_for(
+        lambda: len(_own(backend, run.remember_descendants())) >= expected,
+        f"the {backend} processes",
+    )
+    own = _own(backend, run.seen)
     os.kill(run.pid, signal.SIGKILL)
     killed = time.monotonic()
     assert run.process.wait(_WAIT_S) == -signal.SIGKILL
     deadline = killed + _GONE_BOUND_S
-    while run.alive() and time.monotonic() < deadline:
+    while own & run.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
-    alive = run.alive()
+    alive = own & run.alive()
+    segments = _segments(run.pid)  # torch_loader: the pickled dataset's
     print(
-        f"\n[preemption] SIGKILL priority_pool: {len(alive)} of {len(run.seen)} processes "
-        f"alive {time.monotonic() - killed:.2f} s after the kill"
+        f"\n[preemption] SIGKILL {backend}: {len(alive)} of {len(own)} processes "
+        f"alive {time.monotonic() - killed:.2f} s after the kill (of all {len(run.seen)} "
+        f"descendants: {len(run.alive())}); segments left {len(segments)} "
+        f"({_bytes(segments)} B)"
     )
     assert alive == set()
+    assert segments == []
 
 
 @pytest.mark.parametrize("backend", _PROCESS_BACKENDS)

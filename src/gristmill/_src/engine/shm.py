@@ -13,7 +13,10 @@ A segment's space is reserved before it is written (``posix_fallocate``): ``/dev
 tmpfs of fixed size (64 MiB in a Docker container not started with ``--shm-size``), and a
 write into a mapped file the tmpfs cannot hold kills the writer with SIGBUS. A buffer
 ``/dev/shm`` has no room for stays in the pickle instead (it then crosses the pipe: copied,
-not shared), and the process logs once what is short and how to give it more room.
+not shared), and the process logs once what is short and how to give it more room. Shared
+memory sized from an argument (a ``SharedMemory`` of :func:`new_shared_memory`: the pickled
+dataset of ``get_pytorch_dataloader``, SPDL's arenas) is reserved the same way, and refused
+at once with the same figures and fix when it does not fit.
 
 A prefix names the process that owns the stage: ``gristmill-<pid>-<start>.<pidns>-<id>``,
 with the process's start time (``/proc/<pid>/stat``, clock ticks since boot) and its pid
@@ -41,6 +44,8 @@ import os
 import pickle
 import threading
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 from gristmill._src.engine import shm_map
@@ -212,23 +217,86 @@ def _warn_full(nbytes: int) -> None:
     if _warned_in == os.getpid():
         return
     _warned_in = os.getpid()
-    stat = os.statvfs(SHM_DIR)
     logger.warning(
-        "gristmill: /dev/shm has %s free of %s, too little for an array of %s, so arrays it "
-        "cannot hold cross between processes through a pipe instead (copied, not shared: "
-        "slower). Arrays the consumer holds keep their share of /dev/shm. Docker gives a "
-        "container 64 MiB unless told otherwise: start it with `docker run --shm-size=8g` "
-        "(docker compose: `shm_size: 8g`; Kubernetes: an emptyDir with `medium: Memory` "
-        "mounted at /dev/shm), or keep fewer large arrays in flight (fewer workers, a "
-        "smaller buffer_size or per_worker_buffer_size, smaller batches)",
-        _mib(stat.f_bavail * stat.f_frsize),
-        _mib(stat.f_blocks * stat.f_frsize),
-        _mib(nbytes),
+        "gristmill: %s, so arrays it cannot hold cross between processes through a pipe "
+        "instead (copied, not shared: slower). Arrays the consumer holds keep their share of "
+        "/dev/shm. %s, or keep fewer large arrays in flight (fewer workers, a smaller "
+        "buffer_size or per_worker_buffer_size, smaller batches)",
+        _shortage("an array", nbytes),
+        _MORE_ROOM,
     )
+
+
+_MORE_ROOM = (
+    "Docker gives a container 64 MiB unless told otherwise: start it with `docker run "
+    "--shm-size=8g` (docker compose: `shm_size: 8g`; Kubernetes: an emptyDir with `medium: "
+    "Memory` mounted at /dev/shm)"
+)
+
+
+def _shortage(what: str, nbytes: int) -> str:
+    """``/dev/shm has <free> free of <size>, too little for <what> (<nbytes>)``."""
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:  # no /dev/shm (another platform): the shared-memory file system
+        return f"shared memory has too little room for {what} ({_mib(nbytes)})"
+    free, size = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    return f"/dev/shm has {_mib(free)} free of {_mib(size)}, too little for {what} ({_mib(nbytes)})"
 
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB"
+
+
+_SHARED_MEMORY = object()  # the owner, in segment names, of new_shared_memory's segments
+_shared_memory_numbers = itertools.count()
+
+
+def new_shared_memory(sizes: list[int], what: str, smaller: str) -> list[SharedMemory]:
+    """New ``SharedMemory`` segments of ``sizes`` bytes for ``what``, their room in
+    ``/dev/shm`` reserved now (:func:`_reserve`): writing them later cannot kill the writer
+    with SIGBUS. ``SharedMemory(create=True)`` only sizes the file, and a tmpfs too small
+    for it fails at the first write past its room, far from the line that asked. They are
+    named after this process (:func:`prefix_for`): if it is SIGKILLed and its resource
+    tracker with it, :func:`sweep` removes them.
+
+    Raises:
+        OSError: (``ENOSPC``) ``/dev/shm`` has not room for all of them; none is left
+            behind, and the message names ``/dev/shm``'s free space and size, what was
+            asked, ``smaller`` (how to ask for less) and how to give ``/dev/shm`` more room.
+    """
+    made: list[SharedMemory] = []
+    reserved = True
+    prefix = prefix_for(_SHARED_MEMORY)
+    try:
+        for size in sizes:
+            name = None if prefix is None else f"{prefix}-{next(_shared_memory_numbers)}"
+            made.append(SharedMemory(name=name, create=True, size=size))
+            fd = getattr(made[-1], "_fd", -1)  # -1: a platform without a file (Windows)
+            if fd >= 0 and not _reserve(fd, size):
+                reserved = False
+                break
+    except BaseException:
+        remove_shared_memory(made)
+        raise
+    if reserved:
+        return made
+    remove_shared_memory(made)  # before the message: it reports the room the caller has
+    raise OSError(
+        errno.ENOSPC,
+        f"{_shortage(what, sum(sizes))}. {smaller}, or give /dev/shm more room: {_MORE_ROOM}",
+    )
+
+
+def remove_shared_memory(segments: list[SharedMemory]) -> None:
+    """Unmaps and unlinks ``segments`` (made by :func:`new_shared_memory`)."""
+    for memory in segments:
+        memory.close()
+        try:
+            memory.unlink()  # and unregisters it from the resource tracker
+        except FileNotFoundError:  # already unlinked (at exit: _unlink_own)
+            with contextlib.suppress(Exception):
+                resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
 
 
 def decode(payload: bytes, segments: Segments) -> Any:

@@ -8,7 +8,10 @@ process) to a reader (the parent). The writer brackets a unit with ``begin_unit(
 pinned)``. A small shared control block holds two counters and a shutdown flag; a
 process-shared condition wakes a writer waiting for room (up to ``acquire_timeout``
 seconds, ``0``: fail at once) when the reader gives space back or ``shutdown_arena()``
-is called. Every failure to find room is a ``BufferError``.
+is called. Every failure to find room is a ``BufferError``. The segments' room in
+``/dev/shm`` is reserved when the arena is made (``shm.new_shared_memory``): one that
+``/dev/shm`` cannot hold is an ``OSError`` then, naming ``/dev/shm``'s room and the fix,
+not a SIGBUS at a later write.
 
 * :class:`SharedMemoryRingBuffer`: ``head`` (bytes published) and ``tail`` (bytes given
   back) are absolute byte counts; a binary may wrap around the physical end. The reader
@@ -33,6 +36,8 @@ import threading
 import weakref
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any
+
+from gristmill._src.engine.shm import new_shared_memory
 
 logger = logging.getLogger("gristmill.pipeline")
 
@@ -87,10 +92,12 @@ class _Arena:
 
     _names: list[str]  # control block first, then the data segment(s)
 
-    def __init__(self, data_sizes: list[int], acquire_timeout: float) -> None:
+    def __init__(self, data_sizes: list[int], acquire_timeout: float, smaller: str) -> None:
+        """``smaller``: how to ask for less (in the error where /dev/shm has no room)."""
         self._acquire_timeout = float(acquire_timeout)
-        created = [shared_memory.SharedMemory(create=True, size=_CONTROL.size)]
-        created += [shared_memory.SharedMemory(create=True, size=size) for size in data_sizes]
+        created = new_shared_memory(
+            [_CONTROL.size, *data_sizes], f"a {type(self).__name__}", smaller
+        )
         _CONTROL.pack_into(created[0].buf, 0, 0, 0, 0)  # type: ignore[arg-type]
         self._names = [shm.name for shm in created]
         self._mapped: list[shared_memory.SharedMemory] | None = created
@@ -200,13 +207,17 @@ class SharedMemoryRingBuffer(_Arena):
     Args:
         capacity: Bytes in the ring; at least the largest unit (all binaries of one item).
         acquire_timeout: Seconds ``write_binary`` waits for room; ``0`` fails at once.
+
+    Raises:
+        OSError: ``/dev/shm`` has not ``capacity`` bytes free (``ENOSPC``).
     """
 
     def __init__(self, capacity: int, *, acquire_timeout: float = _DEFAULT_ACQUIRE_TIMEOUT):
         _check("capacity", capacity)
         _check("acquire_timeout", acquire_timeout, allow_zero=True)
         self._capacity = int(capacity)
-        super().__init__([self._capacity], acquire_timeout)
+        smaller = f"Pass a smaller capacity (got {capacity!r})"
+        super().__init__([self._capacity], acquire_timeout, smaller)
 
     @property
     def capacity(self) -> int:
@@ -332,6 +343,9 @@ class SharedMemorySegmentPool(_Arena):
         segment_size: Bytes per segment; at least the largest unit.
         count: Segments in the pool (units in flight at most).
         acquire_timeout: Seconds ``begin_unit`` waits for a segment; ``0`` fails at once.
+
+    Raises:
+        OSError: ``/dev/shm`` has not ``segment_size x count`` bytes free (``ENOSPC``).
     """
 
     def __init__(
@@ -346,7 +360,11 @@ class SharedMemorySegmentPool(_Arena):
         _check("acquire_timeout", acquire_timeout, allow_zero=True)
         self._segment_size = int(segment_size)
         self._count = int(count)
-        super().__init__([self._segment_size] * self._count, acquire_timeout)
+        smaller = (
+            f"Pass a smaller segment_size or count (got segment_size={segment_size!r}, "
+            f"count={count!r})"
+        )
+        super().__init__([self._segment_size] * self._count, acquire_timeout, smaller)
 
     @property
     def segment_size(self) -> int:

@@ -1,9 +1,11 @@
 """``get_pytorch_dataloader``: a PyTorch map-style dataset loaded on worker processes through a
 pipeline (SPDL's ``spdl.dataloader.get_pytorch_dataloader`` / ``PyTorchDataLoader``).
 
-The dataset is pickled once into shared memory; each worker process unpickles it (at most
-``worker_init_concurrency`` at a time) and then fetches and collates what the sampler, run in
-the main process, asks for. torch is imported only when a loader is made.
+The dataset is pickled once into shared memory (its room in ``/dev/shm`` reserved at once:
+``shm.new_shared_memory``; unlinked when the loader is garbage-collected); each worker process
+unpickles it (at most ``worker_init_concurrency`` at a time) and then fetches and collates
+what the sampler, run in the main process, asks for. torch is imported only when a loader is
+made.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 import multiprocessing as mp
 import pickle
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing.shared_memory import SharedMemory
@@ -19,7 +22,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from gristmill._src.core.extras import install_command
-from gristmill._src.engine import parent_watch
+from gristmill._src.engine import parent_watch, shm
 from gristmill._src.spdl.builder import PipelineBuilder
 
 V = TypeVar("V")
@@ -87,6 +90,9 @@ class PyTorchDataLoader(Iterable[V]):
     ) -> None:
         self.dataset = dataset
         self._shmem = shmem  # alive as long as the loader
+        # then unlinked (a loader made per epoch would otherwise fill /dev/shm, and the
+        # resource tracker would warn of a leak at exit)
+        weakref.finalize(self, shm.remove_shared_memory, [shmem])
         self._sampler = sampler
         self._fetch_fn = fetch_fn
         self._collate_fn = collate_fn
@@ -220,6 +226,8 @@ def get_pytorch_dataloader(
         ImportError: torch is not installed.
         ValueError: an unsupported or inconsistent argument (an IterableDataset,
             ``worker_init_fn``, ``persistent_workers``, ``pin_memory_device``, ...).
+        OSError: ``/dev/shm`` has no room for the pickled dataset (``ENOSPC``; the
+            message names its free space and size and the fix).
     """
     data = _torch("torch.utils.data")
     if isinstance(dataset, data.IterableDataset):
@@ -251,7 +259,12 @@ def get_pytorch_dataloader(
         else mp.get_context(multiprocessing_context)
     )
     payload = pickle.dumps(dataset)
-    memory = SharedMemory(create=True, size=max(1, len(payload)))
+    [memory] = shm.new_shared_memory(
+        [max(1, len(payload))],
+        "the dataset get_pytorch_dataloader(dataset=...) pickles for its workers",
+        "Keep less in the dataset object (open files, or memory-map large arrays, in "
+        "__getitem__ or on first use in each worker)",
+    )
     buffer: Any = memory.buf
     buffer[: len(payload)] = payload
     return PyTorchDataLoader(

@@ -361,7 +361,14 @@ def _own(backend, pids):
     return {pid for pid in pids if _cmdline(pid).startswith("ray::PoolActor")}
 
 
-@pytest.mark.parametrize("backend", list(_OWN_PROCESSES))
+@pytest.mark.parametrize(
+    "backend",
+    [
+        # a Ray of its own, but one Ray at a time on the machine (tests/ray/conftest.py)
+        pytest.param(name, marks=pytest.mark.xdist_group("ray")) if name == "ray" else name
+        for name in _OWN_PROCESSES
+    ],
+)
 def test_the_processes_gristmill_makes_itself_end_when_the_script_is_killed(script, backend):
     if backend in ("torch_loader", "ray"):
         pytest.importorskip(backend.split("_")[0])

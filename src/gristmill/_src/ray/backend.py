@@ -236,7 +236,7 @@ class RayCore(Core):
             return
         payload, self._init = pickled_work(self.feed, self._worker_init_fn, name, "Ray actors")
         self._era = self._pool.era
-        with self._pool.calling(self._era, name) as ray:
+        with self._pool.calling(self._era, name, starting=True) as ray:
             self._work_ref = ray.put(payload)
         self._started = True
         self._name = name

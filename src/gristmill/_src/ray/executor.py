@@ -86,12 +86,13 @@ class RayCalls:
             ray.exceptions.ObjectLostError,
             ray.exceptions.NodeDiedError,
         )
+        starting = self._era is None  # the first call: the stage starts in this era
         if self._era is None:
-            self._era = self._pool.era  # the first call: the stage starts in this era
+            self._era = self._pool.era
         era = self._era
         last: BaseException | None = None
         for _ in range(MAX_ATTEMPTS):
-            with self._pool.calling(era, self._stage):
+            with self._pool.calling(era, self._stage, starting=starting):
                 actor, generation = self._actor(ray, slot)
                 ref = actor.run.remote(self._key, 0, 1, [item])
             try:

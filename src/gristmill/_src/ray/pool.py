@@ -79,10 +79,12 @@ class ActorPool:
         return self._era
 
     @contextlib.contextmanager
-    def calling(self, era: int, stage: str) -> Iterator[Any]:
+    def calling(self, era: int, stage: str, starting: bool = False) -> Iterator[Any]:
         """Brackets one Ray call of a stage started in ``era``; yields ``ray``. Raises
         :class:`BackendShutDownError` if the pool was shut down since, and a RuntimeError if
-        Ray was (a call would start a new local Ray and wait for it)."""
+        Ray was (a call would start a new local Ray and wait for it). The stage's first call
+        (``starting``) connects to Ray where the script did not: ``ray.init()``, which joins
+        the cluster ``RAY_ADDRESS`` names or starts a local one."""
         ray = import_ray()
         shutdown_all_at_exit()
         with self._gate:
@@ -92,7 +94,9 @@ class ActorPool:
                     "ran on its actors, so the stage stopped; a new iterator or pipeline "
                     "starts new actors"
                 )
-            if not ray.is_initialized():
+            if not ray.is_initialized() and starting:
+                ray.init()
+            elif not ray.is_initialized():
                 raise RuntimeError(
                     f"Ray was shut down (ray.shutdown()) while stage {stage!r} ran on its "
                     "actors; call backend.shutdown() (or close the iterator or pipeline) "

@@ -65,7 +65,7 @@ class RayWorkers:
                 "their ops, creating them in the op on first use"
             ) from error
         self._era = self._pool.era
-        with self._pool.calling(self._era, self._name) as ray:
+        with self._pool.calling(self._era, self._name, starting=True) as ray:
             work = ray.put(payload)
             for slot in range(self.count):
                 self._pool.acquire(slot)

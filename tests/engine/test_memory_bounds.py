@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.support.proc import pss
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 if str(SUPPORT) not in sys.path:
@@ -85,17 +86,6 @@ def _tree(pid):
     return pids
 
 
-def _pss(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _shm_used(pid):
     try:
         st = os.statvfs(f"/proc/{pid}/root/dev/shm")
@@ -138,7 +128,7 @@ def measure(backend):
         selector.register(child.stdout, selectors.EVENT_READ)
         assert selector.select(STARTUP_TIMEOUT_S), "the child did not start"
         assert child.stdout.readline().strip() == "ready", child.stderr.read()
-        baseline = _pss(child.pid)
+        baseline = pss(child.pid)
         child.stdin.write("go\n")
         child.stdin.flush()
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -146,7 +136,7 @@ def measure(backend):
         while True:
             pids = _tree(child.pid)
             processes = len(pids)
-            memory = sum(_pss(pid) for pid in pids) - baseline
+            memory = sum(pss(pid) for pid in pids) - baseline
             shm = _shm_used(child.pid)
             peaks["memory"] = max(peaks["memory"], memory)
             peaks["shm"] = max(peaks["shm"], shm)

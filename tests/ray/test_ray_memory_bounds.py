@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.support.proc import pss
 
 import gristmill as gm
 from gristmill.pipeline import PipelineBuilder, defs
@@ -92,17 +93,6 @@ def region(backend):
     return pipeline
 
 
-def _pss(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # it ended meanwhile
-        pass
-    return 0
-
-
 def _store_file():
     """The object store's file as the raylet holds it open (``/proc/<raylet>/fd/<n>``)."""
     raylets = ray._private.worker.global_worker.node.all_processes.get("raylet")
@@ -153,7 +143,7 @@ def measure(kind, backend):
     assert len(actors) == W, (names, actors)
     me = os.getpid()
     store = _store_file()
-    base = {"main": _pss(me), "actors": sum(map(_pss, actors)), "store": _store_bytes(store)}
+    base = {"main": pss(me), "actors": sum(map(pss, actors)), "store": _store_bytes(store)}
     peaks = dict.fromkeys(base, 0)
     bound = BOUNDS[kind]
     started = time.monotonic()
@@ -166,8 +156,8 @@ def measure(kind, backend):
         paused_at = time.monotonic()
         while time.monotonic() - paused_at < SAMPLE_S:
             now = {
-                "main": _pss(me),
-                "actors": sum(map(_pss, actors)),
+                "main": pss(me),
+                "actors": sum(map(pss, actors)),
                 "store": _store_bytes(store),
             }
             for key in peaks:

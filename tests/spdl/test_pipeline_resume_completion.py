@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support.pipeline_items import drain, take
 
 from gristmill.pipeline import PipelineBuilder
 
@@ -71,23 +72,6 @@ def build(n, pre, size, post, *, concurrency, order="completion"):
         else:
             builder = builder.pipe(step[1], concurrency=concurrency, output_order=order)
     return builder.add_sink(3).build(num_threads=concurrency)
-
-
-def take(pipeline, count):
-    out = []
-    for _ in range(count):
-        try:
-            out.append(pipeline.get_item(timeout=30))
-        except EOFError:
-            break
-    return out
-
-
-def drain(pipeline):
-    try:
-        return take(pipeline, 10**6)
-    finally:
-        pipeline.stop()
 
 
 def leaves(outputs):

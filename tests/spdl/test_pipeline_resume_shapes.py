@@ -9,6 +9,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support.pipeline_items import drain, take
 
 from gristmill.pipeline import PipelineBuilder
 
@@ -66,23 +67,6 @@ def build(n, steps, concurrency=1, order="input", threads=1):
     for step in steps:
         builder = stage(builder, step, concurrency, order)
     return builder.add_sink(3).build(num_threads=threads)
-
-
-def take(pipeline, count):
-    out = []
-    for _ in range(count):
-        try:
-            out.append(pipeline.get_item(timeout=30))
-        except EOFError:
-            break
-    return out
-
-
-def drain(pipeline):
-    try:
-        return take(pipeline, 10**6)
-    finally:
-        pipeline.stop()
 
 
 @st.composite

@@ -131,17 +131,23 @@ def test_a_state_inside_a_batch_formed_in_a_region_resumes_with_exactly_the_rest
         builder.to(defs.MAIN_PROCESS).pipe(unbatch)
         return builder.add_sink(3).build(num_threads=2)
 
-    inside = 0
-    for cut in range(13):
+    states = resumed_at_every_cut(build, list(range(1, 24, 2)))
+    assert any(state.get("batch_members") for state in states)  # some cuts inside a batch
+
+
+def resumed_at_every_cut(build, expected, cuts=13):
+    """Checks that a pipeline stopped after each of ``cuts`` items and restored from its
+    state in a new one gives ``expected`` in all (in any order); the states."""
+    states = []
+    for cut in range(cuts):
         first = build()
         head = [first.get_item(timeout=10) for _ in range(cut)]
-        state = first.get_state()
+        states.append(state := first.get_state())
         first.stop()
-        inside += bool(state.get("batch_members"))
         second = build()
         second.set_state(state)
-        assert sorted(head + list(second)) == list(range(1, 24, 2)), (cut, state)
-    assert inside  # some cuts were inside a batch
+        assert sorted(head + list(second)) == expected, (cut, state)
+    return states
 
 
 def leaves(batch):
@@ -160,17 +166,13 @@ def test_a_state_inside_a_batch_of_batches_formed_in_a_region_resumes_with_exact
         builder.to(defs.MAIN_PROCESS).pipe(leaves)
         return builder.add_sink(3).build(num_threads=2)
 
-    inside = 0
-    for cut in range(13):
-        first = build()
-        head = [first.get_item(timeout=10) for _ in range(cut)]
-        state = first.get_state()
-        first.stop()
-        inside += any(isinstance(m, dict) for ms in state["batch_members"].values() for m in ms)
-        second = build()
-        second.set_state(state)
-        assert sorted(head + list(second)) == list(range(1, 24, 2)), (cut, state)
-    assert inside  # some cuts were inside a batch of batches
+    states = resumed_at_every_cut(build, list(range(1, 24, 2)))
+    assert any(  # some cuts were inside a batch of batches
+        isinstance(member, dict)
+        for state in states
+        for members in state["batch_members"].values()
+        for member in members
+    )
 
 
 def test_continuous_epochs_do_not_mix_across_workers():

@@ -78,15 +78,20 @@ if __name__ == "__main__":
     print([int(a[0]) for a in arrays])
 """
 
+
+def skip_without_a_private_shm():
+    refused = private_shm_refused()
+    if refused is not None:
+        pytest.skip(f"needs a private /dev/shm for the child: {refused}")
+
+
 BACKENDS = ["mp_prefetch", "data_loader", "to_region", "iterate_in_subprocess"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_large_arrays_arrive_through_a_64_mib_dev_shm(tmp_path, backend):
-    refused = private_shm_refused()
-    if refused is not None:
-        pytest.skip(f"needs a private /dev/shm for the child: {refused}")
+    skip_without_a_private_shm()
     (tmp_path / "script.py").write_text(textwrap.dedent(_SCRIPT))
     done = run_python_with_small_shm(["script.py", backend], tmp_path)
     assert done.returncode == 0, done.stderr[-6000:]
@@ -196,9 +201,7 @@ TOO_LARGE = ["torch_loader", "ring_buffer", "segment_pool"]
 @pytest.mark.slow
 @pytest.mark.parametrize("what", TOO_LARGE)
 def test_shared_memory_too_large_for_a_64_mib_dev_shm_is_refused_when_made(tmp_path, what):
-    refused = private_shm_refused()
-    if refused is not None:
-        pytest.skip(f"needs a private /dev/shm for the child: {refused}")
+    skip_without_a_private_shm()
     if what == "torch_loader":
         pytest.importorskip("torch")
     (tmp_path / "script.py").write_text(textwrap.dedent(_TOO_LARGE_SCRIPT))
@@ -262,9 +265,7 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_a_dropped_pytorch_loader_gives_its_dataset_s_shared_memory_back(tmp_path):
     # eight loaders of a 16 MiB dataset, one at a time, in a 64 MiB /dev/shm
-    refused = private_shm_refused()
-    if refused is not None:
-        pytest.skip(f"needs a private /dev/shm for the child: {refused}")
+    skip_without_a_private_shm()
     pytest.importorskip("torch")
     (tmp_path / "script.py").write_text(textwrap.dedent(_LOADER_PER_EPOCH_SCRIPT))
     done = run_python_with_small_shm(["script.py"], tmp_path)

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.support.pipeline_items import drain, take
+from tests.support.pipeline_items import drain, read_across_epochs, take
 
 from gristmill.pipeline import PipelineBuilder
 
@@ -65,13 +65,21 @@ def build(n, pre, size, post, *, concurrency, order="completion"):
     builder = PipelineBuilder().add_source(range(n))
     for kind in pre:
         builder = builder.pipe(PRE[kind], concurrency=concurrency, output_order=order)
-    builder = builder.aggregate(size)
-    for step in POST[post]:
-        if step[0] == "disaggregate":
+    steps = [("aggregate", size, False), *POST[post]]
+    return with_steps(builder, steps, concurrency, order).add_sink(3).build(num_threads=concurrency)
+
+
+def with_steps(builder, steps, concurrency, order):
+    """``builder`` with ``steps``: ``("aggregate", size, drop_last)``, ``("disaggregate",)``
+    or ``(name, op)`` piped at ``concurrency`` in ``order``."""
+    for step in steps:
+        if step[0] == "aggregate":
+            builder = builder.aggregate(step[1], drop_last=step[2])
+        elif step[0] == "disaggregate":
             builder = builder.disaggregate()
         else:
             builder = builder.pipe(step[1], concurrency=concurrency, output_order=order)
-    return builder.add_sink(3).build(num_threads=concurrency)
+    return builder
 
 
 def leaves(outputs):
@@ -173,13 +181,7 @@ def build_nested(
     steps = [("aggregate", sizes[0], drops[0])]
     for between, size, drop in zip(betweens, sizes[1:], drops[1:], strict=True):
         steps += [*BETWEEN[between], ("aggregate", size, drop)]
-    for step in [*steps, *NESTED_POST[post]]:
-        if step[0] == "aggregate":
-            builder = builder.aggregate(step[1], drop_last=step[2])
-        elif step[0] == "disaggregate":
-            builder = builder.disaggregate()
-        else:
-            builder = builder.pipe(step[1], concurrency=concurrency, output_order=order)
+    builder = with_steps(builder, [*steps, *NESTED_POST[post]], concurrency, order)
     return builder.add_sink(3).build(num_threads=concurrency)
 
 
@@ -361,12 +363,7 @@ def test_a_continuous_completion_order_pipeline_resumes_inside_a_batch_across_ep
     every_epoch = [2 * x + 1 for x in range(10)]
     for cut in range(0, 30, 2):
         first = continuous(4)
-        seen: list[list] = [[]]
-        while sum(map(len, seen)) < cut:  # read `cut` items, across epoch ends
-            try:
-                seen[-1].append(first.get_item(timeout=30))
-            except EOFError:
-                seen.append([])
+        seen = read_across_epochs(first, cut)
         state = first.get_state()
         first.stop()
         second = continuous(4)

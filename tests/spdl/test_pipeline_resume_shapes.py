@@ -9,7 +9,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.support.pipeline_items import drain, take
+from tests.support.pipeline_items import drain, read_across_epochs, take
 
 from gristmill.pipeline import PipelineBuilder
 
@@ -284,12 +284,7 @@ def test_a_continuous_pipeline_resumes_inside_a_batch_across_epochs():
     expected = epochs(continuous(1), 4)
     for cut in range(sum(map(len, expected[:3]))):
         first = continuous(2)
-        seen: list[list] = [[]]
-        while sum(map(len, seen)) < cut:  # read `cut` items, across epoch ends
-            try:
-                seen[-1].append(first.get_item(timeout=30))
-            except EOFError:
-                seen.append([])
+        seen = read_across_epochs(first, cut)
         state = first.get_state()
         first.stop()
         second = continuous(3)

@@ -18,3 +18,14 @@ def drain(pipeline):
         return take(pipeline, 10**6)
     finally:
         pipeline.stop()
+
+
+def read_across_epochs(pipeline, count):
+    """``count`` items of a continuous ``pipeline``, one list per epoch (the last one open)."""
+    seen: list[list] = [[]]
+    while sum(map(len, seen)) < count:
+        try:
+            seen[-1].append(pipeline.get_item(timeout=30))
+        except EOFError:
+            seen.append([])
+    return seen

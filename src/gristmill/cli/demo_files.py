@@ -17,7 +17,7 @@ import numpy as np
 
 import gristmill as gm
 from gristmill._src.core.extras import install_command
-from gristmill.cli.main import DEMO_FORMATS as FORMATS
+from gristmill.cli.common import DEMO_FORMATS as FORMATS
 
 TITLES = {"tfrecord": "TFRecord", "parquet": "Parquet", "array_record": "ArrayRecord"}
 """Each file format's name, as a user reads it."""

@@ -24,7 +24,7 @@ from gristmill._src.core.extras import install_command
 from gristmill._src.sources import files
 from gristmill._src.sources import tfrecord_format as tfrecord
 from gristmill.cli import inspect_records
-from gristmill.cli.main import TRACEBACK_VARIABLE, describe
+from gristmill.cli.common import TRACEBACK_VARIABLE, describe
 
 _SHARD = re.compile(r"-\d{5}-of-\d{5}$")
 _SUFFIXES = {

@@ -16,15 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gristmill.cli import bench, profile
-
-DEMO_FORMATS = ("auto", "memory", "tfrecord", "parquet", "array_record")
-"""Where ``gristmill demo`` keeps its records (see ``cli/demo_files.py``)."""
-
-INSPECT_FORMATS = ("auto", "tfrecord", "parquet", "array_record")
-"""What ``gristmill inspect --format`` accepts (see ``cli/inspect.py``)."""
-
-TRACEBACK_VARIABLE = "GRISTMILL_TRACEBACK"
+from gristmill.cli import bench, profile_command
+from gristmill.cli.common import DEMO_FORMATS, INSPECT_FORMATS, TRACEBACK_VARIABLE, describe
 
 _EPILOG = (
     "Errors are one line on stderr (exit status 2: a usage error, 1: a failure). Set "
@@ -94,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         "extra is installed, else memory), memory, tfrecord, parquet, array_record",
     )
     _add_inspect(commands)
-    profile.add_parser(commands)
+    profile_command.add_parser(commands)
     bench.add_parser(commands)
     return parser
 
@@ -144,20 +137,6 @@ def _add_inspect(commands: Any) -> None:
     )
 
 
-def describe(error: BaseException) -> str:
-    """``error`` as one line: its message where gristmill wrote one to be read (ValueError,
-    OSError, ImportError: they name the file, the value and the fix), else its type too."""
-    text = str(error)
-    if isinstance(error, OSError) and error.strerror:  # not "[Errno 2] ...: 'path'"
-        text = error.strerror
-        if error.filename is not None and str(error.filename) not in text:
-            text = f"{text}: {error.filename!r}"
-    message = "; ".join(line.strip() for line in text.splitlines() if line.strip())
-    if message and isinstance(error, ValueError | OSError | ImportError):
-        return message
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command; returns the process exit code."""
     args = _parser().parse_args(argv)
@@ -204,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
             args.paths, records=args.records, file_format=args.format, quick=args.quick
         )
     if args.command == "profile":
-        return profile.run(args)
+        return profile_command.run(args)
     if args.command == "bench":
         return bench.run(args.arguments)
     return 2  # pragma: no cover - argparse rejects unknown commands

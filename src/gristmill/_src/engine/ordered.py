@@ -46,6 +46,7 @@ from gristmill._src.engine.main_guard import UnguardedScriptError
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 from gristmill._src.engine.tuner import StageTuner, TuningBudget
+from gristmill._src.engine.window import ReorderWindow
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
 
@@ -62,7 +63,9 @@ class RunnerClosedError(RuntimeError):
 class Core:
     """State shared by the consumer and the executor's threads, guarded by ``lock``.
 
-    This class is the thread executor: workers claim a task, run it, file the result.
+    This class is the thread executor: workers claim a task, run it, file the result. What
+    is in flight and in which order it goes is the :class:`ReorderWindow`'s (``window``),
+    which has no lock of its own: it is read and changed under ``lock``.
     """
 
     executor = Executor.THREADS.value
@@ -75,8 +78,7 @@ class Core:
         self.lock = threading.Lock()
         self.work_ready = threading.Condition(self.lock)
         self.result_ready = threading.Condition(self.lock)
-        self.done: dict[int, tuple[Task, Chunk]] = {}  # seq -> result, in completion order
-        self.ready = 0  # positions in `done`: computed, waiting for the consumer
+        self.window = ReorderWindow(in_order=True)  # the runner sets its order
         self.waiting_for = -1  # the task the consumer is blocked on (-1: not blocked)
         self.threaded = False  # whether workers may claim tasks
         self.generation = 0
@@ -84,20 +86,11 @@ class Core:
         self.retiring = False
         self.threads: list[threading.Thread] = []
         self.live_workers: set[int] = set()  # indices of the workers that still claim
-        self.next_claim = 0  # sequence number of the next task to claim
-        self.in_flight = 0  # positions claimed and not yet delivered
-        self.tasks_out = 0  # tasks claimed and not yet delivered
-        self.outstanding: set[int] = set()  # their sequence numbers (completion order)
-        self.barriers: set[int] = set()  # the outstanding ones that are barriers
 
     def reset(self, position: int) -> None:
         """Repositions the feed; discards work in flight. Call with no lock held."""
         with self.feed_lock, self.lock:
-            self.generation += 1
-            self.done.clear()
-            self.ready = self.next_claim = self.in_flight = self.tasks_out = 0
-            self.outstanding.clear()
-            self.barriers.clear()
+            self.window.reset()
             self.set_threaded(False)
             self.feed.reset(position)
             self.result_ready.notify_all()  # a consumer waiting elsewhere must not wait on
@@ -125,7 +118,7 @@ class Core:
         return self.bound()
 
     def _can_claim(self) -> bool:
-        return self.threaded and not self.feed.exhausted() and self.in_flight < self.bound()
+        return self.threaded and not self.feed.exhausted() and self.window.in_flight < self.bound()
 
     # -- executor side ------------------------------------------------------------------
 
@@ -164,26 +157,19 @@ class Core:
                     if self.closed or not self._can_claim():
                         counters.input_wait_s += time.perf_counter() - began
                         continue  # the wait above returns None once closed
-                    generation, seq = self.generation, self.next_claim
-                    room = min(self.bound() - self.in_flight, self.largest_task())
-                    first_round = seq < self.policy.workers
+                    window = self.window
+                    room = min(self.bound() - window.in_flight, self.largest_task())
+                    first_round = window.next_claim < self.policy.workers
                     limit = max(1, min(self.policy.thread_chunk(first_round), room))
-                    self.next_claim += 1
-                    self.in_flight += limit  # reserved while `take` runs
-                    self.tasks_out += 1
+                    generation, seq = window.reserve(limit)  # held while `take` runs
                 task = self.feed.take(limit)
                 with self.lock:
                     counters.input_wait_s += time.perf_counter() - began
                     if task is None:  # the feed ended: give the reservation back
-                        self.in_flight -= limit
-                        self.tasks_out -= 1
-                        self.next_claim -= 1
+                        window.release(limit)
                         self.result_ready.notify_all()
                         continue
-                    self.in_flight += task.size - limit
-                    self.outstanding.add(seq)
-                    if task.barrier:
-                        self.barriers.add(seq)
+                    window.claimed(seq, limit, task)
                     return generation, seq, task
 
     def file(self, claimed: Claimed, chunk: Chunk, elapsed: float) -> None:
@@ -192,11 +178,11 @@ class Core:
         with self.lock:
             self.counters.task_done(task.size, elapsed)
             self.policy.record(task.size, elapsed)
-            if generation == self.generation and not self.closed:
-                self.done[seq] = (task, chunk)
-                self.ready += task.size
+            if not self.closed and self.window.file(generation, seq, task, chunk):
                 # Blocked on output: computed results alone fill the buffer.
-                self.counters.set_full(self.ready >= self.policy.buffer_size, time.perf_counter())
+                self.counters.set_full(
+                    self.window.ready >= self.policy.buffer_size, time.perf_counter()
+                )
                 if self.waiting_for in (seq, _ANY):
                     self.result_ready.notify()
 
@@ -287,7 +273,7 @@ class Core:
     def shutdown(self) -> None:
         with self.lock:
             self.closed = True
-            self.done.clear()
+            self.window.clear_results()
             self.work_ready.notify_all()
             self.result_ready.notify_all()
         close_upstream = getattr(self.feed, "close", None)
@@ -348,7 +334,7 @@ class ChunkRunner:
         )
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
         self._core = executor.make_core(feed, self._counters, self._policy)
-        self._next_seq = 0  # sequence number of the next task to deliver (input order)
+        self._core.window.in_order = self._in_order
         self._returned_at = 0.0  # when next_chunk last returned (the consumer's away time)
         # armed when the executor starts (`_enable_workers`): an inline-only stage holds no
         # thread, and its iterator should not start the reaper's
@@ -435,7 +421,7 @@ class ChunkRunner:
         if serving and self._returned_at:
             self._policy.record_away(time.perf_counter() - self._returned_at)
         with core.lock:  # workers claim under this lock: decide on a consistent view
-            if core.tasks_out == 0:
+            if core.window.tasks_out == 0:
                 if core.feed.exhausted():
                     return None
                 inline = not self._policy.use_threads()
@@ -517,62 +503,37 @@ class ChunkRunner:
             core.start_workers(self._policy.workers, self._name)
             core.work_ready.notify_all()
 
-    def _ready_seq(self) -> int | None:
-        core = self._core
-        done = core.done
-        if self._in_order:
-            return self._next_seq if self._next_seq in done else None
-        if not core.barriers:
-            return next(iter(done), None)
-        # Completion order around a barrier (an epoch end): it goes when everything claimed
-        # before it has gone, and nothing claimed after it goes before it.
-        lowest = min(core.outstanding)
-        first_barrier = min(core.barriers)
-        for seq in done:
-            if seq in core.barriers:
-                if seq == lowest:
-                    return seq
-            elif seq < first_barrier:
-                return seq
-        return None
-
     def _take_from_workers(self) -> Chunk | None:
         core = self._core
         with core.lock:
             self._enable_workers()
-            seq = self._ready_seq()
+            window = core.window
+            seq = window.next_ready()
             if seq is None:
                 self._counters.set_consumer_waiting(True, time.perf_counter())
-                core.waiting_for = self._next_seq if self._in_order else _ANY
-                generation = core.generation
+                needed = window.waiting_for
+                core.waiting_for = _ANY if needed is None else needed
+                generation = window.generation
                 try:
-                    while (seq := self._ready_seq()) is None:
+                    while (seq := window.next_ready()) is None:
                         if core.closed:
                             raise RunnerClosedError(f"stage {self._name!r} is closed")
-                        if core.generation != generation:
+                        if window.generation != generation:
                             raise RuntimeError(
                                 f"stage {self._name!r} was repositioned while next() waited "
                                 "for it: set_state() was called from another thread; "
                                 "iterators are not thread-safe, reposition them between "
                                 "next() calls on the iterating thread"
                             )
-                        if core.tasks_out == 0 and core.feed.exhausted():
+                        if window.tasks_out == 0 and core.feed.exhausted():
                             return None
                         core.result_ready.wait()
                 finally:
                     core.waiting_for = -1
                     self._counters.set_consumer_waiting(False, time.perf_counter())
-            task, chunk = core.done.pop(seq)
-            core.outstanding.discard(seq)
-            core.barriers.discard(seq)
-            core.ready -= task.size
-            occupancy = core.in_flight
-            core.in_flight -= task.size
-            core.tasks_out -= 1
-            if self._in_order:
-                self._next_seq += 1
+            chunk, occupancy = window.take(seq)
             counters = self._counters
-            counters.set_full(core.ready >= self._policy.buffer_size, time.perf_counter())
+            counters.set_full(window.ready >= self._policy.buffer_size, time.perf_counter())
             counters.executor = core.executor
             counters.delivered(len(chunk.values), occupancy)
             if chunk.error is None:
@@ -591,7 +552,6 @@ class ChunkRunner:
     def reset(self, position: int) -> None:
         """Discards in-flight work; the next chunk starts at ``position`` (upstream too)."""
         self._core.reset(position)
-        self._next_seq = 0
         with self._core.lock:
             self._counters.set_full(False, time.perf_counter())
 

@@ -1,5 +1,5 @@
 """Inputs gristmill accepts or handles differently from its peers on purpose, each listed in
-docs/architecture.md ("Deliberate differences from Grain 0.2.18 / SPDL 0.8.0").
+docs/differences.md.
 
 Each test pins gristmill's behaviour, then (with the peer installed) the peer's, so the list
 stays true: a peer release that changes its side makes the test fail.

@@ -6,7 +6,7 @@ pytest node ids, relative to ``grain/_src/python``.
 
 ``FAILING`` is not a skip list: those tests run, and count as failed in the closing line.
 They are the known differences, each with its cause: upstream bugs that gristmill fixes on
-purpose (documented in the reference and docs/architecture.md) and the one key gristmill adds
+purpose (documented in the reference and docs/differences.md) and the one key gristmill adds
 to a root state. The wrapper test fails when another test fails; a listed one that passes is
 named in the summary. ``FAILING_CAUSES`` names each cause in a few words for the closing
 line, which counts the failures by cause.

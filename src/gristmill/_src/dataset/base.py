@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 import numpy as np
 import numpy.typing as npt
 
-from gristmill._src.core import grain_types
-from gristmill._src.core import seeds, validation
+from gristmill._src.core import grain_types, seeds, validation
 from gristmill._src.core.node_stats import NodeStats
 from gristmill._src.dataset.op_clock import timed_read
 

@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from gristmill._src.checkpoint import files
-from gristmill._src.core import grain_types
-from gristmill._src.core import seeds, state_json
+from gristmill._src.core import grain_types, seeds, state_json
 from gristmill._src.core import state as state_meta
 from gristmill._src.core.dataset_options import IteratorContext
 from gristmill._src.core.node_stats import NodeStats

@@ -30,8 +30,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from gristmill._src.core import grain_types
-from gristmill._src.core import state_json, transforms, validation
+from gristmill._src.core import grain_types, state_json, transforms, validation
 from gristmill._src.core.options import (
     MultiprocessingOptions,
     MultiprocessingOrder,

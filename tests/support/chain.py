@@ -21,9 +21,10 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gristmill._src.engine.backends import ASYNCIO, THREADS, OutputOrder
+from gristmill._src.engine.asyncio_lane import ASYNCIO
+from gristmill._src.engine.backends import OutputOrder
 from gristmill._src.engine.feeds import Chunk, RangeFeed, ReadFn, StreamFeed
-from gristmill._src.engine.ordered import ChunkRunner
+from gristmill._src.engine.ordered import THREADS, ChunkRunner
 from gristmill._src.engine.stats import PipelineStatistics
 
 EXECUTORS = ("inline", "threads", "asyncio")

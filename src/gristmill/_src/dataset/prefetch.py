@@ -345,7 +345,7 @@ def mp_prefetch(
     from gristmill._src.core.options import AUTOTUNE, MultiprocessingOptions
     from gristmill._src.dataset.lowering import lower
     from gristmill._src.dataset.to_iter import WorkerStage
-    from gristmill._src.engine.backends import ProcessBackend
+    from gristmill._src.engine.process_lane import ProcessBackend
 
     if options is None:
         options = MultiprocessingOptions(num_workers=MP_DEFAULT_WORKERS)

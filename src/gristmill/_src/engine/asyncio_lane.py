@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import select
 import selectors
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Feed
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
-from gristmill._src.engine.policy import ChunkPolicy
+from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
 from gristmill._src.engine.stats import StageCounters
 
 AsyncFn = Callable[[Any], Awaitable[Any]]
@@ -196,3 +197,19 @@ class AsyncCore(Core):
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # already closed
                 loop.call_soon_threadsafe(loop.stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncioBackend:
+    """An event loop of the stage's own runs its async function's calls concurrently."""
+
+    executor: ClassVar[Executor] = Executor.ASYNCIO
+    handoff_s: ClassVar[float] = HANDOFF_S
+    remote: ClassVar[bool] = False
+
+    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+        return AsyncCore(feed, counters, policy)
+
+
+ASYNCIO = AsyncioBackend()
+"""A stage's own event loop runs its async function's calls."""

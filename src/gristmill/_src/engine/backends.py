@@ -19,6 +19,10 @@ What a backend declares besides its core:
 - ``remote``: whether its workers run outside this process (the work is sent by value,
   cloudpickled, once per worker; tasks are sized so that their cost dominates the hand-off).
 
+This module holds only the protocol and the names every backend shares; each backend lives
+beside its core (``ordered.THREADS``, ``asyncio_lane.ASYNCIO``, ``process_lane.ProcessBackend``,
+``gristmill._src.ray.backend``), so that nothing here imports an executor.
+
 Adding a fourth backend is a class with these three attributes and ``make_core``: a
 subclass of ``ordered.Core`` whose ``start_workers`` starts something that loops on
 ``claim()`` / ``file()``, whose ``stop_executor`` stops what may be busy, and whose
@@ -28,12 +32,8 @@ subclass of ``ordered.Core`` whose ``start_workers`` starts something that loops
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
-
-from gristmill._src.engine.policy import HANDOFF_S
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from gristmill._src.engine.feeds import Feed
@@ -82,68 +82,3 @@ class Backend(Protocol):
     def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
         """The executor core for one stage over ``feed``."""
         ...
-
-
-@dataclasses.dataclass(frozen=True)
-class ThreadBackend:
-    """Worker threads of this process claim the tasks."""
-
-    executor: ClassVar[Executor] = Executor.THREADS
-    handoff_s: ClassVar[float] = HANDOFF_S
-    remote: ClassVar[bool] = False
-
-    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
-        from gristmill._src.engine.ordered import Core
-
-        return Core(feed, counters, policy)
-
-
-@dataclasses.dataclass(frozen=True)
-class AsyncioBackend:
-    """An event loop of the stage's own runs its async function's calls concurrently."""
-
-    executor: ClassVar[Executor] = Executor.ASYNCIO
-    handoff_s: ClassVar[float] = HANDOFF_S
-    remote: ClassVar[bool] = False
-
-    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
-        from gristmill._src.engine.asyncio_lane import AsyncCore
-
-        return AsyncCore(feed, counters, policy)
-
-
-@dataclasses.dataclass(frozen=True)
-class ProcessBackend:
-    """Local worker processes (pooled between stages: ``worker_pool``) run the tasks.
-
-    Args:
-      worker_init_fn: ``fn(worker_index, worker_count)``, run first in each worker.
-      mp_context: a start method name; None picks one (``process_lane.start_method``).
-      per_worker_buffer_size: elements each worker may have in flight whatever their size;
-        beyond them, only what fits in ``process_lane.WORKER_BYTES_IN_FLIGHT`` bytes per
-        worker (``ProcessCore.bound``).
-    """
-
-    worker_init_fn: Callable[[int, int], Any] | None = None
-    mp_context: str | None = None
-    per_worker_buffer_size: int = 1
-
-    executor: ClassVar[Executor] = Executor.PROCESSES
-    handoff_s: ClassVar[float] = PROCESS_HANDOFF_S
-    remote: ClassVar[bool] = True
-
-    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
-        from gristmill._src.engine.process_lane import ProcessCore
-
-        return ProcessCore(
-            feed,
-            counters,
-            policy,
-            worker_init_fn=self.worker_init_fn,
-            mp_context=self.mp_context,
-            per_worker_buffer_size=self.per_worker_buffer_size,
-        )
-
-
-THREADS = ThreadBackend()
-ASYNCIO = AsyncioBackend()

@@ -29,10 +29,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from gristmill._src.engine import reaper
-from gristmill._src.engine.backends import THREADS, Backend, Executor, OutputOrder
+from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.feeds import (
     Chunk,
     FailedInput,
@@ -43,7 +43,7 @@ from gristmill._src.engine.feeds import (
     take_failed_input,
 )
 from gristmill._src.engine.main_guard import UnguardedScriptError
-from gristmill._src.engine.policy import ChunkPolicy
+from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 from gristmill._src.engine.tuner import StageTuner, TuningBudget
 from gristmill._src.engine.window import ReorderWindow
@@ -287,6 +287,22 @@ class Core:
             if thread is not current and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         self.after_threads_joined()
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadBackend:
+    """Worker threads of this process claim the tasks."""
+
+    executor: ClassVar[Executor] = Executor.THREADS
+    handoff_s: ClassVar[float] = HANDOFF_S
+    remote: ClassVar[bool] = False
+
+    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+        return Core(feed, counters, policy)
+
+
+THREADS = ThreadBackend()
+"""The default backend: worker threads of this process."""
 
 
 _LIVE: weakref.WeakSet[Core] = weakref.WeakSet()

@@ -30,12 +30,13 @@ terminated, then killed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
-from typing import Any, NoReturn, cast
+from typing import Any, ClassVar, NoReturn, cast
 
 from gristmill._src.engine import (
     exits,
@@ -46,7 +47,7 @@ from gristmill._src.engine import (
     shm,
     worker_pool,
 )
-from gristmill._src.engine.backends import Executor
+from gristmill._src.engine.backends import PROCESS_HANDOFF_S, Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
 from gristmill._src.engine.ordered import _LIVE, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
@@ -513,3 +514,34 @@ class ProcessCore(Core):
         # a proxy thread that claimed a task as the stage stopped may have written its
         # inputs' segments after the first sweep
         shm.unlink_leftovers(self._shm_prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessBackend:
+    """Local worker processes (pooled between stages: ``worker_pool``) run the tasks.
+
+    Args:
+      worker_init_fn: ``fn(worker_index, worker_count)``, run first in each worker.
+      mp_context: a start method name; None picks one (``process_lane.start_method``).
+      per_worker_buffer_size: elements each worker may have in flight whatever their size;
+        beyond them, only what fits in ``process_lane.WORKER_BYTES_IN_FLIGHT`` bytes per
+        worker (``ProcessCore.bound``).
+    """
+
+    worker_init_fn: Callable[[int, int], Any] | None = None
+    mp_context: str | None = None
+    per_worker_buffer_size: int = 1
+
+    executor: ClassVar[Executor] = Executor.PROCESSES
+    handoff_s: ClassVar[float] = PROCESS_HANDOFF_S
+    remote: ClassVar[bool] = True
+
+    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+        return ProcessCore(
+            feed,
+            counters,
+            policy,
+            worker_init_fn=self.worker_init_fn,
+            mp_context=self.mp_context,
+            per_worker_buffer_size=self.per_worker_buffer_size,
+        )

@@ -16,11 +16,10 @@ import functools
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from gristmill._src.engine.asyncio_lane import new_event_loop
-from gristmill._src.engine.backends import ASYNCIO, THREADS
+from gristmill._src.engine.asyncio_lane import ASYNCIO, new_event_loop
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.markers import EPOCH_END, SKIP
-from gristmill._src.engine.ordered import ChunkRunner
+from gristmill._src.engine.ordered import THREADS, ChunkRunner
 from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.engine.tuner import TrialToken

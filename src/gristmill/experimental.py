@@ -18,12 +18,12 @@ from gristmill._src.dataset.iter_slicing import LimitIterDataset, RepeatIterData
 from gristmill._src.dataset.packing import BestFitPackIterDataset, FirstFitPackIterDataset
 from gristmill._src.dataset.perf_config import PerformanceConfig, pick_performance_config
 from gristmill._src.dataset.positions import get_next_index, set_next_index
-from gristmill._src.dataset.prefetch import (
+from gristmill._src.dataset.prefetch import multithread_prefetch
+from gristmill._src.dataset.rebatch import RebatchIterDataset
+from gristmill._src.dataset.thread_prefetch import (
     ThreadPrefetchDatasetIterator,
     ThreadPrefetchIterDataset,
-    multithread_prefetch,
 )
-from gristmill._src.dataset.rebatch import RebatchIterDataset
 from gristmill._src.dataset.window_shuffle import (
     WindowShuffleIterDataset,
     WindowShuffleMapDataset,

@@ -85,6 +85,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "gristmill.experimental",
         "gristmill._src.dataset.to_iter",
         "gristmill._src.dataset.prefetch",
+        "gristmill._src.dataset.thread_prefetch",
     ),
     "grain._src.python.dataset.transformations.prefetch_autotune": ("gristmill.experimental",),
     "grain._src.python.dataset.transformations.process_prefetch": (

@@ -6,7 +6,7 @@ from typing import Any
 
 from gristmill._src.core import extras, validation
 from gristmill._src.dataset.iter_base import IterDataset
-from gristmill._src.dataset.prefetch import ThreadPrefetchIterDataset
+from gristmill._src.dataset.thread_prefetch import ThreadPrefetchIterDataset
 
 
 def _import_jax() -> Any:

@@ -34,7 +34,7 @@ from gristmill._src.dataset.in_place_slicing import check_set_slice
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.iter_support import state_count, state_fields
 from gristmill._src.dataset.op_clock import OpRow
-from gristmill._src.dataset.prefetch import ThreadPrefetchDatasetIterator
+from gristmill._src.dataset.thread_prefetch import ThreadPrefetchDatasetIterator
 from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
 from gristmill._src.engine.ordered import OrderedChunkRunner

@@ -109,9 +109,9 @@ class IterDataset(Generic[T], grain_types.IterDataset, metaclass=_IterDatasetMet
         10; 0 returns ``self``), or on ``backend``'s actors (a ``gristmill.ray.RayBackend``);
         the output and the state are this dataset's, for any worker count (see
         ``gristmill._src.dataset.prefetch.mp_prefetch``)."""
-        from gristmill._src.dataset.prefetch import mp_prefetch
-
-        return mp_prefetch(self, options, worker_init_fn, sequential_slice, backend=backend)
+        return op("mp_prefetch")(  # type: ignore[no-any-return]
+            self, options, worker_init_fn, sequential_slice, backend=backend
+        )
 
     def prefetch(self, multiprocessing_options: Any) -> IterDataset[T]:
         """Deprecated alias of :meth:`mp_prefetch` (as upstream)."""

@@ -38,8 +38,8 @@ from gristmill._src.dataset.iter_ops import (
 from gristmill._src.dataset.iter_slicing import LimitIterDataset
 from gristmill._src.dataset.lowering import FusedPrefetchIterDataset
 from gristmill._src.dataset.mapping import FilterMapDataset
-from gristmill._src.dataset.prefetch import ThreadPrefetchIterDataset
 from gristmill._src.dataset.shuffle import ShuffleMapDataset
+from gristmill._src.dataset.thread_prefetch import ThreadPrefetchIterDataset
 from gristmill._src.dataset.to_iter import PrefetchIterDataset
 from gristmill._src.dataset.window_shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
 from gristmill._src.dataset.with_options import WithOptionsIterDataset

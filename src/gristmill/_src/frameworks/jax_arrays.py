@@ -18,7 +18,7 @@ import numpy as np
 
 from gristmill._src.core import tree, validation
 from gristmill._src.dataset.iter_base import IterDataset
-from gristmill._src.dataset.prefetch import ThreadPrefetchIterDataset
+from gristmill._src.dataset.thread_prefetch import ThreadPrefetchIterDataset
 
 
 def _is_sharding(value: object) -> bool:

@@ -117,6 +117,12 @@ class _Channel:
         """Where an item's large arrays go: the segment prefix and numbers."""
         return self.shm_prefix, self.shm_numbers
 
+    def read_past_stop(self) -> bool:
+        """Whether a message came after the stop: the parent sends nothing after a stop but
+        the pool's order to end the worker (``worker_pool.stop``), so the job ends the worker
+        itself."""
+        return bool(self._pending)
+
     def next_command(self) -> bytes:
         """The next command that is not a credit (waits for one)."""
         while not self._pending:
@@ -179,7 +185,10 @@ def _serve(iterable: Iterable[Any], channel: _Channel) -> bool:
     while True:
         command = channel.next_command()
         if command == STOP:
-            return channel.answer_stop(_release(iterable))
+            # Read along with the stop (a busy worker reads every command waiting when it
+            # next sends), the pool's own stop must not be lost: the worker would wait for a
+            # job for ever and be terminated after a grace period instead of ending now.
+            return channel.answer_stop(_release(iterable) and not channel.read_past_stop())
         if command.startswith(ITERATE):
             number, _, position = command[1:].partition(b"\0")
             _iterate(iterable, int(number), channel, pickle.loads(position) if position else None)

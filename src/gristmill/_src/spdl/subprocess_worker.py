@@ -40,6 +40,11 @@ STOPPED = "stopped"  # the answer to a stop (no credit spent); payload: whether 
 #                      may take another job
 ERROR = "error"  # payload: (phase, type name, message, remote_traceback.RemoteError)
 
+# the phases of a pass in which one item failed (the parent names its index in the pass)
+FETCHING = "fetching the next item"
+PICKLING = "pickling an item for the parent (items must be picklable)"
+ITEM_PHASES = (FETCHING, PICKLING)
+
 CREDIT = b"c"
 STOP = b"s"
 ITERATE = b"i"
@@ -229,13 +234,12 @@ def _iterate(
                 channel.post(END, generation)
                 return
             except BaseException as error:
-                channel.post_error(generation, "fetching the next item", error)
+                channel.post_error(generation, FETCHING, error)
                 return
             try:
                 message = shm.dumps((ITEM, generation, item), *channel.shm_place())
             except BaseException as error:
-                phase = "pickling an item for the parent (items must be picklable)"
-                channel.post_error(generation, phase, error)
+                channel.post_error(generation, PICKLING, error)
                 return
             if not channel.send(message, generation):
                 shm.drop(message)  # never sent: nobody will map its segments

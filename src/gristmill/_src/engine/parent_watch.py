@@ -151,6 +151,16 @@ def _watch(parent: int, pidfd: int | None) -> None:
     _end()
 
 
+def _forget_in_child() -> None:
+    """In a process forked from a watched one: that watch (its thread did not survive the
+    fork) and its parent are not this process's; SIGTERM ends it as the default action."""
+    global _pidfd, _parent, _on_gone
+    _pidfd, _parent, _on_gone = None, None, None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _end() -> None:
     if _on_gone is not None:
         with contextlib.suppress(BaseException):

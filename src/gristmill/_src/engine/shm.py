@@ -92,6 +92,16 @@ def prefix_for(owner: object) -> str | None:
     return f"{_owner_prefix(pid, identity)}-{id(owner):x}"
 
 
+def _fresh_lock_in_child() -> None:
+    """In a forked child: a lock another thread of the parent held at the fork would stay
+    held for ever."""
+    global _creating
+    _creating = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def _owner_prefix(pid: int, identity: str) -> str:
     """The start of the names of every segment that process ``pid`` owns."""
     return f"{_PREFIX}{pid}-{identity}" if identity else f"{_PREFIX}{pid}"

@@ -9,6 +9,9 @@ handler installed (SIGTERM sets a flag), for every backend that starts worker pr
   whatever is left;
 - the script is SIGKILLed while every worker is inside a long element (a sleep, a busy
   loop): every worker ends within about a second;
+- the script, keeping SIGTERM's default action, is sent SIGTERM (alone, or with its whole
+  process group, as a job scheduler does) mid-iteration: it and its workers end, leaving
+  no segment (the workers remove those in flight);
 - the processes gristmill makes itself end too: a ``PriorityProcessPoolExecutor``'s
   pool, the pool of ``get_pytorch_dataloader``'s loader (and its dataset's segment), the
   subprocess of a ``ProcessGroupStatsMonitor`` background task, a ``RayBackend``'s actors
@@ -138,12 +141,16 @@ def iterate():
 
 
 def main():
-    signal.signal(signal.SIGTERM, on_term)
+    if MODE != "term":  # "term": SIGTERM's default action (it ends the script at once)
+        signal.signal(signal.SIGTERM, on_term)
     (OUT / "pid").write_text(str(os.getpid()))
     items = iterate()
     for count, _ in enumerate(items, 1):
         if count == 6 or stop:
             break
+    if MODE == "term":  # the workers' segments sent ahead stay in flight until SIGTERM
+        (OUT / "ready").touch()
+        sum(range(10**15))
     if MODE == "leave":  # the script ends here, its iterator unfinished
         (OUT / "leaving").write_text(repr(time.time()))
         return
@@ -217,7 +224,7 @@ class _Script:
     """The user script in a child process; its processes killed at the end, whatever
     happened."""
 
-    def __init__(self, tmp_path, backend, mode):
+    def __init__(self, tmp_path, backend, mode, session=False):
         self.out = tmp_path / f"{backend}-{mode}"
         self.out.mkdir()
         path = tmp_path / "script.py"
@@ -225,7 +232,10 @@ class _Script:
         self.seen = set()
         env = {**os.environ, "PYTHONPATH": ":".join(sys.path)}
         self.process = subprocess.Popen(
-            [sys.executable, str(path), backend, mode, str(self.out)], cwd=tmp_path, env=env
+            [sys.executable, str(path), backend, mode, str(self.out)],
+            cwd=tmp_path,
+            env=env,
+            start_new_session=session,  # a process group of its own, to signal as one
         )
         self.pid = self.process.pid
 
@@ -250,8 +260,8 @@ class _Script:
 def script(tmp_path):
     started = []
 
-    def start(backend, mode):
-        started.append(_Script(tmp_path, backend, mode))
+    def start(backend, mode, session=False):
+        started.append(_Script(tmp_path, backend, mode, session))
         return started[-1]
 
     yield start
@@ -313,6 +323,29 @@ def test_a_killed_run_s_segments_are_removed_by_its_workers_or_the_next_run(
         f"after {workers_gone_s:.2f} s leaving {len(left_by_workers)} segments "
         f"({left_bytes} B); after the restarted run {len(left)} ({_bytes(left)} B), "
         f"{clean_s:.2f} s after the kill"
+    )
+    assert left == []
+
+
+@pytest.mark.parametrize("to", ["script", "group"])
+@pytest.mark.parametrize("backend", _PROCESS_BACKENDS)
+def test_sigterm_ending_the_script_leaves_no_segment(script, backend, to):
+    run = script(backend, "term", session=True)
+    _wait_for(lambda: (run.out / "ready").exists(), "the script to take 6 elements")
+    _wait_for(lambda: _segments(run.pid), "a segment in flight")  # it reads none now
+    run.remember_descendants()
+    in_flight = len(_segments(run.pid))
+    if to == "group":
+        os.killpg(run.pid, signal.SIGTERM)
+    else:
+        os.kill(run.pid, signal.SIGTERM)
+    assert run.process.wait(_WAIT_S) == -signal.SIGTERM
+    # the workers end soon, but how soon is not what is tested: they must leave nothing
+    _wait_for(lambda: not run.alive(), "the workers to end")
+    left = _segments(run.pid)
+    print(
+        f"\n[preemption] SIGTERM to the {to} of {backend}: {in_flight} segments in flight; "
+        f"{len(left)} left ({_bytes(left)} B) once its workers ended"
     )
     assert left == []
 

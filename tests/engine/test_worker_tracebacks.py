@@ -118,6 +118,7 @@ def test_a_worker_error_shows_the_users_file_and_line_once_near_the_end(tmp_path
     if backend == "iterate_in_subprocess":
         assert done.returncode == 1
         assert "Failed to fetch the next item" in stderr
+        assert "raised in stage 'iterate_in_subprocess(numbers)' at element index 5" in stderr
 
 
 # A file only the worker can read (as on another machine): the worker's line is shown.

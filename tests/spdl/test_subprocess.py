@@ -207,6 +207,32 @@ def test_a_failure_while_iterating_comes_after_the_items_before_it(fn, phase, ca
         iter(iterable)
 
 
+@pytest.mark.parametrize(
+    ("fn", "index"),
+    [(fns.failing_iterable, 2), (fns.unpicklable_items, 1)],
+    ids=["iteration", "unpicklable-item"],
+)
+def test_an_item_s_error_names_the_stage_and_the_element_index_as_every_backend(fn, index):
+    iterable = iterate_in_subprocess(fn)
+    first_pass = iter(iterable)
+    assert next(first_pass) == 1  # left early: the next pass counts its items afresh
+    with pytest.raises(RuntimeError, match="the worker subprocess failed") as info:
+        list(iterable)
+    note = f"gristmill: raised in stage 'iterate_in_subprocess({fn.__name__})' at element index"
+    assert f"{note} {index}" in info.value.__notes__
+
+
+def test_a_raising_pipeline_s_error_names_the_index_of_the_output_it_failed_at():
+    config = PipelineBuilder().add_source(range(6)).pipe(fns.fail_on_3).add_sink(3).get_config()
+    iterable = run_pipeline_in_subprocess(config, num_threads=1, max_failures=0)
+    items = []
+    with pytest.raises(RuntimeError, match="fetching the next item: PipelineFailure") as info:
+        items.extend(iterable)
+    assert items == [0, 1, 2]
+    note = "gristmill: raised in stage 'run_pipeline_in_subprocess' at element index 3"
+    assert note in info.value.__notes__
+
+
 def test_a_raising_pipeline_reaches_the_parent_as_runtime_error_from_pipeline_failure():
     config = (
         PipelineBuilder()

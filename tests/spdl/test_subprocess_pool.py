@@ -7,6 +7,7 @@ timed out or was busy is stopped, never pooled. Daemonic and non-daemonic worker
 mixed: a non-daemonic one (SPDL's default) may start processes of its own.
 """
 
+import functools
 import multiprocessing
 import os
 import subprocess
@@ -115,6 +116,33 @@ def test_a_worker_busy_when_its_iterable_closes_is_stopped_not_pooled():
     iterable.close()
     assert fns.gone(busy)
     assert pid_in_worker() != busy
+
+
+def test_closing_a_busy_iterable_ends_its_worker_as_told_not_by_a_signal(tmp_path):
+    # close() asks a busy worker to end, and terminates it only if it does not end within a
+    # grace period: a worker that lost the order ended by SIGTERM, a second later. Every
+    # cycle's worker must end through its normal exit (its exit finalizer runs).
+    for cycle in range(3):
+        clean_exit = tmp_path / f"clean-exit-{cycle}"
+        iterable = iterate_in_subprocess(
+            fns.slow_numbers, initializer=functools.partial(fns.note_a_clean_exit, clean_exit)
+        )
+        iterator = iter(iterable)
+        assert [next(iterator) for _ in range(3)] == [0, 1, 2]
+        iterable.close()  # returns once the worker is gone
+        assert clean_exit.exists(), f"cycle {cycle}: the worker was killed, not told to end"
+
+
+def test_closing_a_pipeline_run_in_a_subprocess_ends_its_worker_as_told(tmp_path):
+    clean_exit = tmp_path / "clean-exit"
+    config = PipelineBuilder().add_source(range(10**6)).pipe(fns.slowly).add_sink(3).get_config()
+    batches = run_pipeline_in_subprocess(
+        config, num_threads=1, initializer=functools.partial(fns.note_a_clean_exit, clean_exit)
+    )
+    iterator = iter(batches)
+    assert [next(iterator) for _ in range(3)] == [0, 1, 2]
+    batches.close()
+    assert clean_exit.exists(), "the worker was killed, not told to end"
 
 
 def test_a_pass_left_early_then_read_to_its_end_leaves_the_worker_poolable():

@@ -184,3 +184,30 @@ def _pid_then_fail():
 
 def pid_then_fail():
     return _pid_then_fail()
+
+
+def note_a_clean_exit(path):
+    """An initializer: the worker process creates ``path`` when it ends through its normal
+    exit (``multiprocessing``'s exit finalizers run), never when a signal kills it."""
+    import multiprocessing.util
+    import pathlib
+
+    multiprocessing.util.Finalize(None, pathlib.Path(path).touch, exitpriority=0)
+
+
+def _slow_numbers():
+    import itertools
+
+    for i in itertools.count():
+        time.sleep(0.02)  # busy on an item when the parent's commands arrive
+        yield i
+
+
+def slow_numbers():
+    """0, 1, 2, … for ever, one every 20 ms."""
+    return _slow_numbers()
+
+
+def slowly(x):
+    time.sleep(0.02)
+    return x

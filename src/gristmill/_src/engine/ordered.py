@@ -44,6 +44,7 @@ from gristmill._src.engine.feeds import (
 )
 from gristmill._src.engine.main_guard import UnguardedScriptError
 from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
+from gristmill._src.engine.remote_traceback import element_note
 from gristmill._src.engine.stats import StageCounters, StageStatistics
 from gristmill._src.engine.tuner import StageTuner, TuningBudget
 from gristmill._src.engine.window import ReorderWindow
@@ -473,9 +474,7 @@ class ChunkRunner:
                 if where is not None:
                     error.add_note(f"gristmill: raised in stage {self._name!r} {where}")
                 return
-            error.add_note(
-                f"gristmill: raised in stage {self._name!r} at element index {chunk.error_index}"
-            )
+            error.add_note(element_note(self._name, chunk.error_index))
 
     def _run_inline(self) -> Chunk | None:
         core = self._core

@@ -4,10 +4,20 @@ Signals. A forked worker inherits its parent's Python signal handlers. A trainin
 usual preemption handler (SIGTERM sets a flag that the training loop reads) would make
 ``Process.terminate()`` a no-op in the worker: it sets a flag nobody reads and goes on, and
 stopping it costs the 2 s wait before the kill, or for ever in a busy element.
-:func:`reset_signals` gives a worker SIGTERM's default action (it ends at once) and ignores
-SIGINT: Ctrl-C reaches the whole process group, and the parent decides when its workers stop
-(it is the one that sees the KeyboardInterrupt; a worker that died of it first would be
-reported as a crash).
+:func:`reset_signals` makes SIGTERM end a worker, and ignores SIGINT: Ctrl-C reaches the
+whole process group, and the parent decides when its workers stop (it is the one that sees
+the KeyboardInterrupt; a worker that died of it first would be reported as a crash).
+
+SIGTERM ends a worker at once (its exit status says SIGTERM, as with the default action)
+unless its parent is ending too: a SIGTERM sent to the whole process group (a job
+scheduler's, ``kill -TERM -<pgid>``) kills a script that kept SIGTERM's default action, and
+segments in flight between them would be left in ``/dev/shm`` with no process to unlink
+them. Such a worker lets the watch below end it once the parent has ended, after its
+clean-up. "Ending" is read from ``/proc``: the parent is a zombie or gone, exiting
+(``PF_EXITING``), or holds the SIGKILL the kernel queues on every thread of a process a
+fatal signal is killing. (The handler runs between bytecodes: a worker inside a long C call
+that holds the GIL hears SIGTERM when the call returns; ``terminate()`` kills it after its
+grace period.)
 
 Parent death. When the parent is SIGKILLed (the OOM killer, a preempted job), a worker
 blocked on its pipe sees end-of-file, but one inside a long element (a sleep, a busy loop, a
@@ -45,27 +55,67 @@ from collections.abc import Callable
 _POLL_S = 0.25
 """The fallback watch's interval where there is no pidfd."""
 
+_PF_EXITING = 0x4  # include/linux/sched.h: the process has begun to exit
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)  # in /proc/<pid>/status's pending-signal masks
+
 
 def reset_signals() -> None:
-    """A worker's signal dispositions, whatever its parent installed: SIGTERM ends it,
-    SIGINT is ignored (the parent stops its workers)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """A worker's signal dispositions, whatever its parent installed: SIGTERM ends it (see
+    the module docstring), SIGINT is ignored (the parent stops its workers)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _pidfd: int | None = None  # the watched parent's, in this process
+_parent: int | None = None  # its pid
 _on_gone: Callable[[], None] | None = None
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """Ends this worker as SIGTERM's default action would, unless its parent is ending
+    too: then the parent watch ends it after its clean-up."""
+    if parent_is_ending():
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def parent_is_ending() -> bool:
+    """Whether the watched parent has ended or is being ended (see the module docstring);
+    False where there is no pidfd to watch it with (the worker ends at once, as before)."""
+    pidfd, parent = _pidfd, _parent
+    if pidfd is None or parent is None:
+        return False
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    if poller.poll(0):
+        return True
+    try:  # the pidfd is not readable: the pid is still the parent's
+        with open(f"/proc/{parent}/status", "rb") as status:
+            lines = status.read().splitlines()
+        with open(f"/proc/{parent}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):  # it ended meanwhile
+        return True
+    if state in (b"Z", b"X") or flags & _PF_EXITING:
+        return True
+    pending = 0
+    for line in lines:
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            pending |= int(line.split()[1], 16)
+    return bool(pending & _SIGKILL_BIT)
 
 
 def watch_parent(on_gone: Callable[[], None] | None = None) -> None:
     """Ends this process within milliseconds of its parent's end (see the module docstring),
     after calling ``on_gone`` (its failure is ignored: the process ends regardless)."""
-    global _pidfd, _on_gone
+    global _pidfd, _parent, _on_gone
     parent_process = multiprocessing.parent_process()
     parent = parent_process.pid if parent_process is not None else os.getppid()
     if parent is None or parent <= 1:
         return
-    _on_gone = on_gone
+    _on_gone, _parent = on_gone, parent
     try:
         _pidfd = os.pidfd_open(parent)
     except ProcessLookupError:  # already gone
@@ -99,6 +149,16 @@ def _watch(parent: int, pidfd: int | None) -> None:
         while os.getppid() == parent:
             time.sleep(_POLL_S)
     _end()
+
+
+def _forget_in_child() -> None:
+    """In a process forked from a watched one: that watch (its thread did not survive the
+    fork) and its parent are not this process's; SIGTERM ends it as the default action."""
+    global _pidfd, _parent, _on_gone
+    _pidfd, _parent, _on_gone = None, None, None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _end() -> None:

@@ -170,11 +170,13 @@ def pooled_worker_main(conn: Any, first: Any = None) -> None:
     parent_watch.reset_signals()
     # the parent SIGKILLed: end now, even inside a long element, removing the dead run's
     # segments in flight
-    parent_watch.watch_parent(shm.sweep)
+    parent_watch.watch_parent(shm.final_sweep)
     try:
         _serve(conn, first)
     finally:
-        if _hung_up(conn):  # the parent may be dying: let the watch remove its segments
+        # the parent may be dying (its pipe or its sentinel said so first): let the watch
+        # remove its segments
+        if _hung_up(conn) or parent_watch.parent_is_ending():
             parent_watch.end_if_parent_ends(_JOIN_TIMEOUT_S)
 
 
@@ -197,11 +199,13 @@ def _serve(conn: Any, message: Any) -> None:
 
 
 def _hung_up(conn: Any) -> bool:
-    """Whether the parent's end of ``conn`` is closed (end-of-file to read)."""
+    """Whether the parent's end of ``conn`` is closed (end-of-file to read). What the parent
+    sent and this ending worker will not read (an iterable's credits) is read past: the
+    end-of-file may come after it."""
     if conn.closed:
         return False
     try:
-        if conn.poll(0):
+        while conn.poll(0):
             conn.recv_bytes()
     except (EOFError, OSError):
         return True

@@ -240,3 +240,18 @@ def note_origin(error: BaseException, where: str) -> None:
         else f": the traceback's last {count} frames ran there"
     )
     error.add_note(f"gristmill: raised in {where}{ran}")
+
+
+def element_note(stage: str, index: int) -> str:
+    """The note every backend puts on an error that one element raised: the stage that
+    raised it and the element's index (what a user needs to find the element again).
+
+    Args:
+        stage: the stage's name.
+        index: the element's index in the stage's input (in a pass of an
+            ``iterate_in_subprocess`` iterable: among the pass's items).
+
+    Returns:
+        ``gristmill: raised in stage '<stage>' at element index <index>``.
+    """
+    return f"gristmill: raised in stage {stage!r} at element index {index}"

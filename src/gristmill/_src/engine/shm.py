@@ -25,7 +25,8 @@ pid that may have been reused. When the owner was SIGKILLed, its segments in fli
 one to unlink them: :func:`sweep` removes every segment whose owner has ended (never one of a
 live process, nor one whose owner it cannot check: another pid namespace, a name without the
 start time). It runs once in each process, when the process first picks a prefix, and in a
-worker that finds its parent gone (``parent_watch``).
+worker that finds its parent gone (``parent_watch``), which creates no segment after that
+last sweep (:func:`final_sweep`).
 
 :func:`encode` / :func:`decode` keep the pickle and the segment list apart (for a message
 that carries them side by side); :func:`dumps` / :func:`loads` put both in one bytes object.
@@ -67,6 +68,10 @@ def available() -> bool:
 _PREFIX = "gristmill-"
 _identity: tuple[int, str] | None = None  # (pid, "<start>.<pidns>") of this process
 _identity_lock = threading.Lock()
+# held while a segment is created; a worker ending after its parent took it for good (see
+# final_sweep), so that no segment is created after its last sweep. Re-entrant: a clean-up
+# that runs on a thread interrupted while creating one (a signal handler) does not deadlock.
+_creating = threading.RLock()
 
 
 def prefix_for(owner: object) -> str | None:
@@ -85,6 +90,16 @@ def prefix_for(owner: object) -> str | None:
             multiprocessing.util.Finalize(None, _unlink_own, (pid,), exitpriority=-100)
         identity = _identity[1]
     return f"{_owner_prefix(pid, identity)}-{id(owner):x}"
+
+
+def _fresh_lock_in_child() -> None:
+    """In a forked child: a lock another thread of the parent held at the fork would stay
+    held for ever."""
+    global _creating
+    _creating = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 def _owner_prefix(pid: int, identity: str) -> str:
@@ -140,6 +155,17 @@ def sweep() -> None:
                 os.unlink(os.path.join(SHM_DIR, name))
 
 
+def final_sweep() -> None:
+    """The last clean-up of a worker process whose parent has ended, right before it ends:
+    waits for a segment being created, stops this process from creating any more (for
+    good: the caller ends the process), then unlinks the dead owners' segments (the parent's
+    in flight, this worker's outputs among them: :func:`sweep`) and those named after this
+    process (its own workers' outputs, if it has any: nobody will read them)."""
+    _creating.acquire()  # never released
+    sweep()
+    _unlink_own(os.getpid())
+
+
 def _owner_of(name: str, namespace: int) -> tuple[int, int] | None:
     """``(pid, start)`` of the owner of segment ``name``, if it names one in ``namespace``."""
     if not name.startswith(_PREFIX):
@@ -169,7 +195,8 @@ def encode(value: Any, prefix: str | None, numbers: Iterator[int]) -> tuple[byte
             return True  # small: in the pickle itself
         name = f"{prefix}-{next(numbers)}"
         path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        with _creating:  # never after a final sweep
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             if not _reserve(fd, raw.nbytes):
                 os.unlink(path)

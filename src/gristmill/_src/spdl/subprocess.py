@@ -49,8 +49,9 @@ class _SubprocessIterable(Iterable[T]):
     worker; so does garbage collection.
     """
 
-    def __init__(self, worker: WorkerHandle) -> None:
+    def __init__(self, worker: WorkerHandle, name: str) -> None:
         self._worker = worker
+        self.name = name  # the stage an item's error names
         self._finalizer = reaper.watch(self, worker)
         self._finalizer.atexit = False  # the multiprocessing exit hook stops it then
 
@@ -82,6 +83,7 @@ class _Pass(Iterator[T]):
     def __init__(self, iterable: _SubprocessIterable[T], generation: int) -> None:
         self._iterable = iterable  # the worker lives while an iterator is read
         self._generation = generation
+        self._index = 0  # of the next item in the pass (an item's error names it)
         self._finished = False
         self._error: BaseException | None = None
 
@@ -106,10 +108,11 @@ class _Pass(Iterator[T]):
             worker.check_open()
             kind, payload = worker.receive(self._generation, "producing items")
             if kind == proto.ITEM:
+                self._index += 1
                 return payload  # type: ignore[no-any-return]
             self._finished = True
             if kind == proto.ERROR:
-                raise worker.child_error(payload)
+                raise worker.child_error(payload, (self._iterable.name, self._index))
         except Exception as error:
             self._error = error
             raise
@@ -194,6 +197,7 @@ def iterate_in_subprocess(
     return launch(
         fn,
         "fn",
+        f"iterate_in_subprocess({_describe(fn)})",
         (),
         buffer_size=buffer_size,
         initializer=initializer,
@@ -207,6 +211,7 @@ def iterate_in_subprocess(
 def launch(
     fn: Callable[[], Iterable[T]],
     what: str,
+    name: str,
     first_initializers: Sequence[Callable[[], Any]],
     *,
     buffer_size: int,
@@ -218,7 +223,8 @@ def launch(
 ) -> Iterable[T]:
     """Validates the common arguments, starts the worker and waits for ``fn()`` to return.
 
-    ``what`` names ``fn`` in a pickling error; ``first_initializers`` run before the user's.
+    ``what`` names ``fn`` in a pickling error, ``name`` the stage in an item's error (with
+    the item's index in its pass); ``first_initializers`` run before the user's.
     """
     buffer_size = validation.check_int(
         buffer_size, "buffer_size", fix="; 0 or less means no bound, as in SPDL"
@@ -253,11 +259,20 @@ def launch(
     kind, message = worker.receive(0, activity)
     if kind == proto.ERROR:
         raise worker.child_error(message)
-    iterable: _SubprocessIterable[T] = _SubprocessIterable(worker)
+    iterable: _SubprocessIterable[T] = _SubprocessIterable(worker, name)
     if arena is not None:
         # the call owns the arena (as in SPDL): its shared memory goes with the iterable
         weakref.finalize(iterable, release_arena, arena)
     return iterable
+
+
+def _describe(fn: Any) -> str:
+    """``fn``'s qualified name, else its (shortened) repr."""
+    name = getattr(fn, "__qualname__", None)
+    if isinstance(name, str):
+        return name
+    shown = repr(fn)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _check_initializers(initializer: Any) -> list[Callable[[], Any]]:

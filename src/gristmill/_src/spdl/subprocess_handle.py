@@ -29,7 +29,7 @@ from typing import Any
 
 from gristmill._src.engine import exits, main_guard, shm, worker_pool
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main
-from gristmill._src.engine.remote_traceback import note_origin
+from gristmill._src.engine.remote_traceback import element_note, note_origin
 from gristmill._src.spdl import subprocess_worker as proto
 
 _GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
@@ -195,13 +195,21 @@ class WorkerHandle:
             "iterable to iterate again"
         )
 
-    def child_error(self, payload: Any) -> RuntimeError:
+    def child_error(self, payload: Any, at: tuple[str, int] | None = None) -> RuntimeError:
         """The RuntimeError for an error the worker reported (SPDL's type and words); shuts
         the worker down.
 
         Its traceback ends with the worker's frames (raised here, the consumer's come
         first), so the line that failed is right above the message; its ``__cause__`` is the
         worker's exception itself (with the exceptions chained to it there).
+
+        Args:
+            payload: the worker's error message.
+            at: ``(stage name, index in the pass)`` of the item being made; an error that
+                one item raised gets the note naming both, as in every backend.
+
+        Returns:
+            The error to raise.
         """
         phase, type_name, message, remote = payload
         summary = (
@@ -214,6 +222,8 @@ class WorkerHandle:
         error.__traceback__, original.__traceback__ = original.__traceback__, None
         error.__cause__ = original
         note_origin(error, f"the worker subprocess (pid {self.pid})")
+        if at is not None and phase in proto.ITEM_PHASES:
+            error.add_note(element_note(*at))
         return error
 
     def check_open(self) -> None:

@@ -160,6 +160,7 @@ def run_pipeline_in_subprocess(
     return launch(
         functools.partial(PipelineEpochs, _portable_executors(config), build_kwargs),
         "config (its source, ops and aggregators, and task_hook_factory)",
+        "run_pipeline_in_subprocess",
         (GlobalRngState(),),
         buffer_size=buffer_size,
         initializer=initializer,

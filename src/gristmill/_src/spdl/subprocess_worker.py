@@ -40,6 +40,11 @@ STOPPED = "stopped"  # the answer to a stop (no credit spent); payload: whether 
 #                      may take another job
 ERROR = "error"  # payload: (phase, type name, message, remote_traceback.RemoteError)
 
+# the phases of a pass in which one item failed (the parent names its index in the pass)
+FETCHING = "fetching the next item"
+PICKLING = "pickling an item for the parent (items must be picklable)"
+ITEM_PHASES = (FETCHING, PICKLING)
+
 CREDIT = b"c"
 STOP = b"s"
 ITERATE = b"i"
@@ -117,6 +122,12 @@ class _Channel:
         """Where an item's large arrays go: the segment prefix and numbers."""
         return self.shm_prefix, self.shm_numbers
 
+    def read_past_stop(self) -> bool:
+        """Whether a message came after the stop: the parent sends nothing after a stop but
+        the pool's order to end the worker (``worker_pool.stop``), so the job ends the worker
+        itself."""
+        return bool(self._pending)
+
     def next_command(self) -> bytes:
         """The next command that is not a credit (waits for one)."""
         while not self._pending:
@@ -179,7 +190,10 @@ def _serve(iterable: Iterable[Any], channel: _Channel) -> bool:
     while True:
         command = channel.next_command()
         if command == STOP:
-            return channel.answer_stop(_release(iterable))
+            # Read along with the stop (a busy worker reads every command waiting when it
+            # next sends), the pool's own stop must not be lost: the worker would wait for a
+            # job for ever and be terminated after a grace period instead of ending now.
+            return channel.answer_stop(_release(iterable) and not channel.read_past_stop())
         if command.startswith(ITERATE):
             number, _, position = command[1:].partition(b"\0")
             _iterate(iterable, int(number), channel, pickle.loads(position) if position else None)
@@ -220,13 +234,12 @@ def _iterate(
                 channel.post(END, generation)
                 return
             except BaseException as error:
-                channel.post_error(generation, "fetching the next item", error)
+                channel.post_error(generation, FETCHING, error)
                 return
             try:
                 message = shm.dumps((ITEM, generation, item), *channel.shm_place())
             except BaseException as error:
-                phase = "pickling an item for the parent (items must be picklable)"
-                channel.post_error(generation, phase, error)
+                channel.post_error(generation, PICKLING, error)
                 return
             if not channel.send(message, generation):
                 shm.drop(message)  # never sent: nobody will map its segments

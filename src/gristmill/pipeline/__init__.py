@@ -1,11 +1,11 @@
 """SPDL-compatible stage pipelines on gristmill's engine (``from gristmill.pipeline import
 PipelineBuilder`` runs code written for ``spdl.pipeline``)."""
 
+from gristmill._src.bridge import PipelineIterDataset
 from gristmill._src.engine.markers import is_eof, is_epoch_end
 from gristmill._src.public import export as _export
 from gristmill._src.spdl.arena import SharedMemoryRingBuffer, SharedMemorySegmentPool
 from gristmill._src.spdl.bg_tasks import BackgroundTask, BackgroundTaskFactory
-from gristmill._src.spdl.bridge import PipelineIterDataset
 from gristmill._src.spdl.builder import PipelineBuilder, build_pipeline
 from gristmill._src.spdl.cache import cache_iterator
 from gristmill._src.spdl.hooks import TaskHook, TaskPerfStats, TaskStatsHook

@@ -207,3 +207,51 @@ def test_a_forked_child_starts_with_an_empty_runtime_and_its_own_workers(tmp_pat
         "child exit 0",
         "parent read True",
     ]
+
+
+_USER_THREAD_AT_EXIT = textwrap.dedent(
+    """
+    import threading, time
+    import gristmill as gm
+    from gristmill.pipeline import PipelineBuilder
+
+    def slow(x):
+        time.sleep(0.001)
+        return x
+
+    def read_a_dataset():
+        options = gm.MultiprocessingOptions(num_workers=2)
+        ds = gm.MapDataset.range(300).map(slow).to_iter_dataset().mp_prefetch(options)
+        print("dataset", sum(1 for _ in ds), flush=True)
+
+    def wait_on_a_pipeline(pipeline):
+        try:
+            for _ in pipeline.get_iterator(timeout=None):
+                pass
+        finally:
+            print("pipeline stopped", flush=True)
+
+    if __name__ == "__main__":
+        pipeline = (
+            PipelineBuilder().add_source(range(10**9), continuous=True)
+            .pipe(slow).add_sink(2).build(num_threads=1)
+        )
+        pipeline.start()
+        threads = [
+            threading.Thread(target=read_a_dataset),
+            threading.Thread(target=wait_on_a_pipeline, args=(pipeline,)),
+        ]
+        for thread in threads:
+            thread.start()
+        # the main thread ends here: the interpreter stops the pipeline (its reader would
+        # wait for ever) and then joins both threads; the dataset is read to its end
+    """
+)
+
+
+def test_at_exit_a_pipeline_is_stopped_before_the_threads_join_and_a_dataset_read_finishes(
+    tmp_path,
+):
+    done = run_python(["-c", _USER_THREAD_AT_EXIT], tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert sorted(done.stdout.splitlines()) == ["dataset 300", "pipeline stopped"]

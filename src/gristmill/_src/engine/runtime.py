@@ -22,10 +22,10 @@ trigger comes first:
   which leaves through ``os._exit`` and runs no ``atexit`` hook.
 
 Pipelines are stopped earlier too, when the interpreter starts its exit and before it joins
-its non-daemonic threads (``threading._register_atexit``, as SPDL does): a thread of the
-user's that waits on a pipeline would otherwise hold the interpreter for ever. The other
-owners are stopped only after those joins, so a thread of the user's still reading a
-dataset finishes its epoch.
+its non-daemonic threads (``threading._register_atexit`` at the first start, as SPDL does
+at every start): a thread of the user's that waits on a pipeline would otherwise hold the
+interpreter for ever. The other owners are stopped only after those joins, so a thread of
+the user's still reading a dataset finishes its epoch.
 
 Fork. A forked child starts with an empty runtime (``os.register_at_fork``): the parent's
 threads do not exist there and its locks may be held by them, and its workers are the
@@ -96,6 +96,7 @@ class _Runtime:
         self.handles: weakref.WeakSet[_Releasable] = weakref.WeakSet()
         self.pools: weakref.WeakSet[_Closable] = weakref.WeakSet()
         self.stopped = False  # the exit hook ran
+        self.early_hook = False  # pipelines' stop before the thread joins is registered
         self.finaliser_pid: int | None = None  # where the multiprocessing trigger is set
 
 
@@ -114,7 +115,17 @@ def _current() -> _Runtime:
 
 def add_pipeline(pipeline: _Stoppable) -> None:
     """Stops ``pipeline`` at exit (before the interpreter joins its threads)."""
-    _current().pipelines.add(pipeline)
+    runtime = _current()
+    if not runtime.early_hook:
+        # at the first start, as SPDL registers its hook at every start: it then runs
+        # before the exit hooks of the thread and process pools imported until now, which
+        # wait for their work (a stage's)
+        runtime.early_hook = True
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:  # CPython; elsewhere the atexit hook stops pipelines first
+            with contextlib.suppress(RuntimeError):  # started while the interpreter exits
+                register(_before_thread_joins)
+    runtime.pipelines.add(pipeline)
 
 
 def add_core(core: _Closable) -> None:
@@ -210,7 +221,3 @@ def _in_forked_child() -> None:
 
 os.register_at_fork(after_in_child=_in_forked_child)
 atexit.register(stop_everything)
-_register_early = getattr(threading, "_register_atexit", None)
-if _register_early is not None:  # CPython; elsewhere the atexit hook stops pipelines first
-    with contextlib.suppress(RuntimeError):  # imported while the interpreter exits
-        _register_early(_before_thread_joins)

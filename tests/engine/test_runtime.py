@@ -43,9 +43,7 @@ _POOL_CYCLES = textwrap.dedent(
 def test_cycles_of_a_pipeline_on_a_forked_process_pool_end(tmp_path):
     # The pool's workers are forked from a stage thread: each inherited the pipeline's
     # stop-at-exit hook and, at its own exit, waited for ever on the copied pipeline.
-    done = run_python(["-c", _POOL_CYCLES], tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.split() == ["cycles", "done"]
+    assert python_output(["-c", _POOL_CYCLES], tmp_path).split() == ["cycles", "done"]
 
 
 _EXIT_AFTER_A_STAGE_ERROR = textwrap.dedent(
@@ -77,9 +75,8 @@ _EXIT_AFTER_A_STAGE_ERROR = textwrap.dedent(
 
 
 def test_the_interpreter_exits_after_a_stage_error_on_a_forked_process_pool(tmp_path):
-    done = run_python(["-c", _EXIT_AFTER_A_STAGE_ERROR], tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.split() == ["stage", "failed"]
+    out = python_output(["-c", _EXIT_AFTER_A_STAGE_ERROR], tmp_path)
+    assert out.split() == ["stage", "failed"]
 
 
 _FORK_WHILE_RUNNING = textwrap.dedent(
@@ -252,6 +249,5 @@ _USER_THREAD_AT_EXIT = textwrap.dedent(
 def test_at_exit_a_pipeline_is_stopped_before_the_threads_join_and_a_dataset_read_finishes(
     tmp_path,
 ):
-    done = run_python(["-c", _USER_THREAD_AT_EXIT], tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert sorted(done.stdout.splitlines()) == ["dataset 300", "pipeline stopped"]
+    out = python_output(["-c", _USER_THREAD_AT_EXIT], tmp_path)
+    assert sorted(out.splitlines()) == ["dataset 300", "pipeline stopped"]

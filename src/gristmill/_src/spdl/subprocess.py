@@ -52,7 +52,7 @@ class _SubprocessIterable(Iterable[T]):
     def __init__(self, worker: WorkerHandle) -> None:
         self._worker = worker
         self._finalizer = reaper.watch(self, worker)
-        self._finalizer.atexit = False  # the multiprocessing exit hook stops it then
+        self._finalizer.atexit = False  # the runtime's exit hook stops it then
 
     def __iter__(self) -> Iterator[T]:
         worker = self._worker

@@ -222,7 +222,7 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
         )
         self._worker = worker
         self._finalizer = reaper.watch(self, worker)
-        self._finalizer.atexit = False  # the worker handle's exit hook stops it then
+        self._finalizer.atexit = False  # the runtime's exit hook stops it then
         self._start_pass()
 
     def _start_pass(self) -> None:

@@ -22,9 +22,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
+from gristmill._src.engine import runtime
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Feed
-from gristmill._src.engine.ordered import _LIVE, Claimed, Core
+from gristmill._src.engine.ordered import Claimed, Core
 from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
 from gristmill._src.engine.stats import StageCounters
 
@@ -102,7 +103,7 @@ class AsyncCore(Core):
         ]
         for thread in self.threads:
             thread.start()
-        _LIVE.add(self)
+        runtime.add_core(self)
 
     def _run_loop(self) -> None:
         loop = self.loop

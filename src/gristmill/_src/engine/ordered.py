@@ -12,8 +12,8 @@ note naming the stage and the element index.
 
 Ownership: the runner owns its threads. They reference only the runner's shared core (never
 the runner or the iterator), so dropping the iterator lets the runner be collected, and its
-finaliser hands the core to the reaper; ``close()`` does the same synchronously, and an
-``atexit`` hook stops whatever is still running at interpreter exit. Shutting a core down
+finaliser hands the core to the reaper; ``close()`` does the same synchronously, and the
+process's :mod:`runtime` stops whatever is still running at interpreter exit. Shutting a core down
 closes its feed's upstream first, so a whole chain of runners stops from its last one.
 
 Locks: ``feed_lock`` (one claimer at a time: ``take`` may block on upstream) is always taken
@@ -23,7 +23,6 @@ before ``lock`` (the bookkeeping); the consumer never holds ``lock`` while it ta
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import threading
 import time
@@ -31,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from gristmill._src.engine import reaper
+from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.feeds import (
     Chunk,
@@ -247,7 +246,7 @@ class Core:
         )
         self.threads.append(thread)
         thread.start()
-        _LIVE.add(self)
+        runtime.add_core(self)
 
     def reconfigured(self) -> None:
         """The policy's knobs changed. Call with the lock held."""
@@ -304,15 +303,6 @@ class ThreadBackend:
 
 THREADS = ThreadBackend()
 """The default backend: worker threads of this process."""
-
-
-_LIVE: weakref.WeakSet[Core] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all_at_exit() -> None:
-    for core in list(_LIVE):
-        core.shutdown()
 
 
 class ChunkRunner:

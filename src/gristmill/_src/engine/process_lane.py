@@ -43,13 +43,14 @@ from gristmill._src.engine import (
     main_guard,
     parent_watch,
     remote_traceback,
+    runtime,
     sending,
     shm,
     worker_pool,
 )
 from gristmill._src.engine.backends import PROCESS_HANDOFF_S, Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
-from gristmill._src.engine.ordered import _LIVE, Claimed, Core
+from gristmill._src.engine.ordered import Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters
 
@@ -388,7 +389,7 @@ class ProcessCore(Core):
             )
             self.threads.append(thread)
             thread.start()
-        _LIVE.add(self)
+        runtime.add_core(self)
 
     def _proxy(self, index: int) -> None:
         """Claims tasks for worker ``index``, has it run them, files the chunks."""

@@ -21,11 +21,12 @@ cost it a thread start (~0.1 ms) per iterator. Collected unarmed, it needs no sh
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import weakref
 from typing import Any, Protocol
+
+from gristmill._src.engine import runtime
 
 
 class Closable(Protocol):
@@ -153,4 +154,4 @@ def _forget_in_child() -> None:
     _lock, _queue, _watched, _running = threading.RLock(), queue.SimpleQueue(), 0, None
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+runtime.own(runtime.ProcessState("reaper", None, _forget_in_child))

@@ -17,19 +17,18 @@ of its own) and vice versa. A request for the ``"auto"`` method (a process stage
 started with it.
 
 Idle workers stop after :data:`IDLE_S` seconds unused (one timer thread runs while some
-are idle), at interpreter exit (before ``multiprocessing`` joins its non-daemonic children),
-and on :func:`shutdown_idle_workers`. A worker runs ``target(conn)`` (a module-level
-function) for its whole life, or ``target(conn, first)`` when it was started for a first
-job that could only travel as a process argument; the stages speak to it through ``conn``.
+are idle), at interpreter exit (the :mod:`runtime`'s exit hook, before ``multiprocessing``
+joins its non-daemonic children), and on :func:`shutdown_idle_workers`. A worker runs
+``target(conn)`` (a module-level function) for its whole life, or ``target(conn, first)``
+when it was started for a first job that could only travel as a process argument; the
+stages speak to it through ``conn``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
-import multiprocessing.util
-import os
+import multiprocessing.process
 import threading
 import time
 import warnings
@@ -38,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gristmill._src.engine import main_guard
+from gristmill._src.engine import main_guard, runtime
 
 IDLE_S = 30.0
 """How long an idle worker waits for a new stage before it stops."""
@@ -84,7 +83,6 @@ _idle: list[PooledWorker] = []
 _leased: weakref.WeakSet[PooledWorker] = weakref.WeakSet()  # in use by a stage
 _timer: threading.Thread | None = None
 _wake = threading.Condition(_lock)
-_exit_hook_pid: int | None = None
 
 
 def lease(
@@ -108,7 +106,6 @@ def lease(
     method = context.get_start_method() if method is None else method
     kind = WorkerKind(method, f"{target.__module__}.{target.__qualname__}", daemon)
     fresh = fresh or first is not None
-    _register_exit_hook()
     taken: list[PooledWorker] = []
     dead: list[PooledWorker] = []
     with _lock:
@@ -229,34 +226,27 @@ def _stop(worker: PooledWorker, *, ask: bool = True) -> None:
         worker.conn.close()
 
 
-def _register_exit_hook() -> None:
-    """Stops the idle workers at interpreter exit *before* ``multiprocessing`` joins its
-    children (which would wait for ever on an idle non-daemonic worker): a ``multiprocessing``
-    exit finaliser runs first, whatever the order in which the modules were imported."""
-    global _exit_hook_pid
-    if _exit_hook_pid != os.getpid():  # a forked process starts without it
-        multiprocessing.util.Finalize(None, _stop_at_exit, exitpriority=5)
-        _exit_hook_pid = os.getpid()
-
-
 def _forget_in_child() -> None:
     """In a forked child: the parent's pool is not the child's. Its pipe ends are closed
     (so a pooled worker sees end-of-file when the parent exits, not only when every sibling
-    forked after it does) and the pool starts empty, with fresh locks."""
-    global _lock, _wake, _idle, _timer, _leased
+    forked after it does) and the pool starts empty, with fresh locks. Its workers are also
+    no children of the child's: ``multiprocessing``'s exit function would otherwise
+    terminate the parent's daemonic workers and fail to join them when the child exits."""
+    global _lock, _wake, _idle, _timer, _leased, _closed
+    children: set[Any] = getattr(multiprocessing.process, "_children", set())
     for worker in [*_idle, *_leased]:
+        children.discard(worker.process)
         with contextlib.suppress(Exception):
             worker.conn.close()
     _lock = threading.Lock()
     _wake = threading.Condition(_lock)
-    _idle, _timer, _leased = [], None, weakref.WeakSet()
+    _idle, _timer, _leased, _closed = [], None, weakref.WeakSet(), False
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
-
-
-@atexit.register
 def _stop_at_exit() -> None:
     global _closed
     _closed = True
     shutdown_idle_workers()
+
+
+runtime.own(runtime.ProcessState("idle worker pool", _stop_at_exit, _forget_in_child))

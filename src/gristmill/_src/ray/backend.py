@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gristmill._src.core import validation
-from gristmill._src.engine import remote_traceback
+from gristmill._src.engine import remote_traceback, runtime
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
-from gristmill._src.engine.ordered import _LIVE, Claimed, Core
+from gristmill._src.engine.ordered import Claimed, Core
 from gristmill._src.engine.process_lane import capped_bound, pickled_work
 from gristmill._src.engine.tuner import nbytes
 from gristmill._src.ray import import_ray
@@ -242,7 +242,7 @@ class RayCore(Core):
         self._name = name
         self._wanted = max(1, count)
         self._start_missing()
-        _LIVE.add(self)
+        runtime.add_core(self)
 
     def _start_missing(self) -> None:
         """Starts a proxy for each wanted slot that has none. Lock held."""

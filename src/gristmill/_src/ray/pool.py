@@ -26,16 +26,15 @@ older era then gets :class:`BackendShutDownError` instead of calling Ray again. 
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
 import itertools
 import threading
 import uuid
-import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from gristmill._src.engine import runtime
 from gristmill._src.ray import import_ray
 from gristmill._src.ray.actor import PoolActor
 from gristmill._src.ray.region_jobs import REGION_GROUP, REGION_THREADS
@@ -71,7 +70,7 @@ class ActorPool:
         self._era = 0  # shutdowns so far
         self._calls = 0  # threads inside `calling` now
         self._inside = threading.local()  # this thread's depth of `calling`
-        _POOLS.add(self)
+        runtime.add_pool(self)  # shut down at interpreter exit
 
     @property
     def era(self) -> int:
@@ -191,20 +190,14 @@ def _kill(ray: Any, actor: Any) -> None:
         return
 
 
-_POOLS: weakref.WeakSet[ActorPool] = weakref.WeakSet()
-_exit_hook = False
+_exit_hook_moved = False
 
 
 def shutdown_all_at_exit() -> None:
-    """Registers, once, an exit hook that shuts every pool down. Called right after Ray is
-    imported, so the hook runs before Ray's own (exit hooks run last-registered first): no
-    stage thread is inside a Ray call while Ray shuts down."""
-    global _exit_hook
-    if not _exit_hook:
-        _exit_hook = True
-        atexit.register(_shutdown_all)
-
-
-def _shutdown_all() -> None:
-    for pool in list(_POOLS):
-        pool.shutdown()
+    """Moves, once, the runtime's exit hook (which shuts every pool down) after Ray's own.
+    Called right after Ray is imported, so the hook runs before Ray's (exit hooks run
+    last-registered first): no stage thread is inside a Ray call while Ray shuts down."""
+    global _exit_hook_moved
+    if not _exit_hook_moved:
+        _exit_hook_moved = True
+        runtime.exit_before_hooks_registered_so_far()

@@ -11,18 +11,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import itertools
 import logging
-import os
-import threading
 import warnings
-import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.core import state_json
-from gristmill._src.engine import reaper
+from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.feeds import ChunkStream
 from gristmill._src.engine.markers import EOF, EPOCH_END, SKIP
 from gristmill._src.engine.ordered import RunnerClosedError
@@ -199,7 +195,7 @@ class Pipeline(Generic[T]):
                 start()
         if self._closer.background is not None:
             self._closer.background.start()
-        _stop_before_thread_joins(self)
+        runtime.add_pipeline(self)  # stopped at exit before the threads are joined
 
     @property
     def started(self) -> bool:
@@ -429,28 +425,3 @@ def _failure(error: Exception) -> PipelineFailure:
     if stage is not None:
         error.add_note(f"Pipeline stage: {stage}")
     return PipelineFailure("pipeline stages failed", [error])
-
-
-def _stop_before_thread_joins(pipeline: Pipeline[Any]) -> None:
-    """Registers, as SPDL does on every start(), a hook that stops the pipeline at
-    interpreter exit before the interpreter joins its non-daemon threads (``atexit`` runs
-    only after those joins). The hook holds the pipeline weakly: a collected pipeline is
-    skipped."""
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # not CPython: the engine's atexit hook still stops it
-        return
-    with contextlib.suppress(RuntimeError):  # already shutting down
-        register(functools.partial(_stop_at_exit, weakref.ref(pipeline), os.getpid()))
-
-
-def _stop_at_exit(ref: weakref.ref[Pipeline[Any]], pid: int) -> None:
-    pipeline = ref()
-    # a process forked from this one (a stdlib process pool's worker, forked from a stage
-    # thread) inherits the hook, and the pipeline with locks held by threads it does not
-    # have: stopping it there would wait for ever
-    if pipeline is None or os.getpid() != pid:
-        return
-    try:
-        pipeline.stop()
-    except Exception:  # exit goes on; a failure nobody observed is only logged
-        logger.exception("gristmill: stopping a pipeline at interpreter exit failed")

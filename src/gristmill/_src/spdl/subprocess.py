@@ -53,7 +53,7 @@ class _SubprocessIterable(Iterable[T]):
         self._worker = worker
         self.name = name  # the stage an item's error names
         self._finalizer = reaper.watch(self, worker)
-        self._finalizer.atexit = False  # the multiprocessing exit hook stops it then
+        self._finalizer.atexit = False  # the runtime's exit hook stops it then
 
     def __iter__(self) -> Iterator[T]:
         worker = self._worker

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.context
-import multiprocessing.util
-import os
 import pickle
 import threading
 import time
-import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import exits, main_guard, shm, worker_pool
+from gristmill._src.engine import exits, main_guard, runtime, shm, worker_pool
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main
 from gristmill._src.engine.remote_traceback import element_note, note_origin
 from gristmill._src.spdl import subprocess_worker as proto
@@ -36,8 +33,6 @@ _GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
 # how long an idle worker may take to answer a stop (it closes what fn() returned first: a
 # warm pipeline, pools made in the worker) before it is stopped instead of pooled
 _ANSWER_S = 3.0
-_LIVE: weakref.WeakSet[WorkerHandle] = weakref.WeakSet()
-_exit_hook_pid: int | None = None
 
 
 class WorkerTimeoutError(TimeoutError, RuntimeError):
@@ -68,7 +63,6 @@ class WorkerHandle:
         timeout: float | None,
         daemon: bool,
     ) -> None:
-        _register_exit_hook()
         self._shm_prefix = shm.prefix_for(self)  # items' large arrays: shared memory
         self._worker = _lease(context, payload, buffer_size, self._shm_prefix, daemon=daemon)
         self._conn = self._worker.conn
@@ -83,7 +77,7 @@ class WorkerHandle:
         self._failed = False  # the worker reported an error
         self._lock = threading.Lock()  # the reaper and the exit hook may race to shut down
         self._send_lock = threading.Lock()  # credits (reader) and commands (close, iter())
-        _LIVE.add(self)
+        runtime.add_handle(self)  # shut down at interpreter exit if still live
 
     @property
     def exitcode(self) -> int | None:
@@ -257,7 +251,7 @@ class WorkerHandle:
                 else:
                     worker_pool.stop(worker, ask=False)
                 self._released = True
-                _LIVE.discard(self)
+                runtime.discard_handle(self)
             finally:
                 shm.unlink_leftovers(self._shm_prefix)  # items sent and never read
 
@@ -304,20 +298,6 @@ def _lease(
     with contextlib.suppress(OSError):
         worker.conn.send(job_message(proto.run_iterable, pickled, buffer_size, shm_prefix))
     return worker
-
-
-def _register_exit_hook() -> None:
-    """Stops the live workers at interpreter exit, before ``multiprocessing`` joins its
-    children (which would wait for ever on a worker waiting for commands)."""
-    global _exit_hook_pid
-    if _exit_hook_pid != os.getpid():  # a forked process starts without the hook
-        multiprocessing.util.Finalize(None, _shutdown_all, exitpriority=10)
-        _exit_hook_pid = os.getpid()
-
-
-def _shutdown_all() -> None:
-    for worker in list(_LIVE):
-        worker.shutdown("the interpreter is exiting")
 
 
 # SPDL's words for a failure in each phase of the worker, which code written for SPDL

@@ -39,9 +39,9 @@ class Watched:
         with self._lock:
             self._alive.discard(tag)
 
-    def alive_up_to(self, tag: int) -> list[int]:
+    def alive_among(self, tags: set[int]) -> list[int]:
         with self._lock:
-            return sorted(t for t in self._alive if t <= tag)
+            return sorted(self._alive & tags)
 
 
 def _load(record):
@@ -67,37 +67,42 @@ def _twice(x):
     yield 2 * x + 1
 
 
+# each shape's stages, and how many outputs it makes of N source items
 SHAPES = {
-    "pipe(load).aggregate(2).pipe(collate)": lambda b, w: (
-        b.pipe(_load).aggregate(2).pipe(_collating(w))
+    "pipe(load).aggregate(2).pipe(collate)": (
+        lambda b, w: b.pipe(_load).aggregate(2).pipe(_collating(w)),
+        N // 2,
     ),
-    "aggregate(2).pipe(collate)": lambda b, w: b.aggregate(2).pipe(_collating(w)),
-    "aggregate(2).pipe(collate, concurrency=2)": lambda b, w: b.aggregate(2).pipe(
-        _collating(w), concurrency=2
+    "aggregate(2).pipe(collate)": (lambda b, w: b.aggregate(2).pipe(_collating(w)), N // 2),
+    "aggregate(2).pipe(collate, concurrency=2)": (
+        lambda b, w: b.aggregate(2).pipe(_collating(w), concurrency=2),
+        N // 2,
     ),
-    "aggregate(2).disaggregate().pipe(f)": lambda b, w: (
-        b.aggregate(2).disaggregate().pipe(_mapping(w))
+    "aggregate(2).disaggregate().pipe(f)": (
+        lambda b, w: b.aggregate(2).disaggregate().pipe(_mapping(w)),
+        N,
     ),
-    "pipe(generator).pipe(f)": lambda b, w: b.pipe(_twice).pipe(_mapping(w)),
+    "pipe(generator).pipe(f)": (lambda b, w: b.pipe(_twice).pipe(_mapping(w)), 2 * N),
 }
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_an_output_the_caller_let_go_of_is_freed(shape):
+    stages, outputs = SHAPES[shape]
     watched = Watched()
-    builder = SHAPES[shape](PipelineBuilder().add_source(range(N)), watched)
+    builder = stages(PipelineBuilder().add_source(range(N)), watched)
     pipeline = builder.add_sink(3).build(num_threads=2)
     kept: dict[int, list[int]] = {}
-    received = 0
+    received: set[int] = set()  # in completion order, not all of those made before
     with pipeline.auto_stop():
         for output in pipeline.get_iterator(timeout=30):
             last = int(np.ravel(output)[0])
             del output  # the caller lets go of it: only the pipeline could keep it now
-            received += 1
-            alive = watched.alive_up_to(last)
+            received.add(last)
+            alive = watched.alive_among(received)
             if alive:
                 kept[last] = alive
-    assert received > 0
+    assert len(received) == outputs
     assert not kept, (
         f"{len(kept)} times an output the caller had dropped was still alive, e.g. after "
         f"the one of item {min(kept)}: {kept[min(kept)][:10]}"

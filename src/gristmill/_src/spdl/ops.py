@@ -224,8 +224,10 @@ def stage_function(
                 result = one(value)
             if result is SKIP or type(result) is Expand:
                 return rekeyed(result, item, skipped)
-            item.value = result  # the pipeline's own wrapper, passed on once: reuse it
-            return item
+            # A new wrapper, never the input's rewritten: the stage's feed still holds its
+            # input chunk (until it has handed all of it out), and an input rewritten in
+            # place would keep this result alive there after the caller let go of it.
+            return Keyed(result, item.cover)
         if item is SKIP or item is EPOCH_END:
             return item
         if isinstance(item, Keyed):

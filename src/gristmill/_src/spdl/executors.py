@@ -2,15 +2,14 @@
 (or on a ``gristmill.ray.RayBackend``'s actors: ``gristmill._src.ray.executor``).
 
 The stage's worker threads each submit one call at a time and wait for its result, so the
-stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``). On a
-``ProcessPoolExecutor``:
-
-- one call carries several items (:meth:`ExecutorCall.map`, run there by
-  :func:`apply_chunk`): a call costs a round trip between processes (``call_cost_s``),
-  which one item of a few milliseconds or less would not amortise (a worker would wait for
-  the next item for longer than it works). The stage's chunk policy sizes the calls from the
-  items' cost measured there (``ChunkPolicy.call_s``); each item still succeeds or fails
-  alone, as it would in a call of its own;
+stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``).
+On a ``ProcessPoolExecutor`` or a ``ThreadPoolExecutor`` one call carries several items
+(:meth:`ExecutorCall.map`, run there by :func:`apply_chunk`): a call costs a round trip
+(:func:`call_cost_s`: ~300 µs between processes), which one item of a few milliseconds or
+less would not amortise (a worker would wait for its next item for longer than it works).
+The stage's chunk policy sizes the calls from the items' cost measured where they run
+(``ChunkPolicy.call_s``); each item still succeeds or fails alone, as in a call of its own.
+On a ``ProcessPoolExecutor``:
 
 - a generator op's outputs are made into a list in the worker (nothing streams between
   processes), as upstream does;
@@ -47,6 +46,7 @@ from typing import Any
 
 from gristmill._src.engine import exits, remote_traceback
 from gristmill._src.engine.backends import PROCESS_HANDOFF_S, Executor
+from gristmill._src.engine.policy import HANDOFF_S
 from gristmill._src.engine.sending import ByValue
 
 logger = logging.getLogger("gristmill.pipeline")
@@ -155,19 +155,24 @@ def apply_chunk(target: Callable[[Any], Any], items: list[Any]) -> tuple[list[An
 
 
 def call_cost_s(executor: Any) -> float | None:
-    """What one call to ``executor`` costs besides its work when one call carries several
-    items, or None when it gets one item a call.
+    """What one call to ``executor`` costs besides its work, when one call carries several
+    items; None when it gets one item a call.
 
-    Worker processes (a ``ProcessPoolExecutor``, or an executor that says
-    ``runs_in_processes``) carry several: a call's round trip (pickling, two pipes, the
-    pool's manager thread; measured as ``PROCESS_HANDOFF_S`` for gristmill's own workers,
-    270-330 µs for an idle ``ProcessPoolExecutor(2)`` on the reference VM) is worth
-    amortising. Threads pass items by reference, and a Ray backend sends the op to its
-    actors once: one item a call.
+    A call to worker processes (a ``ProcessPoolExecutor``, or an executor that says
+    ``runs_in_processes``) is a round trip between processes (pickling, two pipes, the
+    pool's manager thread): ``PROCESS_HANDOFF_S``, as for gristmill's own workers (an idle
+    ``ProcessPoolExecutor(2)`` on the reference VM: 270-330 µs). A call to a
+    ``ThreadPoolExecutor`` is a hand-off to a thread and back: ``HANDOFF_S``. A Ray backend
+    sends the op to its actors once and each item by itself, and an executor of another
+    kind costs what it costs: one item a call.
     """
     if is_ray_backend(executor):
         return None
-    return PROCESS_HANDOFF_S if _runs_in_processes(executor) else None
+    if _runs_in_processes(executor):
+        return PROCESS_HANDOFF_S
+    if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
+        return HANDOFF_S
+    return None
 
 
 def _runs_in_processes(executor: Any) -> bool:

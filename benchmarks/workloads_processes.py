@@ -5,6 +5,9 @@
   GIL: threads cannot help). Peers: grain (the same code), the PyTorch ``DataLoader``
   (``num_workers=2``, batch 32) and spdl (``pipe(f, executor=ProcessPoolExecutor(2),
   concurrency=2).aggregate(32)``). The limit is the serial loop, timed, ÷ 2 (the ideal).
+- ``pipeline_process_transform``: ``mp_python_transform``'s spdl code on both
+  ``PipelineBuilder``s (gristmill's SPDL dialect and spdl's): ``pipe(f,
+  executor=ProcessPoolExecutor(2), concurrency=2).aggregate(32)``; the same limit.
 - ``mp_images_batch64``: 2,000 dicts of 224x224x3 uint8 arrays, batch 64, 2 workers; the
   limit is stacking them in the main process.
 - ``mp_images_torch_batch64``: the same batches fed to a PyTorch loop: gristmill through
@@ -82,15 +85,21 @@ def _python_torch(*, n: int, batch_size: int) -> Case:
     )
 
 
-def _python_spdl(*, n: int, batch_size: int) -> Case:
-    import concurrent.futures
+def _python_pipeline(module: str) -> Any:
+    """``pipe(f, executor=ProcessPoolExecutor(2), concurrency=2).aggregate(32)`` on
+    ``module``'s ``PipelineBuilder`` (spdl's, or gristmill's SPDL dialect)."""
 
-    pool = concurrent.futures.ProcessPoolExecutor(_WORKERS)
+    def build(*, n: int, batch_size: int) -> Case:
+        import concurrent.futures
 
-    def stages(b: Any) -> Any:
-        return b.pipe(_python_work, executor=pool, concurrency=_WORKERS).aggregate(batch_size)
+        pool = concurrent.futures.ProcessPoolExecutor(_WORKERS)
 
-    return _spdl_case(range(n), stages, n, _WORKERS, np.asarray)
+        def stages(b: Any) -> Any:
+            return b.pipe(_python_work, executor=pool, concurrency=_WORKERS).aggregate(batch_size)
+
+        return _spdl_case(range(n), stages, n, _WORKERS, np.asarray, module=module)
+
+    return build
 
 
 def _python_limit(*, n: int, batch_size: int) -> Case:
@@ -299,8 +308,23 @@ WORKLOADS = (
         builders=_per_contender(
             {
                 **grain_api(_python_dataset),
-                "spdl": _python_spdl,
+                "spdl": _python_pipeline("spdl.pipeline"),
                 "torch": _python_torch,
+                "limit": _python_limit,
+            }
+        ),
+    ),
+    Workload(
+        name="pipeline_process_transform",
+        summary="PipelineBuilder: pipe(~0.7 ms pure Python, executor=ProcessPoolExecutor(2), "
+        "concurrency=2).aggregate(32), same code (gristmill.pipeline vs spdl.pipeline)",
+        params={"n": 2_000, "batch_size": 32},
+        quick_params={"n": 256, "batch_size": 32},
+        warmup=False,
+        builders=_per_contender(
+            {
+                "gristmill": _python_pipeline("gristmill.pipeline"),
+                "spdl": _python_pipeline("spdl.pipeline"),
                 "limit": _python_limit,
             }
         ),

@@ -30,13 +30,16 @@ class Chunk:
 
     ``keys``, when a front end tracks what each element stands for (a pipeline's source
     positions), holds one key per value (a ``range`` for consecutive positions); stages
-    that map values one to one pass them on unchanged.
+    that map values one to one pass them on unchanged. ``work_s``, when the elements ran
+    in one call to another process, is what their work took there (the chunk policy sizes
+    tasks from it: the task's time here also holds the call's round trip).
     """
 
     start: int
     values: list[Any]
     error: BaseException | None = None
     keys: Sequence[Any] | None = None
+    work_s: float | None = None
 
     @property
     def error_index(self) -> int:
@@ -150,23 +153,27 @@ def run_chunk(read: ReadFn, start: int, stop: int) -> Chunk:
     return Chunk(start, values)  # the failure did not repeat element-wise
 
 
-ChunkFn = Callable[[list[Any], list[Any]], None]
+ChunkFn = Callable[[list[Any], list[Any]], float | None]
 """``chunk_fn(inputs, outputs)`` appends one output per input to ``outputs`` (so that the
-outputs before a failure survive it)."""
+outputs before a failure survive it); it returns what the work took where it ran, when
+that was one call to another process (``Chunk.work_s``), else None."""
 
 
 def apply(fn: Callable[[Any], Any], task: Task, chunk_fn: ChunkFn | None = None) -> Chunk:
     """``fn`` over the task's inputs, each called once (or ``chunk_fn`` over all of them);
     stops at the first failure."""
     values: list[Any] = []
+    work_s = None
     try:
         if chunk_fn is not None:
-            chunk_fn(task.inputs or [], values)
+            work_s = chunk_fn(task.inputs or [], values)
         else:
             values.extend(map(fn, task.inputs or ()))  # keeps the values before a failure
     except Exception as e:
         return task.chunk(values, e)
-    return task.chunk(values, task.upstream_error)
+    chunk = task.chunk(values, task.upstream_error)
+    chunk.work_s = work_s
+    return chunk
 
 
 class RangeFeed:

@@ -109,8 +109,8 @@ class Core:
 
     def bound(self) -> int:
         """Positions this stage may have in flight (claimed, computing, or finished and not
-        yet delivered): the buffer. Lock held."""
-        return self.policy.buffer_size
+        yet delivered): the buffer (``ChunkPolicy.bound``). Lock held."""
+        return self.policy.bound()
 
     def largest_task(self) -> int:
         """Elements one task may hold at most (within the room the bound leaves). Lock
@@ -177,7 +177,7 @@ class Core:
         generation, seq, task = claimed
         with self.lock:
             self.counters.task_done(task.size, elapsed)
-            self.policy.record(task.size, elapsed)
+            self.policy.record(task.size, elapsed if chunk.work_s is None else chunk.work_s)
             if not self.closed and self.window.file(generation, seq, task, chunk):
                 # Blocked on output: computed results alone fill the buffer.
                 self.counters.set_full(
@@ -321,6 +321,7 @@ class ChunkRunner:
         describe_input: Callable[[FailedInput], str | None] | None = None,
         inline_beyond_buffer: bool = False,
         threads_first: bool = False,
+        call_s: float | None = None,
     ) -> None:
         output_order = OutputOrder.of(output_order)
         self._name = name
@@ -338,6 +339,7 @@ class ChunkRunner:
             # an event loop runs a task's elements concurrently: in completion order, each
             # is delivered as it finishes (as SPDL), not when its task's slowest one does
             element_tasks=executor.executor is Executor.ASYNCIO and not self._in_order,
+            call_s=call_s,
         )
         self._counters = StageCounters(name, max(workers, 1), buffer_size)
         self._core = executor.make_core(feed, self._counters, self._policy)
@@ -487,7 +489,7 @@ class ChunkRunner:
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
         counters.delivered(len(chunk.values), task.size)
-        self._policy.record(task.size, elapsed)
+        self._policy.record(task.size, elapsed if chunk.work_s is None else chunk.work_s)
         if probe:  # after the policy's first measurement: the guess consults it
             tuner.probed(cpu, elapsed)  # type: ignore[union-attr]
         if self._policy.threads_pay_after_warmup():

@@ -310,7 +310,7 @@ class _Lowering:
             limit = stage.max_failures if stage.max_failures is not None else self.build_limit
             budget = ops.FailureBudget(str(info), limit)
             hooks = self._hooks(info)
-            fn, chunk_fn = ops.stage_function(
+            fn, chunk_fn, call_s = ops.stage_function(
                 stage.op,
                 str(info),
                 budget,
@@ -342,6 +342,7 @@ class _Lowering:
                 describe_input=describe_failed_input,
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
+                call_s=call_s,  # a task is one call to the stage's executor
             )
             if stage.autotune:
                 order = stage.output_order

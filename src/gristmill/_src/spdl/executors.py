@@ -2,8 +2,14 @@
 (or on a ``gristmill.ray.RayBackend``'s actors: ``gristmill._src.ray.executor``).
 
 The stage's worker threads each submit one call at a time and wait for its result, so the
-stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``). On a
-``ProcessPoolExecutor``:
+stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``).
+On a ``ProcessPoolExecutor`` or a ``ThreadPoolExecutor`` one call carries several items
+(:meth:`ExecutorCall.map`, run there by :func:`apply_chunk`): a call costs a round trip
+(:func:`call_cost_s`: ~300 µs between processes), which one item of a few milliseconds or
+less would not amortise (a worker would wait for its next item for longer than it works).
+The stage's chunk policy sizes the calls from the items' cost measured where they run
+(``ChunkPolicy.call_s``); each item still succeeds or fails alone, as in a call of its own.
+On a ``ProcessPoolExecutor``:
 
 - a generator op's outputs are made into a list in the worker (nothing streams between
   processes), as upstream does;
@@ -27,17 +33,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import concurrent.futures.process
+import dataclasses
 import functools
 import logging
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from gristmill._src.engine import exits, remote_traceback
-from gristmill._src.engine.backends import Executor
+from gristmill._src.engine.backends import PROCESS_HANDOFF_S, Executor
+from gristmill._src.engine.policy import HANDOFF_S
 from gristmill._src.engine.sending import ByValue
 
 logger = logging.getLogger("gristmill.pipeline")
@@ -123,20 +132,117 @@ def located(op: Callable[[Any], Any], item: Any) -> Any:
         raise failed from None
 
 
-class ExecutorCall:
-    """``op`` as a blocking call on ``executor``; knows the calls in flight."""
+@dataclasses.dataclass(frozen=True)
+class ItemFailure:
+    """In a call's results (:func:`apply_chunk`), in place of an item's result: what the
+    item raised."""
 
-    def __init__(self, target: Callable[[Any], Any], executor: Any, stage: str) -> None:
+    error: Exception
+
+
+def apply_chunk(target: Callable[[Any], Any], items: list[Any]) -> tuple[list[Any], float]:
+    """In the executor's worker: ``target`` over ``items`` in one call. Returns a result or
+    an :class:`ItemFailure` per item (an item's failure does not stop the ones after it,
+    as separate calls would not) and the seconds the calls took there."""
+    began = time.perf_counter()
+    results: list[Any] = []
+    for item in items:
+        try:
+            results.append(target(item))
+        except Exception as error:
+            results.append(ItemFailure(error))
+    return results, time.perf_counter() - began
+
+
+def call_cost_s(executor: Any) -> float | None:
+    """What one call to ``executor`` costs besides its work, when one call carries several
+    items; None when it gets one item a call.
+
+    A call to worker processes (a ``ProcessPoolExecutor``, or an executor that says
+    ``runs_in_processes``) is a round trip between processes (pickling, two pipes, the
+    pool's manager thread): ``PROCESS_HANDOFF_S``, as for gristmill's own workers (an idle
+    ``ProcessPoolExecutor(2)`` on the reference VM: 270-330 µs). A call to a
+    ``ThreadPoolExecutor`` is a hand-off to a thread and back: ``HANDOFF_S``. A Ray backend
+    sends the op to its actors once and each item by itself, and an executor of another
+    kind costs what it costs: one item a call.
+    """
+    if is_ray_backend(executor):
+        return None
+    if _runs_in_processes(executor):
+        return PROCESS_HANDOFF_S
+    if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
+        return HANDOFF_S
+    return None
+
+
+def _runs_in_processes(executor: Any) -> bool:
+    return isinstance(executor, concurrent.futures.ProcessPoolExecutor) or bool(
+        getattr(executor, "runs_in_processes", False)
+    )
+
+
+class ExecutorCall:
+    """``op`` as a blocking call on ``executor``; knows the calls in flight.
+
+    Calling it runs one item in one call; :meth:`map` runs several in one call (with
+    ``chunks``: see :func:`call_cost_s`).
+    """
+
+    def __init__(
+        self, target: Callable[[Any], Any], executor: Any, stage: str, *, chunks: bool = False
+    ) -> None:
         self._submit = executor.submit
         self._target = target
+        self._chunk_target = functools.partial(apply_chunk, target)
+        self.chunks = chunks
+        """Whether :meth:`map` is worth calling: the stage sends several items a call."""
         self.executor = executor
         self._processes = pool_processes(executor)
         self.stage = stage
         self._pending: set[concurrent.futures.Future[Any]] = set()
 
     def __call__(self, item: Any) -> Any:
+        return self._result(self._target, item)
+
+    def map(self, items: list[Any]) -> tuple[list[Any], float | None]:
+        """``op`` over ``items`` in one call: a result or an :class:`ItemFailure` (holding
+        the error that calling it alone raises) per item, and the seconds the calls took in
+        the worker (None when that is unknown).
+
+        Raises:
+          BrokenExecutorError: the executor cannot run calls (nothing of this call came
+            back: which item its worker died on is unknown; the error says so).
+        """
         try:
-            future = self._submit(self._target, item)
+            results, work_s = self._result(self._chunk_target, items)
+        except BrokenExecutorError as error:
+            if len(items) > 1:
+                error.add_note(
+                    f"gristmill: the call that found it broken ran {len(items)} items (the "
+                    f"one named and the {len(items) - 1} after it); which one its worker "
+                    "was running when it died is unknown"
+                )
+            raise
+        except Exception:
+            # The call failed as a whole, not an item (an item or a result that does not
+            # pickle): one call per item, so that each fails, or not, as it would alone.
+            return [self._outcome(item) for item in items], None
+        for result in results:
+            if type(result) is ItemFailure:
+                _from_worker(result.error)
+        return results, work_s
+
+    def _outcome(self, item: Any) -> Any:
+        try:
+            return self(item)
+        except BrokenExecutorError:
+            raise
+        except Exception as error:
+            return ItemFailure(error)
+
+    def _result(self, target: Callable[[Any], Any], argument: Any) -> Any:
+        try:
+            future = self._submit(target, argument)
         except Exception as error:
             if _is_broken(error):
                 raise self._broken(error) from error
@@ -148,8 +254,7 @@ class ExecutorCall:
         except Exception as error:
             if _is_broken(error):
                 raise self._broken(error) from error
-            if remote_traceback.restore_carried_frames(error):  # a located() failure
-                remote_traceback.note_origin(error, "a worker process of the executor")
+            if _from_worker(error):  # a located() failure
                 raise error  # its cause: None, or the full frames (remove_frames)
             raise
         finally:
@@ -199,10 +304,18 @@ def on_executor(
         from gristmill._src.ray.executor import RayCalls
 
         return ExecutorCall(target, RayCalls(executor, target, stage), stage)
-    if isinstance(executor, concurrent.futures.ProcessPoolExecutor) or getattr(
-        executor, "runs_in_processes", False
-    ):
+    if _runs_in_processes(executor):
         # A process pool pickles each call with plain pickle: the op goes by value
         # (cloudpickled once), so lambdas and local functions run there too.
         target = functools.partial(located, ByValue(target))
-    return ExecutorCall(target, executor, stage)
+    chunks = not generator and call_cost_s(executor) is not None
+    return ExecutorCall(target, executor, stage, chunks=chunks)
+
+
+def _from_worker(error: BaseException) -> bool:
+    """Gives an error :func:`located` raised in a worker process the worker's frames as its
+    traceback, and notes where it ran; False for any other error (left as it is)."""
+    if not remote_traceback.restore_carried_frames(error):
+        return False
+    remote_traceback.note_origin(error, "a worker process of the executor")
+    return True

@@ -22,7 +22,13 @@ from typing import Any
 
 from gristmill._src.engine.feeds import ChunkFn
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
-from gristmill._src.spdl.executors import BrokenExecutorError, ExecutorCall, on_executor
+from gristmill._src.spdl.executors import (
+    BrokenExecutorError,
+    ExecutorCall,
+    ItemFailure,
+    call_cost_s,
+    on_executor,
+)
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.tasks import log_failure
 from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, rekeyed, split
@@ -125,9 +131,11 @@ def stage_function(
     delivered: DeliveredOutputs | None = None,
     executor: Any = None,
     executor_calls: list[ExecutorCall] | None = None,
-) -> tuple[Any, ChunkFn | None]:
+) -> tuple[Any, ChunkFn | None, float | None]:
     """The element function the engine runs for a pipe stage (sync or async, per ``op``),
-    and for a plain sync op (no hooks, no call counting) the same over a whole task.
+    for a plain sync op (no hooks, no call counting) the same over a whole task, and what
+    one call costs when the task function sends a whole task's items in one call to the
+    stage's executor (a process pool: :func:`executors.call_cost_s`; else None).
 
     With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
     Keyed items (a resumable pipeline) keep their source keys with the result;
@@ -181,12 +189,13 @@ def stage_function(
                 return _joined([await run_async(x) for x in item.items if x is not SKIP])
             return await one_async(item)
 
-        return run_async, None
+        return run_async, None, None
 
+    calls: ExecutorCall | None = None
     if executor is not None:
-        op = on_executor(op, executor, generator=kind == "gen", stage=task_name)
+        op = calls = on_executor(op, executor, generator=kind == "gen", stage=task_name)
         if executor_calls is not None:
-            executor_calls.append(op)
+            executor_calls.append(calls)
 
     def expand(x: Any) -> Any:
         return Expand(op(x) if executor is not None else list(op(x)))
@@ -239,8 +248,27 @@ def stage_function(
         return one(item)
 
     if not plain or kind != "sync":
-        return run, None
+        return run, None, None
     marked = _MARKED
+    if calls is not None and calls.chunks:
+        call_many = calls.map
+
+        def run_calls(inputs: list[Any], outputs: list[Any]) -> float | None:
+            # the plain values in one call; markers and keyed items as `run` takes them
+            values = [x for x in inputs if type(x) not in marked]
+            results, work_s = call_many(values) if values else ([], None)
+            append, next_result = outputs.append, iter(results).__next__
+            for x in inputs:
+                if type(x) in marked:
+                    append(run(x))
+                    continue
+                result = next_result()
+                if type(result) is ItemFailure:
+                    result = failed(result.error)
+                append(SKIP if result is None else result)
+            return work_s
+
+        return run, run_calls, call_cost_s(executor)
 
     def run_chunk(inputs: list[Any], outputs: list[Any]) -> None:
         append = outputs.append
@@ -254,7 +282,7 @@ def stage_function(
                 result = failed(e)
             append(SKIP if result is None else result)
 
-    return run, run_chunk
+    return run, run_chunk, None
 
 
 def _joined(results: list[Any]) -> Expand:

@@ -125,18 +125,6 @@ def worker_context(requested: str | None, preload: Sequence[str] = ()) -> Any:
     return context
 
 
-def stop_process(process: Any, grace_s: float = _POLL_S) -> None:
-    """Waits ``grace_s`` for ``process`` (already asked to stop), then terminates it, then
-    kills it; returns once it is gone (or after ~4 s)."""
-    process.join(grace_s)
-    if process.is_alive():
-        process.terminate()
-        process.join(_JOIN_TIMEOUT_S)
-    if process.is_alive():
-        process.kill()
-        process.join(_JOIN_TIMEOUT_S)
-
-
 class WorkerDiedError(RuntimeError):
     """A worker process exited while it had work."""
 

@@ -43,6 +43,7 @@ IDLE_S = 30.0
 """How long an idle worker waits for a new stage before it stops."""
 
 _STOP_GRACE_S = 1.0
+_KILL_WAIT_S = 2.0  # after terminate() / kill(): how long a process is waited for
 _numbers = itertools.count()
 
 
@@ -215,9 +216,19 @@ def _expire() -> None:
             _stop(worker)
 
 
-def _stop(worker: PooledWorker, *, ask: bool = True) -> None:
-    from gristmill._src.engine.process_lane import stop_process
+def stop_process(process: Any, grace_s: float) -> None:
+    """Waits ``grace_s`` for ``process`` (already asked to stop), then terminates it, then
+    kills it; returns once it is gone (or after ~4 s)."""
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
+        process.join(_KILL_WAIT_S)
+    if process.is_alive():
+        process.kill()
+        process.join(_KILL_WAIT_S)
 
+
+def _stop(worker: PooledWorker, *, ask: bool = True) -> None:
     if ask:
         with contextlib.suppress(Exception):
             worker.conn.send(None)

@@ -10,36 +10,25 @@ item for cheap work.
 
 from __future__ import annotations
 
-import copy
 import fractions
-import functools
 from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from gristmill._src.engine.asyncio_lane import ASYNCIO, new_event_loop
-from gristmill._src.engine.feeds import ChunkStream, StreamFeed
-from gristmill._src.engine.markers import EPOCH_END, SKIP
-from gristmill._src.engine.ordered import THREADS, ChunkRunner
+from gristmill._src.engine.asyncio_lane import new_event_loop
+from gristmill._src.engine.feeds import ChunkStream
 from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.streams import IteratorStream
-from gristmill._src.engine.tuner import TrialToken
-from gristmill._src.spdl import config, defs, fingerprint, ops
-from gristmill._src.spdl.aggregate import AggregateStream
+from gristmill._src.spdl import config, defs, fingerprint
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
-from gristmill._src.spdl.executors import ExecutorCall, is_ray_backend
 from gristmill._src.spdl.fanin import MergeStream
-from gristmill._src.spdl.hooks import StageHooks
+from gristmill._src.spdl.lowering import Lowering
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, Pipeline, StageInfo
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
 from gristmill._src.spdl.regions import RegionStream
 from gristmill._src.spdl.tracking import (
-    DeliveredOutputs,
-    Keyed,
     KeyItems,
     ResumableSource,
-    describe_failed_input,
 )
-from gristmill._src.spdl.variants import PathVariantsStream
 
 
 class _AsyncSource:
@@ -134,7 +123,7 @@ def build_pipeline(
     if resumable is not None and resumable.continuous:
         markers = resumable.passes_made  # epoch ends are not items: the stats leave them out
     queues.observe(src_info, stream_probe(upstream, uncounted=markers))
-    lowering = _Lowering(
+    lowering = _MainLowering(
         pipeline_id,
         num_threads,
         build_limit,
@@ -176,102 +165,8 @@ def build_pipeline(
     )
 
 
-_S = TypeVar("_S")
-
-
-def _read_ahead(concurrency: int, output_order: str) -> int:
-    """The items a pipe stage may compute ahead of its consumer. In completion order, SPDL's
-    bound: its calls in flight plus a queue of 2 (SPDL's test_dataloader_buffer_size checks
-    it). In input order an item that finished waits for the ones before it, so the stage
-    keeps twice its calls in flight, plus 2: with the SPDL bound, 32 threads on 2 ms waits
-    in input order ran 30 % slower (benchmarks' pipeline_wait_2ms, 73 -> 95 µs/element)."""
-    if output_order == "input":
-        return 2 * concurrency + 2
-    return concurrency + 2
-
-
-class _Lowering:
-    """Turns stage configs into engine streams (recursively, for path variants).
-
-    ``streams`` collects every stream built (the pipeline closes them and reports their
-    statistics), ``stage_hooks`` the task hooks, ``delivered`` the split outputs a restored
-    state delivered (filled by ``Pipeline.set_state``); ``queues`` (if given) observes every
-    stage's output boundary (SPDL's stats queues). ``ordered`` says whether the items reach
-    the next stage in a deterministic order (from the source, through stages that keep
-    order), and ``batch_keys`` records that an aggregate got such items: a state without
-    its open batches' members (version 2) restores only then (``delivery.py``).
-    """
-
-    def __init__(
-        self,
-        pipeline_id: int,
-        num_threads: int,
-        build_limit: Any,
-        task_hook_factory: Any,
-        *,
-        continuous: bool,
-        queues: QueueMonitor | None = None,
-        ordered: bool = False,
-    ) -> None:
-        self.pipeline_id = pipeline_id
-        self.ordered = ordered
-        self.batch_keys = False
-        self.queues = queues
-        self.num_threads = num_threads
-        self.trial_token = TrialToken()  # the auto stages try one change at a time
-        self.build_limit = build_limit
-        self.task_hook_factory = task_hook_factory
-        self.continuous = continuous
-        self.streams: list[Any] = []
-        self.planned: list[PlannedStage] = []  # the engine plan's stages (engine/plan.py)
-        self.stage_hooks: list[StageHooks] = []
-        self.delivered = DeliveredOutputs()
-        self.executor_calls: list[ExecutorCall] = []  # pipes on users' executors
-        # the last pipe stage built on our threads, with only aggregates and disaggregates
-        # after it (None once a region or paths follow): its consumer is the sink
-        self.last_runner: ChunkRunner | None = None
-
-    def stages(
-        self, upstream: ChunkStream, configs: Any, chunk_keyed: bool, first_id: int | str
-    ) -> tuple[ChunkStream, bool]:
-        """``configs`` lowered onto ``upstream``; returns the last stream and whether its
-        chunks still carry keys (see ``KeyItems``)."""
-        configs = list(configs)
-        offset = 0
-        while offset < len(configs):
-            stage = configs[offset]
-            offset += 1
-            sid = str(first_id + offset) if isinstance(first_id, int) else f"{first_id}.{offset}"
-            if isinstance(stage, defs.PlacementConfig):
-                if isinstance(stage.target, defs.ProcessPoolExecutorConfig) or is_ray_backend(
-                    stage.target
-                ):
-                    end = next(
-                        (
-                            i
-                            for i in range(offset, len(configs))
-                            if isinstance(configs[i], defs.PlacementConfig)
-                        ),
-                        len(configs),  # open at the end (build_pipeline): closed at the sink
-                    )
-                    if chunk_keyed:  # outputs arrive in completion order, with their keys
-                        upstream, chunk_keyed = KeyItems(upstream), False
-                    self.ordered = False  # a region's outputs arrive in completion order
-                    upstream = self._region(upstream, tuple(configs[offset:end]), stage, sid)
-                    self.streams.append(upstream)
-                    offset = end + 1
-                continue  # MAIN_PROCESS: nothing to run
-            upstream, chunk_keyed = self._stage(upstream, stage, chunk_keyed, sid)
-            self.streams.append(upstream)
-        return upstream, chunk_keyed
-
-    def _observed(self, info: StageInfo, stream: _S, role: Role) -> _S:
-        """``stream``, recorded in the plan as ``role``, its output boundary observed by the
-        stats queues (if any)."""
-        self.planned.append(PlannedStage(str(info), role, stream))
-        if self.queues is not None:
-            self.queues.observe(info, stream_probe(stream))
-        return stream
+class _MainLowering(Lowering):
+    """The lowering of a pipeline built here: its ``to()`` regions run on workers."""
 
     def _region(
         self, upstream: ChunkStream, span: tuple[Any, ...], placement: Any, sid: str
@@ -290,122 +185,6 @@ class _Lowering:
         )
         self.last_runner = None
         return self._observed(info, region, Role.REGION)
-
-    def _hooks(self, info: StageInfo) -> StageHooks | None:
-        """The stage's task hooks from ``task_hook_factory`` (None without one)."""
-        if self.task_hook_factory is None:
-            return None
-        hooks = StageHooks(self.task_hook_factory(info))
-        self.stage_hooks.append(hooks)
-        return hooks
-
-    def _stage(
-        self, upstream: ChunkStream, stage: Any, chunk_keyed: bool, sid: str
-    ) -> tuple[ChunkStream, bool]:
-        pipeline_id, continuous = self.pipeline_id, self.continuous
-        if isinstance(stage, defs.PipeConfig):
-            # SPDL's StageInfo carries a concurrency above 1 only
-            concurrency = stage.concurrency if stage.concurrency > 1 else None
-            info = StageInfo(pipeline_id, sid, stage.name, concurrency)
-            limit = stage.max_failures if stage.max_failures is not None else self.build_limit
-            budget = ops.FailureBudget(str(info), limit)
-            hooks = self._hooks(info)
-            fn, chunk_fn, call_s = ops.stage_function(
-                stage.op,
-                str(info),
-                budget,
-                hooks,
-                self.delivered,
-                stage.executor,
-                self.executor_calls,
-            )
-            kind = ops.kind_of(stage.op)
-            is_async = kind in ("async", "async_gen")
-            if chunk_keyed and kind in ("gen", "async_gen"):  # keys its outputs per input
-                upstream, chunk_keyed = KeyItems(upstream), False
-            # an async op, or one on its own executor, is not bounded by num_threads
-            own_threads = is_async or stage.executor is not None
-            concurrency = (
-                stage.concurrency if own_threads else min(stage.concurrency, self.num_threads)
-            )
-            # one thread (never tuned) keeps the order in completion order too
-            one_thread = not own_threads and concurrency == 1 and not stage.autotune
-            self.ordered = self.ordered and (stage.output_order == "input" or one_thread)
-            runner = ChunkRunner(
-                StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),
-                workers=concurrency,
-                buffer_size=_read_ahead(stage.concurrency, stage.output_order),
-                name=str(info),
-                executor=ASYNCIO if is_async else THREADS,
-                output_order=stage.output_order,
-                annotate_errors=False,
-                describe_input=describe_failed_input,
-                inline_beyond_buffer=True,
-                threads_first=True,  # concurrency was asked for: no serial probe first
-                call_s=call_s,  # a task is one call to the stage's executor
-            )
-            if stage.autotune:
-                order = stage.output_order
-                runner.autotune(
-                    tune_buffer=False,
-                    max_workers=None if own_threads else self.num_threads,
-                    buffer_follows=lambda workers: _read_ahead(workers, order),
-                    freeze=lambda knobs: f"pipe(..., concurrency={knobs['workers']})",
-                    token=self.trial_token,
-                )
-            self.last_runner = None if own_threads else runner
-            return self._observed(info, runner, Role.MAP), chunk_keyed
-        if isinstance(stage, defs.AggregateConfig):
-            info = StageInfo(pipeline_id, sid, stage.name)
-            aggregate = AggregateStream(
-                upstream,
-                copy.deepcopy(stage.op),
-                drop_last=stage.drop_last,
-                name=str(info),
-                epochs=continuous,
-                hooks=self._hooks(info),
-                delivered=self.delivered,
-            )
-            self.batch_keys = self.batch_keys or self.ordered
-            return self._observed(info, aggregate, Role.AGGREGATE), False  # Keyed values
-        if isinstance(stage, defs.DisaggregateConfig):
-            info = StageInfo(pipeline_id, sid, stage.name)
-            if chunk_keyed:
-                upstream = KeyItems(upstream)
-            split: Any = ops.splitter(self.delivered)
-            hooks = self._hooks(info)
-            if hooks is not None:  # each input's split runs inside the task hooks
-                split = functools.partial(_hooked_split, hooks, split)
-            runner = ChunkRunner(
-                StreamFeed(upstream, split, barriers=continuous),
-                workers=0,  # inline in whoever pulls: a list split is cheap
-                buffer_size=16,
-                name=str(info),
-                annotate_errors=False,
-                inline_beyond_buffer=True,
-            )
-            return self._observed(info, runner, Role.SPLIT), False
-        if isinstance(stage, defs.PathVariantsConfig):
-            info = StageInfo(pipeline_id, sid, stage.name)
-            if chunk_keyed:  # outputs arrive in completion order: each carries its keys
-                upstream = KeyItems(upstream)
-            self.ordered = False  # and so do the items within each path
-
-            def build_path(index: int, inlet: ChunkStream) -> ChunkStream:
-                last, _ = self.stages(inlet, stage.paths[index], False, f"{sid}.{index}")
-                return last
-
-            variants = PathVariantsStream(
-                upstream,
-                stage.router,
-                build_path,
-                len(stage.paths),
-                batched=stage.batched,
-                name=str(info),
-            )
-            self.last_runner = None  # its paths' own stages end in a merge
-            return self._observed(info, variants, Role.PATHS), False
-        raise TypeError(f"unsupported stage config {stage!r}")
 
 
 T = TypeVar("T")
@@ -554,14 +333,6 @@ class PipelineBuilder(Generic[T, U]):
             stage_id=stage_id,
             use_thread_output_queue=use_thread_output_queue,
         )
-
-
-def _hooked_split(hooks: StageHooks, split: Callable[[Any], Any], item: Any) -> Any:
-    """``disaggregate`` of one input inside the stage's task hooks, which see the list."""
-    shown = item.value if isinstance(item, Keyed) else item
-    if shown is SKIP or shown is EPOCH_END:  # engine markers are no tasks
-        return split(item)
-    return hooks.call_sync(split, item, shown)
 
 
 def _source_modes(src: defs.SourceConfig | defs.MergeConfig) -> set[bool]:

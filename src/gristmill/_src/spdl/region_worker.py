@@ -167,13 +167,13 @@ def _worker_pipeline(
     """The worker's lowering (with its default hooks and queue objects), its queue monitor
     and its source stream (the transfers); the stages are lowered by the caller."""
     from gristmill._src.engine.streams import IteratorStream
-    from gristmill._src.spdl.builder import _Lowering
+    from gristmill._src.spdl.lowering import Lowering
 
     pipeline_id = next(PIPELINE_IDS)
     queues = QueueMonitor(None, interval, pipeline_id)
     hooks = default_task_hooks(None, queues.interval)
     concurrency = sum(getattr(stage, "concurrency", 1) for stage in span)
-    lowering = _Lowering(
+    lowering = Lowering(
         pipeline_id, concurrency + 1, max_failures, hooks, continuous=True, queues=queues
     )
     info = StageInfo(pipeline_id, "0", "src")

@@ -122,6 +122,18 @@ class RayBackend:
     def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
         return self.stage().make_core(feed, counters, policy)
 
+    def pipe_calls(self, target: Callable[[Any], Any], stage: str) -> Any:
+        """The calls of a pipe stage run on the actors (``pipe(op, executor=backend)``)."""
+        from gristmill._src.ray.executor import RayCalls
+
+        return RayCalls(self, target, stage)
+
+    def region_workers(self, name: str) -> Any:
+        """The workers of a ``to(backend)`` region: its jobs on the actors."""
+        from gristmill._src.ray.region import RayWorkers
+
+        return RayWorkers(self, name)
+
     def shutdown(self) -> None:
         """Kills the pool's actors now; idempotent. A later stage starts new ones."""
         self.pool.shutdown()

@@ -301,9 +301,7 @@ def on_executor(
     """``op`` as a blocking call on ``executor`` (a list of outputs for a generator op)."""
     target: Callable[[Any], Any] = functools.partial(materialize, op) if generator else op
     if is_ray_backend(executor):  # the op goes to the actors once; one call per item
-        from gristmill._src.ray.executor import RayCalls
-
-        return ExecutorCall(target, RayCalls(executor, target, stage), stage)
+        return ExecutorCall(target, executor.pipe_calls(target, stage), stage)
     if _runs_in_processes(executor):
         # A process pool pickles each call with plain pickle: the op goes by value
         # (cloudpickled once), so lambdas and local functions run there too.

@@ -90,9 +90,7 @@ class RegionWorkers(Protocol):
 def region_workers(target: Any, name: str) -> RegionWorkers:
     """The transport for ``to(target)``."""
     if is_ray_backend(target):
-        from gristmill._src.ray.region import RayWorkers
-
-        return RayWorkers(target, name)
+        return target.region_workers(name)  # type: ignore[no-any-return]
     from gristmill._src.spdl.region_processes import ProcessWorkers
 
     return ProcessWorkers(target, name)

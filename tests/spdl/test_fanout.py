@@ -130,14 +130,15 @@ async def raising_merge(info, input_queues, output_queue):
     raise RuntimeError("merge op broke")
 
 
+def custom_merge_of(source, op):
+    """A pipeline whose source is a custom ``op`` merging one pipeline over ``source``."""
+    inputs = [PipelineBuilder().add_source(source).add_sink(2).get_config()]
+    config = defs.PipelineConfig(src=defs.Merge(inputs, op=op), pipes=[], sink=defs.SinkConfig(3))
+    return build_pipeline(config, num_threads=2)
+
+
 def test_a_failing_custom_merge_op_ends_the_pipeline_after_its_outputs():
-    inputs = [PipelineBuilder().add_source(range(3)).add_sink(2).get_config()]
-    pipeline = build_pipeline(
-        defs.PipelineConfig(
-            src=defs.Merge(inputs, op=raising_merge), pipes=[], sink=defs.SinkConfig(3)
-        ),
-        num_threads=2,
-    )
+    pipeline = custom_merge_of(range(3), raising_merge)
     assert pipeline.get_item(timeout=5) == 0
     with pytest.raises(PipelineFailure, match="pipeline stages failed") as info:
         pipeline.get_item(timeout=5)
@@ -150,13 +151,7 @@ async def take_one_then_wait(info, input_queues, output_queue):
 
 
 def test_a_custom_merge_input_waiting_for_room_waits_without_polling():
-    inputs = [PipelineBuilder().add_source(range(100)).add_sink(2).get_config()]
-    pipeline = build_pipeline(
-        defs.PipelineConfig(
-            src=defs.Merge(inputs, op=take_one_then_wait), pipes=[], sink=defs.SinkConfig(3)
-        ),
-        num_threads=2,
-    )
+    pipeline = custom_merge_of(range(100), take_one_then_wait)
     try:
         assert pipeline.get_item(timeout=60) == 0
         # its input queue full, the puller waits for room until the stop wakes it

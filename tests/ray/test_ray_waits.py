@@ -13,6 +13,7 @@ from tests.support.idle import polling_threads, wait_until
 
 import gristmill as gm
 from gristmill.pipeline import PipelineBuilder, defs
+from gristmill.ray import RayBackend
 
 ray = pytest.importorskip("ray")
 
@@ -36,6 +37,7 @@ class Gate:
     process (:meth:`source` yields 0, then waits)."""
 
     def __init__(self, directory):
+        directory.mkdir(exist_ok=True)
         self.directory = str(directory)
         self._open = threading.Event()
 
@@ -114,3 +116,33 @@ def test_a_stage_waiting_for_its_actors_waits_without_polling(backend, tmp_path,
         close()
         consumer.join(120)
     assert polling == {}
+
+
+def test_a_region_beyond_the_pull_threads_of_the_actors_is_refused_then_runs_once_one_stops(
+    monkeypatch, tmp_path
+):
+    from gristmill._src.ray import pool
+
+    monkeypatch.setattr(pool, "PULL_THREADS", 2)  # 2 regions at once, not 16: a small test
+    backend = RayBackend(1, {"num_cpus": 0.25})
+    gates = [Gate(tmp_path / str(i)) for i in range(4)]
+    pipelines = []
+    try:
+        for gate in gates[:2]:  # running, each held at its source
+            it, stop = in_region(backend, gate)
+            pipelines.append(stop)
+            assert next(it) == 0
+        it, stop = in_region(backend, gates[2])
+        pipelines.append(stop)
+        with pytest.raises(ValueError, match=r"cannot start: 2 to\(\) regions run on RayBack"):
+            next(it)
+        pipelines[0]()  # one stops: a new region runs
+        it, stop = in_region(backend, gates[3])
+        pipelines.append(stop)
+        assert next(it) == 0
+    finally:
+        for gate in gates:
+            gate.open()
+        for stop in pipelines:
+            stop()
+        backend.shutdown()

@@ -230,11 +230,10 @@ class ActorPool:
         with self._lock:
             if self._regions >= PULL_THREADS:
                 raise ValueError(
-                    f"{name} would be the {self._regions + 1}th to() region running on "
-                    f"{self.describe or 'this RayBackend'}, which runs at most {PULL_THREADS} "
-                    "at once (each keeps a pull waiting on every actor); stop the pipelines "
-                    "you no longer use (pipeline.stop(), or a `with` block), or give this "
-                    "region a RayBackend of its own"
+                    f"{name} cannot start: {PULL_THREADS} to() regions run on "
+                    f"{self.describe or 'this RayBackend'} already, the most it runs at once "
+                    "(each keeps a pull waiting on every actor); stop the pipelines you no "
+                    "longer use (pipeline.stop()), or give this region a RayBackend of its own"
                 )
             self._regions += 1
 

@@ -52,7 +52,7 @@ class RayWorkers:
         self._actors: list[Any] = []
         self._numbers = [itertools.count() for _ in range(self.count)]  # per actor, in order
         self._holder = start_notice.created_at(f"region {name}", start_notice.user_site())
-        self._counted = False  # whether the pool counts this region as running
+        self._counted = False  # whether the pool counts this region as running (_woken)
         self._woken = threading.Condition(threading.Lock())  # a pull returned, or a stop
         self._stopping = False  # stop_busy ran: the collector returns
 
@@ -75,7 +75,8 @@ class RayWorkers:
             ) from error
         self._era = self._pool.era
         self._pool.start_region(self._name)
-        self._counted = True
+        with self._woken:
+            self._counted = True
         self._pool.watch(self)
         with self._pool.calling(self._era, self._name, starting=True) as ray:
             work = ray.put(payload)
@@ -135,6 +136,8 @@ class RayWorkers:
         except Exception as error:  # the backend or Ray was shut down under the region
             for index in region.watched():
                 region.died(index, error)
+        finally:
+            self._uncount()
 
     def _deliver(
         self, region: RegionStream, index: int, pull: concurrent.futures.Future[Any]
@@ -174,8 +177,14 @@ class RayWorkers:
         self._close_jobs(clean)
         for slot in range(len(self._actors)):
             self._pool.release(slot, self._holder)
-        if self._counted:
-            self._counted = False
+        self._uncount()
+
+    def _uncount(self) -> None:
+        """The region keeps no pull waiting any more: it no longer counts against the pool's
+        limit (its collector returned, or it closed)."""
+        with self._woken:
+            counted, self._counted = self._counted, False
+        if counted:
             self._pool.end_region()
 
     def _close_jobs(self, indices: set[int]) -> None:

@@ -215,11 +215,19 @@ class RayCore(Core):
         self._era = pool.era  # the pool's shutdowns when the stage started
         self._site = site  # where the user set the stage up (for notices)
         self._holder = ""  # this stage, as the pool's notices name it
+        # a proxy waits here for its reply: apart from `work_ready`, whose single notify
+        # (room for a task) must reach a proxy waiting to claim
+        self._replied = threading.Condition(self.lock)
 
     def wake(self) -> None:
-        """Wakes the proxies waiting for a reply (a reply came, or the pool shut down)."""
+        """Wakes the proxies waiting for a reply (one came, the stage closed, or the pool
+        shut down)."""
         with self.lock:
-            self.work_ready.notify_all()
+            self._replied.notify_all()
+
+    def stop_executor(self) -> None:
+        """At close (``closed`` set): the proxies waiting for a reply return."""
+        self.wake()
 
     def bound(self) -> int:
         """Elements in flight (claimed, on an actor, in the object store, or finished and
@@ -403,7 +411,7 @@ class RayCore(Core):
         assert reply is not None
         pool, era = self._pool, self._era
         with self.lock:
-            self.work_ready.wait_for(lambda: reply.done() or self.closed or pool.era != era)
+            self._replied.wait_for(lambda: reply.done() or self.closed or pool.era != era)
             if self.closed:
                 return None
         with pool.calling(era, self._name):

@@ -202,7 +202,7 @@ class ActorPool:
                 total = ray.cluster_resources()
         except Exception:  # shut down meanwhile: nothing to say
             return
-        holders = [(pool is self, pool.held()) for pool in list(_POOLS)]
+        holders = [(pool is self, pool.held(pool is self)) for pool in list(_POOLS)]
         logger.warning(
             "%s",
             start_notice.message(
@@ -210,10 +210,12 @@ class ActorPool:
             ),
         )
 
-    def held(self) -> start_notice.Held:
-        """What this pool's started actors hold now, and who uses them."""
+    def held(self, waiting: bool) -> start_notice.Held:
+        """What this pool's actors hold now, and who uses them: all of them (Ray reserves an
+        actor's resources when it places it, before it answers), or, for the ``waiting``
+        pool, those that started."""
         with self._start_lock:
-            starting = set(self._starting)
+            starting = set(self._starting) if waiting else set()
         with self._lock:
             started = [
                 slot

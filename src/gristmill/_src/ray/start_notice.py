@@ -26,7 +26,7 @@ class Held:
     """What one pool's started actors hold, and who uses them."""
 
     backend: str  # the backend, and where it was created
-    actors: int  # actors started (holding their resources)
+    actors: int  # actors holding their resources (placed by Ray)
     options: Mapping[str, Any]  # each actor's ray.remote options
     holders: Mapping[str, int]  # a stage using the actors -> the actors it uses
 

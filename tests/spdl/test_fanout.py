@@ -1,8 +1,10 @@
 """path_variants and Merge beyond parity: states through path variants, failures, cleanup."""
 
+import asyncio
 import time
 
 import pytest
+from tests.support.idle import polling_threads
 
 from gristmill.pipeline import PipelineBuilder, PipelineFailure, build_pipeline, defs
 
@@ -128,18 +130,37 @@ async def raising_merge(info, input_queues, output_queue):
     raise RuntimeError("merge op broke")
 
 
+def custom_merge_of(source, op):
+    """A pipeline whose source is a custom ``op`` merging one pipeline over ``source``."""
+    inputs = [PipelineBuilder().add_source(source).add_sink(2).get_config()]
+    config = defs.PipelineConfig(src=defs.Merge(inputs, op=op), pipes=[], sink=defs.SinkConfig(3))
+    return build_pipeline(config, num_threads=2)
+
+
 def test_a_failing_custom_merge_op_ends_the_pipeline_after_its_outputs():
-    inputs = [PipelineBuilder().add_source(range(3)).add_sink(2).get_config()]
-    pipeline = build_pipeline(
-        defs.PipelineConfig(
-            src=defs.Merge(inputs, op=raising_merge), pipes=[], sink=defs.SinkConfig(3)
-        ),
-        num_threads=2,
-    )
+    pipeline = custom_merge_of(range(3), raising_merge)
     assert pipeline.get_item(timeout=5) == 0
     with pytest.raises(PipelineFailure, match="pipeline stages failed") as info:
         pipeline.get_item(timeout=5)
     assert str(info.value.exceptions[0]) == "merge op broke"
+
+
+async def take_one_then_wait(info, input_queues, output_queue):
+    await output_queue.put(await input_queues[0].get())
+    await asyncio.Event().wait()  # until the pipeline's stop cancels it
+
+
+def test_a_custom_merge_input_waiting_for_room_waits_without_polling():
+    pipeline = custom_merge_of(range(100), take_one_then_wait)
+    try:
+        assert pipeline.get_item(timeout=60) == 0
+        # its input queue full, the puller waits for room until the stop wakes it
+        polling = polling_threads(
+            lambda name: name.startswith("gristmill[") and name.endswith("-input0")
+        )
+    finally:
+        pipeline.stop()
+    assert polling == {}
 
 
 def test_a_merged_pipeline_has_no_state_yet():

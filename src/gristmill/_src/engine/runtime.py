@@ -46,7 +46,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "ProcessState",
@@ -146,6 +146,12 @@ def discard_handle(handle: _Releasable) -> None:
 def add_pool(pool: _Closable) -> None:
     """Shuts ``pool`` (a Ray actor pool) down at exit."""
     _current().pools.add(pool)
+
+
+def live_pools() -> list[Any]:
+    """The Ray actor pools alive in this process (what a pool waiting for CPUs names as
+    their holders)."""
+    return list(_current().pools)
 
 
 def own(state: ProcessState) -> None:

@@ -82,7 +82,7 @@ class PoolActor:
             return failure(chunk.error, chunk.values)
         return ("ok", chunk.values)
 
-    # -- to() regions (called in the REGION_GROUP concurrency group) ----------------------
+    # -- to() regions (called in the REGION_GROUP / PULL_GROUP concurrency groups) ----------
 
     def region_open(self, key: str, work: bytes, index: int, options: tuple[Any, ...]) -> None:
         """Starts this actor's job of region ``key`` (``region_jobs``)."""
@@ -91,8 +91,9 @@ class PoolActor:
     def region_push(self, key: str, number: int, message: tuple[Any, ...]) -> None:
         self._regions.push(key, number, message)
 
-    def region_pull(self, key: str, wait_s: float) -> list[tuple[Any, ...]]:
-        return self._regions.pull(key, wait_s)
+    def region_pull(self, key: str) -> list[tuple[Any, ...]]:
+        """What region ``key``'s job sent, once it sent something (called in PULL_GROUP)."""
+        return self._regions.pull(key)
 
     def region_close(self, key: str) -> None:
         self._regions.close(key)

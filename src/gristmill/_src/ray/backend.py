@@ -8,7 +8,9 @@ thread per actor slot claims tasks from the stage's reorder window exactly as a 
 thread does, calls ``actor.run`` with the task's range (or input values), and files the
 chunk it gets back: the output is the stage's, whatever ran it. A proxy keeps up to
 :data:`CALLS_IN_FLIGHT` calls on its actor, so the actor starts the next task while the
-reply of the one before travels back.
+reply of the one before travels back. It waits for a reply on the stage's condition, which
+the reply's future wakes (``pool.on_reply``), as do the stage's close and the pool's
+shutdown: nothing polls.
 
 Exactly once: tasks are pure (the same work over the same range gives the same values), so
 a task whose actor died (killed, its node gone: ``RayActorError``, ``ObjectLostError``,
@@ -23,6 +25,7 @@ their task.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -38,8 +41,8 @@ from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
 from gristmill._src.engine.ordered import Claimed, Core
 from gristmill._src.engine.process_lane import capped_bound, pickled_work
 from gristmill._src.engine.tuner import nbytes
-from gristmill._src.ray import import_ray
-from gristmill._src.ray.pool import ActorPool
+from gristmill._src.ray import import_ray, start_notice
+from gristmill._src.ray.pool import ActorPool, on_reply
 
 if TYPE_CHECKING:
     from gristmill._src.engine.policy import ChunkPolicy
@@ -53,7 +56,6 @@ MAX_ATTEMPTS = 4
 CALLS_IN_FLIGHT = 2
 """Calls a proxy keeps on its actor: the next one is queued there while the reply of the
 one before travels back, so the actor does not wait for the round trip."""
-_POLL_S = 0.1  # how soon a proxy waiting on its actor sees the stage closed
 _RESERVED_OPTIONS = ("name", "namespace", "lifetime", "get_if_exists")
 
 
@@ -101,7 +103,8 @@ class RayBackend:
                     f"actor_options must not set {reserved}, got {dict(options)!r}: the pool "
                     "names its actors and ties them to this backend's life; remove them"
                 )
-        pool = ActorPool(self.num_actors, dict(options or {}))
+        where = start_notice.created_at(repr(self), start_notice.user_site())
+        pool = ActorPool(self.num_actors, dict(options or {}), where)
         object.__setattr__(self, "_pool", pool)
         weakref.finalize(self, pool.shutdown)
 
@@ -149,6 +152,8 @@ class RayStage:
     backend: RayBackend
     worker_init_fn: Callable[[int, int], Any] | None = None
     per_worker_buffer_size: int = 1
+    # where the user set the stage up (``mp_prefetch``, ``DataLoader``), for the notices
+    site: str = dataclasses.field(default_factory=start_notice.user_site, compare=False, repr=False)
 
     executor: ClassVar[Executor] = Executor.RAY
     handoff_s: ClassVar[float] = RAY_HANDOFF_S
@@ -162,6 +167,7 @@ class RayStage:
             self.backend.pool,
             self.worker_init_fn,
             self.per_worker_buffer_size,
+            self.site,
         )
 
 
@@ -170,7 +176,7 @@ class _Call:
     """One task sent (or to be sent again) to a slot's actor."""
 
     claimed: Claimed
-    ref: Any = None
+    reply: concurrent.futures.Future[Any] | None = None
     generation: int = -1
     sent: float = 0.0
     attempts: int = 0
@@ -201,6 +207,7 @@ class RayCore(Core):
         pool: ActorPool,
         worker_init_fn: Callable[[int, int], Any] | None = None,
         per_worker_buffer_size: int = 1,
+        site: str = "",
     ) -> None:
         super().__init__(feed, counters, policy)
         if not isinstance(feed, RangeFeed | StreamFeed):
@@ -218,6 +225,21 @@ class RayCore(Core):
         self._proxies: dict[int, threading.Thread] = {}  # slot -> its proxy, lock held
         self._name = ""
         self._era = pool.era  # the pool's shutdowns when the stage started
+        self._site = site  # where the user set the stage up (for notices)
+        self._holder = ""  # this stage, as the pool's notices name it
+        # a proxy waits here for its reply: apart from `work_ready`, whose single notify
+        # (room for a task) must reach a proxy waiting to claim
+        self._replied = threading.Condition(self.lock)
+
+    def wake(self) -> None:
+        """Wakes the proxies waiting for a reply (one came, the stage closed, or the pool
+        shut down)."""
+        with self.lock:
+            self._replied.notify_all()
+
+    def stop_executor(self) -> None:
+        """At close (``closed`` set): the proxies waiting for a reply return."""
+        self.wake()
 
     def bound(self) -> int:
         """Elements in flight (claimed, on an actor, in the object store, or finished and
@@ -250,8 +272,10 @@ class RayCore(Core):
         self._era = self._pool.era
         with self._pool.calling(self._era, name, starting=True) as ray:
             self._work_ref = ray.put(payload)
+        self._pool.watch(self)
         self._started = True
         self._name = name
+        self._holder = start_notice.open_stage(name, self._site)
         self._wanted = max(1, count)
         self._start_missing()
         runtime.add_core(self)
@@ -286,7 +310,7 @@ class RayCore(Core):
         """Claims tasks for slot ``slot``'s actor, has it run them (up to
         :data:`CALLS_IN_FLIGHT` at once), files the chunks in claim order."""
         pool = self._pool
-        pool.acquire(slot)
+        pool.acquire(slot, self._holder)
         calls = _SlotCalls(slot, count)
         stay = lambda: slot < self._wanted  # noqa: E731
         try:
@@ -321,7 +345,7 @@ class RayCore(Core):
         finally:
             if calls.loaded >= 0:
                 self._unload(slot, calls.loaded)
-            pool.release(slot)
+            pool.release(slot, self._holder)
 
     def _send(self, calls: _SlotCalls, call: _Call) -> None:
         """Sends ``call`` to the slot's actor (loading the stage's work there first if this
@@ -339,9 +363,11 @@ class RayCore(Core):
                     calls.loaded = generation
                 task = call.claimed[2]
                 call.generation = generation
-                call.ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
+                ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
         except Exception as error:  # shut down under us, or Ray failed: the call's error
             call.failed = error
+            return
+        call.reply = on_reply(ref, self.wake)  # no lock held: it may call wake() at once
 
     def _collect(self, calls: _SlotCalls, call: _Call) -> Chunk:
         """The chunk of ``call`` (the oldest in flight). If its actor died, the calls in
@@ -358,7 +384,7 @@ class RayCore(Core):
             if call.failed is not None:
                 return closed if self.closed else Chunk(task.start, [], call.failed)
             try:
-                reply = self._wait(ray, call.ref)
+                reply = self._wait(call)
             except lost as error:
                 if self.closed:
                     return closed
@@ -388,16 +414,20 @@ class RayCore(Core):
             f"Ray actor {MAX_ATTEMPTS} times (each replaced in turn); the last error: {last}"
         )
 
-    def _wait(self, ray: Any, ref: Any) -> Any:
-        """The reply of ``ref``; None if the stage closed while waiting. Each wait is one
-        bracketed call (:meth:`ActorPool.calling`), so a pool shutdown stops it."""
-        while True:
-            try:
-                with self._pool.calling(self._era, self._name):
-                    return ray.get(ref, timeout=_POLL_S)
-            except ray.exceptions.GetTimeoutError:
-                if self.closed:
-                    return None
+    def _wait(self, call: _Call) -> Any:
+        """The reply of ``call`` (its error raised, as ``ray.get`` would); None if the stage
+        closed while waiting. Woken by the reply, the close or the pool's shutdown; the
+        reply is read in a bracketed call (:meth:`ActorPool.calling`), which raises once the
+        pool was shut down."""
+        reply = call.reply
+        assert reply is not None
+        pool, era = self._pool, self._era
+        with self.lock:
+            self._replied.wait_for(lambda: reply.done() or self.closed or pool.era != era)
+            if self.closed:
+                return None
+        with pool.calling(era, self._name):
+            return reply.result()
 
     def _chunk(self, task: Task, reply: tuple[Any, ...], slot: int) -> Chunk:
         if reply[0] != "exit":

@@ -14,7 +14,8 @@ replaced. A call goes to the slot with the fewest calls in flight. A call whose 
 item gives the same value — so each item is delivered exactly once; after
 :data:`~gristmill._src.ray.backend.MAX_ATTEMPTS` lost actors it fails with
 ``ActorsLostError``. An exception raised by the op comes back as itself, with the actor's
-traceback as a note.
+traceback as a note. A call's thread waits on a condition that the reply's future wakes
+(``pool.on_reply``), as does the pool's shutdown: nothing polls.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from gristmill._src.ray.backend import (
     RayBackend,
     reply_error,
 )
+from gristmill._src.ray.pool import on_reply
 
 _NO_INIT = sending.dumps(None)
-_POLL_S = 0.1  # the slices a call's reply is waited for in (a shutdown waits for one)
 
 
 class RayCalls:
@@ -51,12 +52,18 @@ class RayCalls:
         self._payload = sending.dumps(target)  # the pickler's error here, at build time
         self._work_ref: Any = None
         self._lock = threading.Lock()
+        self._replied = threading.Condition(threading.Lock())  # a reply came, or a shutdown
         self._loaded: dict[int, int] = {}  # slot -> the generation that has the op
         self._in_flight = [0] * backend.num_actors
         self._era: int | None = None  # the pool's shutdowns at the first call
 
     def __repr__(self) -> str:
         return f"{self.backend!r} (stage {self._stage})"
+
+    def wake(self) -> None:
+        """Wakes the calls waiting for a reply (one came, or the pool shut down)."""
+        with self._replied:
+            self._replied.notify_all()
 
     def submit(self, fn: Callable[[Any], Any], item: Any) -> concurrent.futures.Future[Any]:
         """Calls the op (``fn`` is the target this was made for) on ``item`` on an actor and
@@ -79,7 +86,7 @@ class RayCalls:
     def _call(self, slot: int, item: Any) -> Any:
         """The op's value on ``item`` from slot ``slot``'s actor (its replacement, if the
         actor dies); the op's exception, raised. Every Ray call is bracketed by the pool
-        (:meth:`ActorPool.calling`), so ``backend.shutdown()`` stops it within 0.1 s."""
+        (:meth:`ActorPool.calling`), and a wait ends at ``backend.shutdown()``."""
         ray = import_ray()
         lost = (
             ray.exceptions.RayActorError,
@@ -89,6 +96,7 @@ class RayCalls:
         starting = self._era is None  # the first call: the stage starts in this era
         if self._era is None:
             self._era = self._pool.era
+            self._pool.watch(self)
         era = self._era
         last: BaseException | None = None
         for _ in range(MAX_ATTEMPTS):
@@ -96,7 +104,7 @@ class RayCalls:
                 actor, generation = self._actor(ray, slot)
                 ref = actor.run.remote(self._key, 0, 1, [item])
             try:
-                reply = self._wait(ray, ref, era)
+                reply = self._wait(on_reply(ref, self.wake), era)
             except lost as error:
                 last = error
                 with self._pool.calling(era, self._stage):
@@ -112,14 +120,14 @@ class RayCalls:
             f"(each replaced in turn); the last error: {last}"
         )
 
-    def _wait(self, ray: Any, ref: Any, era: int) -> Any:
-        """The reply of ``ref``, waited for in bracketed slices of :data:`_POLL_S`."""
-        while True:
-            with self._pool.calling(era, self._stage):
-                try:
-                    return ray.get(ref, timeout=_POLL_S)
-                except ray.exceptions.GetTimeoutError:
-                    continue
+    def _wait(self, reply: concurrent.futures.Future[Any], era: int) -> Any:
+        """The reply (its error raised, as ``ray.get`` would), once it came; read in a
+        bracketed call, which raises if the pool was shut down meanwhile."""
+        pool = self._pool
+        with self._replied:
+            self._replied.wait_for(lambda: reply.done() or pool.era != era)
+        with pool.calling(era, self._stage):
+            return reply.result()
 
     def _actor(self, ray: Any, slot: int) -> tuple[Any, int]:
         """Slot ``slot``'s actor, with the op loaded on it. Call inside ``calling``."""

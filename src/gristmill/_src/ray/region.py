@@ -3,38 +3,38 @@
 Each actor slot of the backend's pool runs one job of the region (``region_jobs``: the same
 ``region_worker.run_region`` a worker process runs), so the region has ``num_actors``
 workers. The region's stages are cloudpickled and put in the object store once; messages
-travel as actor calls in the actors' region concurrency group: the dispatcher's transfers
+travel as actor calls in the actors' region concurrency groups: the dispatcher's transfers
 (``region_push``, numbered, since calls in a group of several threads may run out of order)
-and the collector's pulls (``region_pull``, one in flight per actor, each waiting up to
-:data:`PULL_WAIT_S` on the actor for the job's messages). Items cross pickled in band (no
-shared memory: an actor may run on another machine).
+and the collector's pulls (``region_pull``, one in flight per actor, each returning once the
+job sent something or ended). Items cross pickled in band (no shared memory: an actor may
+run on another machine).
 
-The collector waits for the pulls in :data:`WAIT_S` slices, each a bracketed Ray call of the
-pool (``ActorPool.calling``), so closing the region or shutting the backend down stops it.
-An actor that dies (killed, its node removed) ends the region with a RuntimeError naming the
-actor: a region's outputs are merged in arrival order, so its items cannot be sent again
+The collector waits on a condition that the pulls' futures wake (``pool.on_reply``), as do
+``stop_busy`` (closing the region) and the pool's shutdown: nothing polls. A pull keeps a
+thread of the actor's pull group while it waits, so at most ``PULL_THREADS`` regions run on
+one backend at once (a ``ValueError`` beyond). An actor that dies (killed, its node
+removed) fails its pull (``RayActorError``) and ends the region with a RuntimeError naming
+the actor: a region's outputs are merged in arrival order, so its items cannot be sent again
 without changing what the consumer already got. Closing ends every actor's job; the actors
 stay in the pool.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from gristmill._src.engine import sending
-from gristmill._src.ray import import_ray
-from gristmill._src.ray.region_jobs import REGION_GROUP
+from gristmill._src.ray import import_ray, start_notice
+from gristmill._src.ray.pool import on_reply
+from gristmill._src.ray.region_jobs import PULL_GROUP, REGION_GROUP
 
 if TYPE_CHECKING:
     from gristmill._src.ray.backend import RayBackend
     from gristmill._src.spdl.regions import RegionStream
-
-PULL_WAIT_S = 0.5
-"""How long a pull waits on the actor for the job to send something."""
-WAIT_S = 0.1
-"""The slices the collector waits for pulls in (how soon it sees the region closed)."""
 
 
 class RayWorkers:
@@ -51,6 +51,15 @@ class RayWorkers:
         self._era = self._pool.era
         self._actors: list[Any] = []
         self._numbers = [itertools.count() for _ in range(self.count)]  # per actor, in order
+        self._holder = start_notice.created_at(f"region {name}", start_notice.user_site())
+        self._counted = False  # whether the pool counts this region as running (_woken)
+        self._woken = threading.Condition(threading.Lock())  # a pull returned, or a stop
+        self._stopping = False  # stop_busy ran: the collector returns
+
+    def wake(self) -> None:
+        """Wakes the collector (a pull returned, the region closes, or the pool shut down)."""
+        with self._woken:
+            self._woken.notify_all()
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Puts the stages in the object store and opens the region's job on every actor."""
@@ -65,10 +74,14 @@ class RayWorkers:
                 "their ops, creating them in the op on first use"
             ) from error
         self._era = self._pool.era
+        self._pool.start_region(self._name)
+        with self._woken:
+            self._counted = True
+        self._pool.watch(self)
         with self._pool.calling(self._era, self._name, starting=True) as ray:
             work = ray.put(payload)
             for slot in range(self.count):
-                self._pool.acquire(slot)
+                self._pool.acquire(slot, self._holder)
                 actor, _ = self._pool.current(slot)
                 self._call(actor.region_open).remote(
                     self._key,
@@ -79,8 +92,8 @@ class RayWorkers:
                 self._actors.append(actor)
 
     @staticmethod
-    def _call(method: Any) -> Any:
-        return method.options(concurrency_group=REGION_GROUP)
+    def _call(method: Any, group: str = REGION_GROUP) -> Any:
+        return method.options(concurrency_group=group)
 
     def send(self, index: int, message: tuple[Any, ...]) -> bool:
         """Pushes ``message`` to actor ``index``'s job (numbered: the job takes them in
@@ -96,27 +109,39 @@ class RayWorkers:
     def collect(self, region: RegionStream) -> None:
         """Keeps one pull in flight per watched actor and hands its messages to ``region``
         until every actor finished or the region closed."""
-        pulls: dict[Any, int] = {}  # a pull in flight -> its actor's index
+        pulls: dict[int, concurrent.futures.Future[Any]] = {}  # actor index -> its pull
+        pool, era = self._pool, self._era
         try:
             while True:
                 watched = region.watched()
-                if not watched:
+                if not watched or self._stopping:
                     return
-                with self._pool.calling(self._era, self._name) as ray:
-                    waiting = set(pulls.values())
+                with pool.calling(era, self._name):
                     for index in watched:
-                        if index not in waiting:
-                            pull = self._call(self._actors[index].region_pull)
-                            pulls[pull.remote(self._key, PULL_WAIT_S)] = index
-                    ready, _ = ray.wait(list(pulls), num_returns=1, timeout=WAIT_S)
-                for ref in ready:
-                    index = pulls.pop(ref)
-                    self._deliver(region, index, ref)
+                        if index not in pulls:
+                            pull = self._call(self._actors[index].region_pull, PULL_GROUP)
+                            pulls[index] = on_reply(pull.remote(self._key), self.wake)
+                with self._woken:
+                    self._woken.wait_for(
+                        lambda: (
+                            self._stopping
+                            or pool.era != era
+                            or any(pull.done() for pull in pulls.values())
+                        )
+                    )
+                for index, pull in list(pulls.items()):
+                    if pull.done():
+                        del pulls[index]
+                        self._deliver(region, index, pull)
         except Exception as error:  # the backend or Ray was shut down under the region
             for index in region.watched():
                 region.died(index, error)
+        finally:
+            self._uncount()
 
-    def _deliver(self, region: RegionStream, index: int, ref: Any) -> None:
+    def _deliver(
+        self, region: RegionStream, index: int, pull: concurrent.futures.Future[Any]
+    ) -> None:
         """The messages of one finished pull (or the actor's death) to ``region``."""
         ray = import_ray()
         lost = (
@@ -126,7 +151,7 @@ class RayWorkers:
         )
         try:
             with self._pool.calling(self._era, self._name):
-                messages = ray.get(ref)
+                messages = pull.result()
         except lost as error:
             region.died(
                 index,
@@ -141,14 +166,26 @@ class RayWorkers:
             region.received(index, message)
 
     def stop_busy(self, clean: set[int]) -> None:
-        """Ends the jobs of the actors that did not end cleanly."""
+        """Ends the jobs of the actors that did not end cleanly, and the collector."""
+        with self._woken:
+            self._stopping = True
+            self._woken.notify_all()
         self._close_jobs(set(range(len(self._actors))) - clean)
 
     def release(self, clean: set[int], threads_done: bool) -> None:
         """Forgets the clean jobs and releases every slot (the actors stay in the pool)."""
         self._close_jobs(clean)
         for slot in range(len(self._actors)):
-            self._pool.release(slot)
+            self._pool.release(slot, self._holder)
+        self._uncount()
+
+    def _uncount(self) -> None:
+        """The region keeps no pull waiting any more: it no longer counts against the pool's
+        limit (its collector returned, or it closed)."""
+        with self._woken:
+            counted, self._counted = self._counted, False
+        if counted:
+            self._pool.end_region()
 
     def _close_jobs(self, indices: set[int]) -> None:
         for index in sorted(indices):

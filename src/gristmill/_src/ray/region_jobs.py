@@ -3,10 +3,11 @@
 A region job is ``region_worker.run_region`` — the very job a region's worker process runs —
 on a thread of the actor, speaking over a :class:`QueueConn` instead of a pipe: the region's
 main process *pushes* its messages into the job's inbox (``region_push``) and *pulls* what
-the job sent (``region_pull``, which waits a little for something to send back). The actor
-runs these calls in a concurrency group of their own (``REGION_GROUP``), so they run beside
-the stage tasks (``run``, one at a time) and beside other regions' calls. Nothing here
-imports Ray.
+the job sent (``region_pull``, which returns once the job sent something, or ended). The
+actor runs these calls in concurrency groups of their own, beside the stage tasks (``run``,
+one at a time): pushes, opens and closes in ``REGION_GROUP`` (none of them waits), pulls in
+``PULL_GROUP`` (each waits for its job), so a waiting pull never holds up a push. Nothing
+here imports Ray.
 """
 
 from __future__ import annotations
@@ -19,9 +20,15 @@ from typing import Any
 from gristmill._src.spdl import region_worker
 
 REGION_GROUP = "gristmill-region"
-"""The actor's concurrency group for region calls."""
-REGION_THREADS = 16
-"""Threads of that group: each running region has at most one pull waiting at a time."""
+"""The actor's concurrency group for a region's opens, pushes and closes."""
+REGION_THREADS = 4
+"""Threads of that group (its calls never wait; Ray starts every group's threads with the
+actor)."""
+PULL_GROUP = "gristmill-region-pull"
+"""The actor's concurrency group for the regions' pulls."""
+PULL_THREADS = 16
+"""Threads of that group: each running region keeps one pull waiting on each actor, so this
+is how many regions may run on one backend at once (``ActorPool.start_region``)."""
 
 
 class QueueConn:
@@ -34,6 +41,7 @@ class QueueConn:
         self._early: dict[int, Any] = {}  # pushes that ran before an earlier one
         self._next = 0  # the number of the next message for the inbox
         self._order = threading.Lock()
+        self._closed = False  # the region closed: a pull returns at once
 
     def put(self, number: int, message: Any) -> None:
         """Message ``number`` of the region's (its pushes may run out of order)."""
@@ -54,14 +62,21 @@ class QueueConn:
             raise EOFError("the region closed")
         return message
 
-    def take(self, wait_s: float) -> list[tuple[Any, ...]]:
-        """Everything sent so far; waits up to ``wait_s`` for something if nothing was."""
+    def take(self) -> list[tuple[Any, ...]]:
+        """Everything sent so far; waits for something if nothing was (nothing once the
+        region closed)."""
         with self._ready:
-            if not self._outbox:
-                self._ready.wait(wait_s)
+            self._ready.wait_for(lambda: self._outbox or self._closed)
             messages = list(self._outbox)
             self._outbox.clear()
             return messages
+
+    def close(self) -> None:
+        """Ends the job's transfers and wakes a waiting pull."""
+        self.inbox.put(None)
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
 
 
 class RegionJobs:
@@ -107,10 +122,10 @@ class RegionJobs:
         if conn is not None:
             conn.put(number, message)
 
-    def pull(self, key: str, wait_s: float) -> list[tuple[Any, ...]]:
+    def pull(self, key: str) -> list[tuple[Any, ...]]:
         """What the job sent (see :meth:`QueueConn.take`); nothing once the region closed."""
         conn = self._conn(key)
-        return [] if conn is None else conn.take(wait_s)
+        return [] if conn is None else conn.take()
 
     def close(self, key: str) -> None:
         """Ends the job (its transfers end) and forgets it."""
@@ -118,4 +133,4 @@ class RegionJobs:
             self._closed.add(key)
             conn = self._jobs.pop(key, None)
         if conn is not None:
-            conn.inbox.put(None)
+            conn.close()

@@ -7,9 +7,10 @@ so epochs never mix. An input that ends simply stops contributing.
 
 A custom ``op(info, input_queues, output_queue)`` runs on an event loop of its own: each
 input queue is an ``asyncio.Queue`` the puller fills (bounded: a puller waits while its
-queue holds ``INPUT_BUFFER`` items), ending with ``EOF`` (``is_eof``); what the op puts on
-``output_queue`` is the merged stream. When the op returns, the inputs are stopped (an
-early return is fine); when it raises, the stage fails with its error.
+queue holds ``INPUT_BUFFER`` items: :class:`_Room`, which ``close`` wakes), ending with
+``EOF`` (``is_eof``); what the op puts on ``output_queue`` is the merged stream. When the op
+returns, the inputs are stopped (an early return is fine); when it raises, the stage fails
+with its error.
 """
 
 from __future__ import annotations
@@ -30,21 +31,50 @@ INPUT_BUFFER = 8
 _JOIN_TIMEOUT_S = 1.0
 
 
-class _InputQueue(asyncio.Queue[Any]):
-    """An input of a custom merge: filled from a puller thread, ``slots`` bound it."""
+class _Room:
+    """The room left in one input queue of a custom merge: its puller takes one place per
+    item, the op's loop gives it back per item it gets; :meth:`close` wakes the puller."""
 
-    def __init__(self, slots: threading.Semaphore) -> None:
+    def __init__(self, places: int) -> None:
+        self._places = places
+        self._closed = False
+        self._changed = threading.Condition(threading.Lock())
+
+    def take(self) -> bool:
+        """Waits for a place and takes it; False once closed."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._places > 0 or self._closed)
+            if self._closed:
+                return False
+            self._places -= 1
+            return True
+
+    def give(self) -> None:
+        with self._changed:
+            self._places += 1
+            self._changed.notify()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+
+class _InputQueue(asyncio.Queue[Any]):
+    """An input of a custom merge: filled from a puller thread, ``room`` bounds it."""
+
+    def __init__(self, room: _Room) -> None:
         super().__init__()
-        self._slots = slots
+        self._room = room
 
     async def get(self) -> Any:
         item = await super().get()
-        self._slots.release()
+        self._room.give()
         return item
 
     def get_nowait(self) -> Any:
         item = super().get_nowait()
-        self._slots.release()
+        self._room.give()
         return item
 
 
@@ -84,6 +114,10 @@ class MergeStream:
         self._closed = False
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        # a custom merge's input queues' room (made here: `close` may run before `start`)
+        self._rooms = (
+            [_Room(INPUT_BUFFER) for _ in config.pipeline_configs] if config.op is not None else []
+        )
         self._start_lock = threading.Lock()
 
     # -- threads ---------------------------------------------------------------------------
@@ -98,11 +132,10 @@ class MergeStream:
             targets: list[tuple[Callable[..., None], tuple[Any, ...], str]] = []
             if custom:
                 self._loop = asyncio.new_event_loop()
-                slots = [threading.Semaphore(INPUT_BUFFER) for _ in self._pipelines]
-                queues = self._make_queues(slots)
+                queues = self._make_queues(self._rooms)
                 targets.append((self._run_op, (queues,), "op"))
                 for i in range(len(self._pipelines)):
-                    targets.append((self._feed, (i, queues[i], slots[i]), f"input{i}"))
+                    targets.append((self._feed, (i, queues[i], self._rooms[i]), f"input{i}"))
             else:
                 for i in range(len(self._pipelines)):
                     targets.append((self._pull, (i,), f"input{i}"))
@@ -113,12 +146,12 @@ class MergeStream:
                 self._threads.append(thread)
                 thread.start()
 
-    def _make_queues(self, slots: list[threading.Semaphore]) -> list[_InputQueue]:
+    def _make_queues(self, rooms: list[_Room]) -> list[_InputQueue]:
         loop = self._loop
         assert loop is not None
 
         async def make() -> list[_InputQueue]:  # queues belong to the loop that runs the op
-            return [_InputQueue(s) for s in slots]
+            return [_InputQueue(room) for room in rooms]
 
         return loop.run_until_complete(make())
 
@@ -162,7 +195,7 @@ class MergeStream:
         self._merged.append(EPOCH_END)
         self._cond.notify_all()
 
-    def _feed(self, index: int, queue: _InputQueue, slots: threading.Semaphore) -> None:
+    def _feed(self, index: int, queue: _InputQueue, room: _Room) -> None:
         """Custom merge: one input's items into its queue on the op's loop, then EOF."""
         loop = self._loop
         assert loop is not None
@@ -170,9 +203,8 @@ class MergeStream:
         try:
             while not self._closed:
                 item = pipeline.next_item_or_marker()
-                while not slots.acquire(timeout=0.1):
-                    if self.closed:
-                        return
+                if not room.take():  # closed
+                    return
                 loop.call_soon_threadsafe(queue.put_nowait, item)
                 if item is EOF:
                     return
@@ -254,6 +286,8 @@ class MergeStream:
     def close(self) -> None:
         with self._cond:
             self._closed = True
+        for room in self._rooms:  # a puller waiting for room
+            room.close()
         self._output.close()
         for pipeline in self._pipelines:
             with contextlib.suppress(Exception):

@@ -7,8 +7,9 @@ does not import Ray; the first stage that uses a backend does (docs/ray.md).
 """
 
 from gristmill._src.public import export as _export
-from gristmill._src.ray.backend import ActorsLostError, RayBackend
+from gristmill._src.ray.backend import RayBackend
 from gristmill._src.ray.pool import BackendShutDownError
+from gristmill._src.ray.replies import ActorsLostError
 
 _export("gristmill.ray", RayBackend, ActorsLostError, BackendShutDownError)
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gristmill._src.core import validation
-from gristmill._src.engine import remote_traceback, runtime
+from gristmill._src.engine import runtime
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
 from gristmill._src.engine.ordered import Claimed, Core
@@ -43,6 +43,7 @@ from gristmill._src.engine.process_lane import capped_bound, pickled_work
 from gristmill._src.engine.tuner import nbytes
 from gristmill._src.ray import import_ray, start_notice
 from gristmill._src.ray.pool import ActorPool, on_reply
+from gristmill._src.ray.replies import MAX_ATTEMPTS, ActorsLostError, reply_error
 
 if TYPE_CHECKING:
     from gristmill._src.engine.policy import ChunkPolicy
@@ -51,16 +52,10 @@ if TYPE_CHECKING:
 RAY_HANDOFF_S = 1e-3
 """One actor call and its reply (``ray.get`` of a small result), measured ~0.9 ms on the
 2-core VM, with margin: tasks are sized so that it stays under 5 % of their work."""
-MAX_ATTEMPTS = 4
-"""Actors one task may lose (each replaced) before the stage fails."""
 CALLS_IN_FLIGHT = 2
 """Calls a proxy keeps on its actor: the next one is queued there while the reply of the
 one before travels back, so the actor does not wait for the round trip."""
 _RESERVED_OPTIONS = ("name", "namespace", "lifetime", "get_if_exists")
-
-
-class ActorsLostError(RuntimeError):
-    """A task lost its actor :data:`MAX_ATTEMPTS` times (each replaced in turn)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -455,17 +450,3 @@ class RayCore(Core):
         with self.lock:
             if all(not thread.is_alive() for thread in self._proxies.values()):
                 self._work_ref = None
-
-
-def reply_error(reply: tuple[Any, ...], where: str) -> BaseException:
-    """The exception an actor's failed reply stands for (``actor.failure``'s tuple, or
-    ``("exit", code)``): the user's own exception with the actor's frames and a note, or a
-    RuntimeError with its text when it does not unpickle."""
-    if reply[0] == "exit":
-        return RuntimeError(
-            f"a transformation called sys.exit({reply[1]!r}) on {where}: the actor is kept, "
-            "the stage stops"
-        )
-    error: BaseException = reply[2].rebuilt()  # raised here, it shows the actor's frames
-    remote_traceback.note_origin(error, where)
-    return error

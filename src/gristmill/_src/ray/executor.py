@@ -12,7 +12,7 @@ this stage's key, as a stage's work) before its first call, and again after its 
 replaced. A call goes to the slot with the fewest calls in flight. A call whose actor dies
 (killed, its node gone) is sent again to the slot's replacement actor — the op over the same
 item gives the same value — so each item is delivered exactly once; after
-:data:`~gristmill._src.ray.backend.MAX_ATTEMPTS` lost actors it fails with
+:data:`~gristmill._src.ray.replies.MAX_ATTEMPTS` lost actors it fails with
 ``ActorsLostError``. An exception raised by the op comes back as itself, with the actor's
 traceback as a note. A call's thread waits on a condition that the reply's future wakes
 (``pool.on_reply``), as does the pool's shutdown: nothing polls.
@@ -24,17 +24,15 @@ import concurrent.futures
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gristmill._src.engine import sending
 from gristmill._src.ray import import_ray
-from gristmill._src.ray.backend import (
-    MAX_ATTEMPTS,
-    ActorsLostError,
-    RayBackend,
-    reply_error,
-)
 from gristmill._src.ray.pool import on_reply
+from gristmill._src.ray.replies import MAX_ATTEMPTS, ActorsLostError, reply_error
+
+if TYPE_CHECKING:
+    from gristmill._src.ray.backend import RayBackend
 
 _NO_INIT = sending.dumps(None)
 

@@ -30,6 +30,8 @@ from gristmill._src.core import validation
 # Common leaf types, checked first: isinstance against the Mapping ABC is slow per element.
 _LEAVES = (int, float, complex, str, bytes, np.ndarray, np.generic)
 _PLAIN_LEAVES = (*_LEAVES, type(None))
+_PLAIN_LEAF_TYPES = frozenset({bool, *_LEAVES, type(None)} - {np.generic})
+"""Exact types that are leaves (a subclass of one may not be: a namedtuple is a tuple)."""
 
 
 def _jax_importable() -> bool:
@@ -108,6 +110,8 @@ def _mismatch(path: str, what: str) -> ValueError:
 
 def _check_leaves(trees: Sequence[Any], path: str) -> None:
     """Raises if a leaf of the first tree is a container in another."""
+    if _PLAIN_LEAF_TYPES.issuperset(map(type, trees)):  # the common case in one C-level pass
+        return
     first = trees[0]
     for other in trees[1:]:
         if not isinstance(other, _PLAIN_LEAVES) and _is_container(other):

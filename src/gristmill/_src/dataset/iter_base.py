@@ -304,6 +304,25 @@ class DatasetIterator(Generic[T], abc.ABC):
     def start_prefetch(self) -> None:
         """Starts background work early (no-op for iterators without any)."""
 
+    def _next_up_to(self, count: int) -> list[T]:
+        """The next ``count`` elements, fewer only at the end (``[]``: exhausted).
+
+        Exactly what ``count`` calls of ``next()`` return, and the state after it is the
+        state after the last of them: an error is raised as ``next()`` raises it (the
+        elements taken before it in this call are dropped, as a loop of ``next()`` drops
+        them). Consumers of many elements at once (``batch``) call it; an iterator that
+        holds its elements in chunks overrides it to hand a slice over in one call instead
+        of a method call per element.
+        """
+        elements: list[T] = []
+        append = elements.append
+        try:
+            for _ in range(count):
+                append(next(self))
+        except StopIteration:
+            pass
+        return elements
+
     def plan(self) -> Plan:
         """The engine plan behind this iterator: the stages its parents run, upstream first,
         then its own (an iterator that runs none adds nothing). ``plan().configure(name,
@@ -414,3 +433,13 @@ class DatasetIterator(Generic[T], abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def bulk_puller(iterator: Any) -> Callable[[int], list[Any]]:
+    """``iterator``'s :meth:`DatasetIterator._next_up_to`, or the same loop of ``next()``
+    for an iterator from outside gristmill (Grain lets any iterator with ``get_state`` /
+    ``set_state`` be a parent)."""
+    own = getattr(iterator, "_next_up_to", None)
+    if own is not None:
+        return own  # type: ignore[no-any-return]
+    return functools.partial(DatasetIterator._next_up_to, iterator)

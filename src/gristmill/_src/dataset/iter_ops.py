@@ -15,7 +15,7 @@ from gristmill._src.core.dataset_options import FilterRatioCheck, filter_iterato
 from gristmill._src.core.rng import IndexedRng
 from gristmill._src.dataset import batching
 from gristmill._src.dataset.base import register
-from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, bulk_puller
 from gristmill._src.dataset.op_clock import OpRow, call_sampled
 from gristmill._src.dataset.shuffle import resolve_seed
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
@@ -313,6 +313,7 @@ class _BatchIterator(_OneParentIterator):
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._batch_fn = batch_fn
+        self._pull = bulk_puller(parent)
         self._row = OpRow(self._describe())  # every call (a batch) timed
         self._row.elements_in = 0
 
@@ -325,14 +326,9 @@ class _BatchIterator(_OneParentIterator):
         return f"batch({self._batch_size}, drop_remainder={self._drop_remainder})"
 
     def __next__(self) -> Any:
-        parent = self._parent
-        elements = []
         pulling = time.perf_counter()
-        for _ in range(self._batch_size):
-            try:
-                elements.append(next(parent))
-            except StopIteration:
-                break
+        # one call for the whole batch: a parent holding chunks hands a slice over
+        elements = self._pull(self._batch_size)
         if not elements or (self._drop_remainder and len(elements) < self._batch_size):
             raise StopIteration
         row = self._row

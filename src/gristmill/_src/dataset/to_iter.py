@@ -8,7 +8,9 @@ MapDataset indices consumed, filtered holes included (as Grain).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import operator
 import time
 from collections.abc import Callable
@@ -244,6 +246,14 @@ class _FusedFunction:
         return x
 
 
+def _holes(values: list[Any]) -> list[int]:
+    """The indices of the ``None`` elements of ``values``, found by identity in C
+    (``values.index(None)`` would compare arrays with ``==``)."""
+    return list(
+        itertools.compress(range(len(values)), map(operator.is_, values, itertools.repeat(None)))
+    )
+
+
 class PrefetchDatasetIterator(DatasetIterator[Any]):
     """Delivers elements of ``parent`` in index order from the engine's chunks."""
 
@@ -266,6 +276,9 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._guard = ConsumerGuard()  # set_state from another thread: a clear error
         self._chunk: Chunk | None = None
         self._pos = 0
+        # _next_up_to slices the chunk up to here; where its holes are (once looked for)
+        self._clean_end = 0
+        self._holes: list[int] | None = None
         self._runner: OrderedChunkRunner | None = None
         self._clock: OpClock | None = None  # each MapDataset node's own time (in-process)
         self._stage_name = stage_name(parent) + (fused.name if fused is not None else "")
@@ -356,6 +369,62 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 if self._next_index == self._window_end:
                     self._close_holes_window()
 
+    def _next_up_to(self, count: int) -> list[Any]:
+        """A slice of the chunk in hand (one call for a whole batch, no method call per
+        element) where ``next()`` would only count the elements: within the run that
+        :meth:`_clean_run_end` found. Anything else goes through :meth:`_next_up_to_slowly`."""
+        pos = self._pos
+        if pos + count <= self._clean_end and not self._closed:
+            self._pos = pos + count
+            self._next_index += count
+            return self._chunk.values[pos : pos + count]  # type: ignore[union-attr]
+        return self._next_up_to_slowly(count)
+
+    def _next_up_to_slowly(self, count: int) -> list[Any]:
+        """:meth:`_next_up_to` across runs: a run's slice, then ``next()`` for what ends it
+        (a hole, the end of a ratio-check window, which is closed then as ``next()`` closes
+        it), a fused op's element, a chunk boundary (a fetch, an error, the end)."""
+        self._check_open()
+        elements: list[Any] = []
+        while len(elements) < count:
+            chunk, pos = self._chunk, self._pos
+            if chunk is not None and pos < len(chunk.values):
+                end = pos if self._fused is not None else self._clean_run_end()
+                end = min(end, pos + count - len(elements))
+                if end > pos:
+                    elements += chunk.values[pos:end]
+                    self._pos = end
+                    self._next_index += end - pos
+                    if self._next_index == self._window_end:
+                        self._close_holes_window()
+                    continue
+            elif chunk is None or chunk.error is None:  # between chunks: as next() fetches
+                if self._fetch() is None:
+                    break
+                continue
+            try:
+                elements.append(next(self))
+            except StopIteration:
+                break
+        return elements
+
+    def _clean_run_end(self) -> int:
+        """Where the run of the chunk's elements from ``_pos`` that ``next()`` would only
+        count ends: at the first hole it would skip, or the end of the holes' ratio-check
+        window, or the chunk's end. Kept in ``_clean_end`` for :meth:`_next_up_to`."""
+        values = self._chunk.values  # type: ignore[union-attr]
+        end = len(values)
+        if not self._allow_nones:
+            if self._holes is None:  # once per chunk
+                self._holes = _holes(values)
+            after = bisect.bisect_left(self._holes, self._pos)
+            if after < len(self._holes):
+                end = self._holes[after]
+        if self._next_index < self._window_end:
+            end = min(end, self._pos + self._window_end - self._next_index)
+        self._clean_end = end
+        return end
+
     def _close_holes_window(self) -> None:
         assert self._holes_check is not None
         self._window_end += WINDOW
@@ -407,16 +476,22 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             # KeyboardInterrupt while waiting, or the runner failed: stop every thread now.
             self.close()
             raise
-        self._chunk = chunk
-        self._pos = 0
+        self._hold(chunk)
         if self._reporter is not None:
             self._reporter.maybe_report()
         return chunk
 
+    def _hold(self, chunk: Chunk | None) -> None:
+        """Makes ``chunk`` the one elements are delivered from, from its start."""
+        self._chunk = chunk
+        self._pos = 0
+        self._clean_end = 0  # its runs are found when asked (_clean_run_end)
+        self._holes = None
+
     def _raise_chunk_error(self, chunk: Chunk) -> None:
         error = chunk.error
         assert error is not None
-        self._chunk = None
+        self._hold(None)
         if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: stop everything
             self.close()
         elif self._runner is not None:
@@ -456,7 +531,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         if self._holes_check is not None:  # the check's window goes on (as upstream)
             self._window_end += next_index - self._next_index
         self._next_index = next_index
-        self._chunk = None
+        self._hold(None)
         if self._runner is not None:
             self._runner.reset(next_index)
 

@@ -6,7 +6,7 @@ its segments are counted, mapped or not); its consumer takes a few elements and 
 no more. The test samples the child's process tree meanwhile: the proportional set size
 (PSS) of the child and of its worker processes, and the bytes used in its ``/dev/shm``
 (segments unlinked but still mapped included: the tmpfs counts them). Each peak must stay
-within the bound ``docs/architecture.md`` ("Memory in flight") derives from the settings:
+within the bound ``docs/engine.md`` ("Memory in flight") derives from the settings:
 elements in flight times the element size, plus a fixed allowance per process.
 
 A producer that is not held back fills its buffers within a second or two; the sampling
@@ -47,7 +47,7 @@ WATCH_BEYOND = 256 * MiB  # a broken bound is watched this far past it (to show 
 WORKER_BYTES = 16 * MiB  # process_lane.WORKER_BYTES_IN_FLIGHT
 
 # Elements (of E bytes) the settings let each backend hold, in /dev/shm and in memory
-# (docs/architecture.md, "Memory in flight"): W workers, B = per-worker / region buffer.
+# (docs/engine.md, "Memory in flight"): W workers, B = per-worker / region buffer.
 W, B = 2, 2
 _MP = W * max(B * E, WORKER_BYTES) + (B + 2) * E + max(B * E, WORKER_BYTES)
 BOUNDS = {

@@ -130,7 +130,7 @@ def test_grains_array_record_source_out_of_range_is_a_value_error(tmp_path):
     pytest.importorskip("array_record")
     path = str(tmp_path / "data")
     gm.sources.write_array_record(path, [b"r%d" % i for i in range(10)])
-    for index in (10, -1):  # negative indices too (docs/architecture.md)
+    for index in (10, -1):  # negative indices too (docs/differences.md)
         with pytest.raises(ValueError, match=re.escape("Record key should be in [0, num_records)")):
             grain.sources.ArrayRecordDataSource(path)[index]
 

@@ -1,4 +1,4 @@
-"""Memory in flight on Ray stays within the bound its settings give (``docs/architecture.md``,
+"""Memory in flight on Ray stays within the bound its settings give (``docs/engine.md``,
 "Memory in flight"), as ``tests/engine/test_memory_bounds.py`` checks for the local backends.
 
 A pipeline of 4 MiB arrays runs on a ``RayBackend`` of 2 quarter-CPU actors; its consumer

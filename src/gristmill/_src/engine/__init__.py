@@ -1,1 +1,1 @@
-"""The one executor: chunked, ordered, bounded, measured (see docs/architecture.md)."""
+"""The one executor: chunked, ordered, bounded, measured (see docs/engine.md)."""

@@ -274,7 +274,7 @@ class PipelineBuilder(Generic[T, U]):
         Memory: a worker has at most 2 transfers sent and not taken, and at most 2 outputs
         (``2 * buffer_size`` items, their arrays in ``/dev/shm``) sent and not yet taken
         by the region's consumer; beyond that it holds only what its own stages read ahead
-        (docs/architecture.md, "Memory in flight").
+        (docs/engine.md, "Memory in flight").
         """
         self._pipes.append(defs.Placement(target, buffer_size))
         return self

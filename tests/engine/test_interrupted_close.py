@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import gristmill as gm
-from gristmill._src.engine import process_lane, reaper, worker_pool
+from gristmill._src.engine import reaper, worker_pool
 from gristmill.pipeline import PipelineBuilder, defs, iterate_in_subprocess
 
 SUPPORT = Path(__file__).parents[1] / "support"
@@ -35,7 +35,7 @@ def ctrl_c_in_the_first_stop(monkeypatch):
     """The first stop of a worker process is interrupted before it does anything, as a
     second Ctrl-C landing in its grace period would; the stops after it run."""
     stops = []
-    real = process_lane.stop_process
+    real = worker_pool.stop_process
 
     def stop_process(process, *args, **kwargs):
         stops.append(process.pid)
@@ -43,7 +43,7 @@ def ctrl_c_in_the_first_stop(monkeypatch):
             raise KeyboardInterrupt
         real(process, *args, **kwargs)
 
-    monkeypatch.setattr(process_lane, "stop_process", stop_process)
+    monkeypatch.setattr(worker_pool, "stop_process", stop_process)
     return stops
 
 

@@ -251,3 +251,39 @@ def test_at_exit_a_pipeline_is_stopped_before_the_threads_join_and_a_dataset_rea
 ):
     out = python_output(["-c", _USER_THREAD_AT_EXIT], tmp_path)
     assert sorted(out.splitlines()) == ["dataset 300", "pipeline stopped"]
+
+
+def test_each_started_pipeline_registers_its_own_stop_before_the_thread_joins(monkeypatch):
+    """As SPDL: every ``start()`` registers one hook with ``threading._register_atexit``
+    (which runs the last registered first, so before the pools imported earlier); a hook
+    stops its own pipeline only, and a second trigger finds it stopped."""
+    import threading
+
+    from gristmill.pipeline import PipelineBuilder
+
+    hooks = []
+    monkeypatch.setattr(threading, "_register_atexit", hooks.append)
+
+    def started():
+        pipeline = (
+            PipelineBuilder().add_source(range(10**9)).pipe(abs).add_sink(2).build(num_threads=1)
+        )
+        pipeline.start()
+        return pipeline
+
+    first, second = started(), started()
+    try:
+        assert len(hooks) == 2
+        hooks[1]()  # the second start's hook
+        with pytest.raises(EOFError):  # stopped: what its sink holds, then the end
+            _read_all(second)
+        assert isinstance(first.get_item(timeout=60), int)  # the first one still runs
+        hooks[1]()  # again: nothing left to stop
+    finally:
+        first.stop()
+        second.stop()
+
+
+def _read_all(pipeline):
+    for _ in range(10**6):
+        pipeline.get_item(timeout=60)

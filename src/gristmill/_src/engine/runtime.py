@@ -22,8 +22,8 @@ trigger comes first:
   which leaves through ``os._exit`` and runs no ``atexit`` hook.
 
 Pipelines are stopped earlier too, when the interpreter starts its exit and before it joins
-its non-daemonic threads (``threading._register_atexit`` at the first start, as SPDL does
-at every start): a thread of the user's that waits on a pipeline would otherwise hold the
+its non-daemonic threads (``threading._register_atexit``, one hook per start, as SPDL
+registers them): a thread of the user's that waits on a pipeline would otherwise hold the
 interpreter for ever. The other owners are stopped only after those joins, so a thread of
 the user's still reading a dataset finishes its epoch.
 
@@ -96,7 +96,6 @@ class _Runtime:
         self.handles: weakref.WeakSet[_Releasable] = weakref.WeakSet()
         self.pools: weakref.WeakSet[_Closable] = weakref.WeakSet()
         self.stopped = False  # the exit hook ran
-        self.early_hook = False  # pipelines' stop before the thread joins is registered
         self.finaliser_pid: int | None = None  # where the multiprocessing trigger is set
 
 
@@ -114,18 +113,19 @@ def _current() -> _Runtime:
 
 
 def add_pipeline(pipeline: _Stoppable) -> None:
-    """Stops ``pipeline`` at exit (before the interpreter joins its threads)."""
+    """Stops ``pipeline`` at exit, before the interpreter joins its threads.
+
+    As SPDL, each start registers a hook of its own with ``threading._register_atexit``
+    (which runs the last registered first): it then runs before the exit hooks of the
+    thread and process pools imported until then, which wait for their work (a stage's).
+    The hook holds the pipeline weakly and does nothing in another process or once the
+    pipeline was stopped by another trigger."""
     runtime = _current()
-    if not runtime.early_hook:
-        # at the first start, as SPDL registers its hook at every start: it then runs
-        # before the exit hooks of the thread and process pools imported until now, which
-        # wait for their work (a stage's)
-        runtime.early_hook = True
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:  # CPython; elsewhere the atexit hook stops pipelines first
-            with contextlib.suppress(RuntimeError):  # started while the interpreter exits
-                register(_before_thread_joins)
     runtime.pipelines.add(pipeline)
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:  # CPython; elsewhere the atexit hook stops pipelines first
+        with contextlib.suppress(RuntimeError):  # started while the interpreter exits
+            register(functools.partial(_stop_before_thread_joins, weakref.ref(pipeline)))
 
 
 def add_core(core: _Closable) -> None:
@@ -205,10 +205,13 @@ def _stop_pipelines(runtime: _Runtime) -> None:
         _logged(pipeline.stop, "stopping a pipeline")
 
 
-def _before_thread_joins() -> None:
+def _stop_before_thread_joins(ref: weakref.ref[_Stoppable]) -> None:
     runtime = _runtime
-    if runtime.pid == os.getpid():
-        _stop_pipelines(runtime)
+    pipeline = ref()
+    if pipeline is None or runtime.pid != os.getpid() or pipeline not in runtime.pipelines:
+        return  # collected, a forked child's copy, or stopped already
+    runtime.pipelines.discard(pipeline)
+    _logged(pipeline.stop, "stopping a pipeline")
 
 
 def _logged(stop: Callable[[], None], what: str) -> None:

@@ -13,6 +13,7 @@ from gristmill._src.core.options import MultiprocessingOrder, check_order
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.thread_prefetch import GrainPrefetch, ThreadPrefetchIterDataset
+from gristmill._src.engine import remote
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S
 from gristmill._src.engine.tuner import available_cores
 
@@ -105,9 +106,10 @@ def mp_prefetch(
     picklable (module level); a source holding an open file or connection should pickle
     only its path (``__getstate__``) and reopen lazily in the worker.
 
-    ``backend``, a ``gristmill.ray.RayBackend``, runs the read stage on its actors instead
-    (``backend.num_actors`` of them; ``options`` still gives the buffer sizes, and its
-    ``num_workers`` is not used); ``worker_init_fn`` then runs on each actor.
+    ``backend``, a remote backend (``gristmill.experimental.RemoteBackend``: a
+    ``gristmill.ray.RayBackend``, or one of your own), runs the read stage on its workers
+    instead (``backend.num_workers`` of them; ``options`` still gives the buffer sizes, and
+    its ``num_workers`` is not used); ``worker_init_fn`` then runs on each worker.
     """
     from gristmill._src.core.options import AUTOTUNE, MultiprocessingOptions
     from gristmill._src.dataset.lowering import lower
@@ -126,14 +128,14 @@ def mp_prefetch(
             f"{worker_init_fn!r}"
         )
     validation.check_bool(sequential_slice, "sequential_slice")
-    ray_backend = _check_backend(backend, options, mp_context)
+    remote_backend = _check_backend(backend, options, mp_context)
     autotune = options.num_workers is AUTOTUNE
     if autotune:
         # Processes start once: one per core; the tuner may use fewer, and their buffer.
         options = dataclasses.replace(options, num_workers=available_cores())
-    if options.num_workers == 0 and ray_backend is None:
+    if options.num_workers == 0 and remote_backend is None:
         return ds
-    workers = options.num_workers if ray_backend is None else ray_backend.num_actors
+    workers = options.num_workers if remote_backend is None else remote_backend.num_workers
     if options.order is MultiprocessingOrder.GRAIN_PER_WORKER:
         from gristmill._src.dataset.process_prefetch import multiprocess_prefetch
 
@@ -144,9 +146,9 @@ def mp_prefetch(
     stage = WorkerStage(
         workers,
         ProcessBackend(worker_init_fn, mp_context, options.per_worker_buffer_size)
-        if ray_backend is None
-        else ray_backend.stage(worker_init_fn, options.per_worker_buffer_size),
-        autotune=autotune and ray_backend is None,
+        if remote_backend is None
+        else remote.stage_backend(remote_backend, worker_init_fn, options.per_worker_buffer_size),
+        autotune=autotune and remote_backend is None,
     )
     lowered = lower(ds, workers, buffer_size, stage)
     if lowered is ds:
@@ -167,21 +169,20 @@ def mp_prefetch(
 
 
 def _check_backend(backend: Any, options: Any, mp_context: str | None) -> Any:
-    """``backend`` (a RayBackend) or None; clear errors for what cannot go with it."""
+    """``backend`` (a remote backend) or None; clear errors for what cannot go with it."""
     if backend is None:
         return None
-    from gristmill._src.ray.backend import RayBackend
-
-    if not isinstance(backend, RayBackend):
+    if not remote.is_remote_backend(backend):
         raise TypeError(
-            f"backend must be a gristmill.ray.RayBackend or None, got {backend!r}; e.g. "
+            f"backend must be a remote backend or None, got {backend!r}: "
+            f"{remote.describe_protocol()}; e.g. "
             "mp_prefetch(options, backend=gristmill.ray.RayBackend(num_actors=2))"
         )
     if options.order is MultiprocessingOrder.GRAIN_PER_WORKER:
         raise ValueError(
             f"order={options.order} needs worker processes (Grain's per-worker slices), got "
             f"backend={backend!r}; use the default order (MultiprocessingOrder.PIPELINE) with "
-            "a RayBackend, or no backend"
+            "a backend, or no backend"
         )
     if mp_context is not None:
         raise ValueError(

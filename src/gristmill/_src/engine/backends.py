@@ -23,11 +23,10 @@ This module holds only the protocol and the names every backend shares; each bac
 beside its core (``ordered.THREADS``, ``asyncio_lane.ASYNCIO``, ``process_lane.ProcessBackend``,
 ``gristmill._src.ray.backend``), so that nothing here imports an executor.
 
-Adding a fourth backend is a class with these three attributes and ``make_core``: a
-subclass of ``ordered.Core`` whose ``start_workers`` starts something that loops on
-``claim()`` / ``file()``, whose ``stop_executor`` stops what may be busy, and whose
-``after_threads_joined`` releases the rest (see ``process_lane.ProcessCore`` and
-``gristmill._src.ray.backend``).
+A backend whose workers are elsewhere (Ray actors, an executor's processes, another
+machine) need not write a core: it implements the public protocol of :mod:`remote`
+(``open`` workers for a stage's work, ``submit`` a task to one, get a future back), and
+:class:`remote.RemoteCore` does the rest (``docs/backends.md`` adds one in a page).
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ class Executor(enum.Enum):
     ASYNCIO = "asyncio"
     PROCESSES = "processes"
     RAY = "ray"
+    REMOTE = "remote"  # any other backend of the public protocol (``engine/remote.py``)
 
 
 class OutputOrder(enum.Enum):

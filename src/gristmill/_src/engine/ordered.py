@@ -386,9 +386,9 @@ class ChunkRunner:
         """From now on the autotuner changes this stage's knobs (``engine/tuner.py``);
         ``options`` are :class:`StageTuner`'s (``tune_workers``, ``buffer_follows``,
         ``freeze``, ``token``, ...). Worker processes are started once: the tuner may use
-        fewer of them (an idle one waits for its index to be used again); Ray actors are
-        not tuned."""
-        if self._core.executor == Executor.RAY.value:
+        fewer of them (an idle one waits for its index to be used again); Ray actors and
+        other remote backends' workers are not tuned."""
+        if self._core.executor in (Executor.RAY.value, Executor.REMOTE.value):
             options["tune_workers"] = False
         elif self._core.executor == Executor.PROCESSES.value:  # started once: no more
             started, given = self._policy.workers, options.get("max_workers")

@@ -41,6 +41,7 @@ from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.core.state import to_grain_state
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.engine import remote
 from gristmill._src.engine.plan import Plan
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
 from gristmill._src.engine.stats import PipelineStatistics
@@ -144,8 +145,9 @@ class DataLoader(grain_types.DataLoader):
         alone, and the workers' outputs are taken one of each in turn; a state Grain wrote
         continues exactly as in Grain, under the same ``worker_count`` only. With
         ``worker_count=0`` both orders are the same.
-      backend: a ``gristmill.ray.RayBackend``: the workers are its actors
-        (``worker_count`` is then ``backend.num_actors``; pass 0 or that number), in the
+      backend: a remote backend (``gristmill.experimental.RemoteBackend``: a
+        ``gristmill.ray.RayBackend``, or one of your own): the workers are its workers
+        (``worker_count`` is then ``backend.num_workers``; pass 0 or that number), in the
         ``PIPELINE`` order.
 
     Raises:
@@ -429,20 +431,21 @@ class DataLoaderIterator:
 
 
 def _backend_worker_count(backend: Any, worker_count: int) -> int:
-    """The worker count of a loader on ``backend``'s actors: ``backend.num_actors``."""
-    num_actors = getattr(backend, "num_actors", None)
-    if not isinstance(num_actors, int):
+    """The worker count of a loader on ``backend``'s workers: ``backend.num_workers``."""
+    if not remote.is_remote_backend(backend):
         raise TypeError(
-            f"backend must be a gristmill.ray.RayBackend or None, got {backend!r}; e.g. "
+            f"backend must be a remote backend or None, got {backend!r}: "
+            f"{remote.describe_protocol()}; e.g. "
             "DataLoader(..., backend=gristmill.ray.RayBackend(num_actors=2))"
         )
-    if worker_count not in (0, num_actors):
+    num_workers = backend.num_workers
+    if worker_count not in (0, num_workers):
         raise ValueError(
-            f"worker_count must be 0 or backend.num_actors ({num_actors}) with a backend, got "
-            f"worker_count={worker_count!r}; the backend's actors are the workers: "
-            f"RayBackend(num_actors={worker_count}) runs that many"
+            f"worker_count must be 0 or backend.num_workers ({num_workers}) with a backend, "
+            f"got worker_count={worker_count!r}; the backend's workers are the loader's "
+            f"workers: e.g. RayBackend(num_actors={worker_count}) runs that many"
         )
-    return num_actors
+    return int(num_workers)
 
 
 def _check_same_worker_count(loader: DataLoader, data: dict[str, Any]) -> None:

@@ -1,12 +1,10 @@
 """What runs inside a Ray actor of a pool: the stages' work, loaded once, and their tasks.
 
 An actor is shared by every stage that uses its pool, so it holds one *job* per stage,
-under the stage's key: the stage's work (cloudpickled by :mod:`gristmill._src.engine.sending`
-and put in Ray's object store once; Ray resolves the reference when the actor loads it), after
-the user's ``worker_init_fn`` ran. A task is ``(key, start, size, inputs)``; its reply is a
-plain tuple: ``("ok", values)``, or ``("error", values, remote_traceback.RemoteError)`` with
-the values before the failure (a failure is a value, as in the worker processes), or
-``("exit", code)`` when a transformation called ``sys.exit``. Values come back as Ray's
+under the stage's key: the stage's ``engine.remote.StageWork`` (put in Ray's object store
+once; Ray resolves the reference when the actor loads it), loaded after the user's
+``worker_init_fn`` ran. A task is the engine's ``TaskRequest``; its reply the engine's
+``TaskReply`` (a failure is a value, as in the worker processes). Values come back as Ray's
 return values: numpy arrays travel out of band, through the object store when they are
 large, and are read there without a copy.
 
@@ -18,18 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gristmill._src.engine import sending
-from gristmill._src.engine.feeds import Chunk, RangeFeed, Task, apply
+from gristmill._src.engine.remote import StageWork, TaskReply, TaskRequest, run_task
 from gristmill._src.engine.remote_traceback import RemoteError
 from gristmill._src.ray.region_jobs import RegionJobs
-
-Reply = tuple[Any, ...]
-
-
-def failure(error: BaseException, values: list[Any]) -> Reply:
-    """The reply for ``error`` raised after ``values``: the exception with its frames and
-    chained exceptions (a pickled exception loses them: ``remote_traceback``)."""
-    return ("error", list(values), RemoteError.of(error))
 
 
 class PoolActor:
@@ -49,38 +38,21 @@ class PoolActor:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def load(self, key: str, work: bytes, init: bytes, index: int, count: int) -> None:
-        """Loads a stage's work (``worker_init_fn(index, count)`` first, if any)."""
-        try:
-            worker_init_fn = sending.loads(init)
-            if worker_init_fn is not None:
-                worker_init_fn(index, count)
-            self._jobs[key] = sending.loads(work)
-        except BaseException as error:  # reported with the stage's first task
-            self._jobs[key] = _LoadFailed(error)
+    def load(self, key: str, work: StageWork, index: int, count: int) -> None:
+        """Loads a stage's work (``worker_init_fn(index, count)`` first, if any; a failure
+        is reported by each of its tasks)."""
+        self._jobs[key] = work.load(index, count)
 
     def unload(self, key: str) -> None:
         self._jobs.pop(key, None)
 
-    def run(self, key: str, start: int, size: int, inputs: list[Any] | None) -> Reply:
-        """Runs one task of stage ``key``: its reply (see the module docstring)."""
+    def run(self, key: str, request: TaskRequest) -> TaskReply:
+        """Runs one task of stage ``key``."""
         job = self._jobs.get(key)
         if job is None:
-            return failure(RuntimeError(f"no work of stage {key!r} was loaded on this actor"), [])
-        if isinstance(job, _LoadFailed):
-            return failure(job.error, [])
-        try:
-            if isinstance(job, RangeFeed):
-                chunk: Chunk = job.run(Task(start, size))
-            else:
-                chunk = apply(job, Task(start, size, inputs))
-        except SystemExit as error:  # sys.exit() in a transformation: reported, not obeyed
-            return ("exit", error.code)
-        except BaseException as error:  # run() returns failures; this is a bug
-            return failure(error, [])
-        if chunk.error is not None:
-            return failure(chunk.error, chunk.values)
-        return ("ok", chunk.values)
+            error = RuntimeError(f"no work of stage {key!r} was loaded on this actor")
+            return TaskReply([], RemoteError.of(error))
+        return run_task(job, request)
 
     # -- to() regions (called in the REGION_GROUP / PULL_GROUP concurrency groups) ----------
 
@@ -97,10 +69,3 @@ class PoolActor:
 
     def region_close(self, key: str) -> None:
         self._regions.close(key)
-
-
-class _LoadFailed:
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error

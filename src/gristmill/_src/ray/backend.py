@@ -1,51 +1,50 @@
 """RayBackend: a stage's tasks run on a pool of Ray actors, exactly once, elastically.
 
-A :class:`RayCore` is the executor core of one stage (see ``engine/backends.py``): the
-stage's *work* (for a ``RangeFeed``, its fused read; for a ``StreamFeed``, its element
-function) is cloudpickled and put in Ray's object store once, and each actor the stage uses
-loads it from there under the stage's key (:mod:`gristmill._src.ray.actor`). One proxy
-thread per actor slot claims tasks from the stage's reorder window exactly as a worker
-thread does, calls ``actor.run`` with the task's range (or input values), and files the
-chunk it gets back: the output is the stage's, whatever ran it. A proxy keeps up to
-:data:`CALLS_IN_FLIGHT` calls on its actor, so the actor starts the next task while the
-reply of the one before travels back. It waits for a reply on the stage's condition, which
-the reply's future wakes (``pool.on_reply``), as do the stage's close and the pool's
-shutdown: nothing polls.
+A ``RayBackend`` is a backend of the public remote protocol (``engine/remote.py``): for each
+stage it opens :class:`RayStageWorkers`, which put the stage's work (``remote.StageWork``) in
+Ray's object store once, have each actor the stage uses load it under the stage's key
+(:mod:`gristmill._src.ray.actor`), and run each task as an ``actor.run`` call whose reply's
+future (``ObjectRef.future()``) settles the engine's future: the engine's ``RemoteCore``
+claims, orders and files the tasks, ``CALLS_IN_FLIGHT`` at a time per actor, so the actor
+starts the next task while the reply of the one before travels back. Nothing polls.
 
 Exactly once: tasks are pure (the same work over the same range gives the same values), so
 a task whose actor died (killed, its node gone: ``RayActorError``, ``ObjectLostError``,
-``NodeDiedError``) is run again on a new actor of the same slot; after
-:data:`MAX_ATTEMPTS` lost actors for one task, the stage fails with
-:class:`ActorsLostError`. The window files one result per task, so nothing is delivered
-twice or skipped. Elastic: ``configure(workers=N)`` (through the plan: ``engine/plan.py``)
-starts proxies (and actors) up to ``N`` slots, or lets the proxies beyond ``N`` leave after
-their task.
+``NodeDiedError``, reported once as a replaceable ``remote.WorkerLost``) is run again on a
+new actor of the same slot; after ``remote.MAX_ATTEMPTS`` lost actors for one task, the stage
+fails with :class:`ActorsLostError`. The window files one result per task, so nothing is
+delivered twice or skipped. Elastic: ``configure(workers=N)`` (through the plan:
+``engine/plan.py``) starts proxies (and actors) up to ``N`` slots, or lets the proxies beyond
+``N`` leave after their task. A ``backend.shutdown()`` under a running stage fails its calls
+in flight with ``BackendShutDownError`` at once.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gristmill._src.core import validation
-from gristmill._src.engine import runtime
 from gristmill._src.engine.backends import Executor
-from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
-from gristmill._src.engine.ordered import Claimed, Core
-from gristmill._src.engine.process_lane import capped_bound, pickled_work
-from gristmill._src.engine.tuner import nbytes
+from gristmill._src.engine.remote import (
+    RemoteCalls,
+    RemoteStage,
+    StageWork,
+    TaskRequest,
+    WorkerLost,
+)
 from gristmill._src.ray import import_ray, start_notice
-from gristmill._src.ray.pool import ActorPool, on_reply
-from gristmill._src.ray.replies import MAX_ATTEMPTS, ActorsLostError, reply_error
+from gristmill._src.ray.pool import ActorPool, shut_down_error
+from gristmill._src.ray.replies import ActorsLostError
 
 if TYPE_CHECKING:
+    from gristmill._src.engine.feeds import Feed
+    from gristmill._src.engine.ordered import Core
     from gristmill._src.engine.policy import ChunkPolicy
     from gristmill._src.engine.stats import StageCounters
 
@@ -80,6 +79,8 @@ class RayBackend:
     executor: ClassVar[Executor] = Executor.RAY
     handoff_s: ClassVar[float] = RAY_HANDOFF_S
     remote: ClassVar[bool] = True
+    worker_name: ClassVar[str] = "Ray actor"
+    lost_error: ClassVar[type[RuntimeError]] = ActorsLostError
 
     def __post_init__(self) -> None:
         validation.check_int_in_range(
@@ -108,23 +109,31 @@ class RayBackend:
         """The backend's actor pool (internal)."""
         return cast(ActorPool, self.__dict__["_pool"])
 
+    @property
+    def num_workers(self) -> int:
+        """The actors a stage uses at first (``engine/remote.RemoteBackend``)."""
+        return self.num_actors
+
+    def open(self, work: StageWork, wake: Callable[[], None]) -> RayStageWorkers:
+        """One stage's workers on the pool's actors (``engine/remote.RemoteBackend``)."""
+        return RayStageWorkers(self.pool, work, wake, start_notice.user_site())
+
     def stage(
         self,
         worker_init_fn: Callable[[int, int], Any] | None = None,
         per_worker_buffer_size: int = 1,
-    ) -> RayStage:
+    ) -> RemoteStage:
         """This backend for one stage, ``worker_init_fn(slot, count)`` run on each actor;
-        ``per_worker_buffer_size`` as for worker processes (``RayCore.bound``)."""
-        return RayStage(self, worker_init_fn, per_worker_buffer_size)
+        ``per_worker_buffer_size`` as for worker processes (``remote.RemoteCore.bound``)."""
+        site = _AtSite(self, start_notice.user_site())
+        return RemoteStage(site, worker_init_fn, per_worker_buffer_size, Executor.RAY)
 
     def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
         return self.stage().make_core(feed, counters, policy)
 
     def pipe_calls(self, target: Callable[[Any], Any], stage: str) -> Any:
         """The calls of a pipe stage run on the actors (``pipe(op, executor=backend)``)."""
-        from gristmill._src.ray.executor import RayCalls
-
-        return RayCalls(self, target, stage)
+        return RemoteCalls(self, target, stage)
 
     def region_workers(self, name: str) -> Any:
         """The workers of a ``to(backend)`` region: its jobs on the actors."""
@@ -140,299 +149,130 @@ class RayBackend:
         return f"RayBackend(num_actors={self.num_actors}, actor_options={self.actor_options!r})"
 
 
-@dataclasses.dataclass(frozen=True)
-class RayStage:
-    """A :class:`RayBackend` as one stage's backend, with its ``worker_init_fn``."""
+class _AtSite:
+    """A :class:`RayBackend` with where the user set a stage up (for the start notices)."""
 
-    backend: RayBackend
-    worker_init_fn: Callable[[int, int], Any] | None = None
-    per_worker_buffer_size: int = 1
-    # where the user set the stage up (``mp_prefetch``, ``DataLoader``), for the notices
-    site: str = dataclasses.field(default_factory=start_notice.user_site, compare=False, repr=False)
+    def __init__(self, backend: RayBackend, site: str) -> None:
+        self.backend = backend
+        self.site = site
+        self.handoff_s = backend.handoff_s
+        self.worker_name = backend.worker_name
+        self.lost_error = backend.lost_error
 
-    executor: ClassVar[Executor] = Executor.RAY
-    handoff_s: ClassVar[float] = RAY_HANDOFF_S
-    remote: ClassVar[bool] = True
+    @property
+    def num_workers(self) -> int:
+        return self.backend.num_workers
 
-    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
-        return RayCore(
-            feed,
-            counters,
-            policy,
-            self.backend.pool,
-            self.worker_init_fn,
-            self.per_worker_buffer_size,
-            self.site,
-        )
+    def open(self, work: StageWork, wake: Callable[[], None]) -> RayStageWorkers:
+        return RayStageWorkers(self.backend.pool, work, wake, self.site)
+
+    def __repr__(self) -> str:
+        return repr(self.backend)
 
 
-@dataclasses.dataclass(eq=False)
-class _Call:
-    """One task sent (or to be sent again) to a slot's actor."""
+class RayStageWorkers:
+    """One stage's workers on a pool's actors (``engine/remote.StageWorkers``): the stage's
+    work in the object store, loaded by each actor it uses (again after a replacement),
+    tasks as ``actor.run`` calls whose futures the engine waits on."""
 
-    claimed: Claimed
-    reply: concurrent.futures.Future[Any] | None = None
-    generation: int = -1
-    sent: float = 0.0
-    attempts: int = 0
-    failed: BaseException | None = None  # sending it failed (Ray itself)
-
-
-@dataclasses.dataclass
-class _SlotCalls:
-    """A proxy's calls in flight on its slot, and which actor has the stage's work."""
-
-    slot: int
-    count: int
-    loaded: int = -1  # the generation of the slot's actor that has this stage's work
-    last_done: float = 0.0
-    in_flight: collections.deque[_Call] = dataclasses.field(default_factory=collections.deque)
-
-
-class RayCore(Core):
-    """A runner core whose executor is a pool's actors (one proxy thread per slot)."""
-
-    executor = Executor.RAY.value
+    calls_in_flight = CALLS_IN_FLIGHT
 
     def __init__(
-        self,
-        feed: Feed,
-        counters: StageCounters,
-        policy: ChunkPolicy,
-        pool: ActorPool,
-        worker_init_fn: Callable[[int, int], Any] | None = None,
-        per_worker_buffer_size: int = 1,
-        site: str = "",
+        self, pool: ActorPool, work: StageWork, wake: Callable[[], None], site: str
     ) -> None:
-        super().__init__(feed, counters, policy)
-        if not isinstance(feed, RangeFeed | StreamFeed):
-            raise TypeError("the Ray executor runs a RangeFeed's reads or a StreamFeed's fn")
-        self._per_worker_buffer_size = per_worker_buffer_size
-        # the largest reply per element seen (its values' bytes); 0 until the first reply
-        self._element_bytes = 0
         self._pool = pool
-        self._worker_init_fn = worker_init_fn
+        self._name = work.name
+        self._wake_stage = wake
         self._key = uuid.uuid4().hex  # this stage's jobs on the actors
-        self._work_ref: Any = None  # the work in the object store (set on start)
-        self._init = b""
-        self._started = False
-        self._wanted = max(1, policy.workers)  # proxies wanted (policy.workers), lock held
-        self._proxies: dict[int, threading.Thread] = {}  # slot -> its proxy, lock held
-        self._name = ""
         self._era = pool.era  # the pool's shutdowns when the stage started
-        self._site = site  # where the user set the stage up (for notices)
-        self._holder = ""  # this stage, as the pool's notices name it
-        # a proxy waits here for its reply: apart from `work_ready`, whose single notify
-        # (room for a task) must reach a proxy waiting to claim
-        self._replied = threading.Condition(self.lock)
+        with pool.calling(self._era, work.name, starting=True) as ray:
+            self._work_ref: Any = ray.put(work)
+        self._holder = start_notice.open_stage(work.name, site)
+        self._lock = threading.Lock()
+        self._acquired: set[int] = set()
+        self._loaded: dict[int, int] = {}  # slot -> the generation that has the work
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        pool.watch(self)
 
     def wake(self) -> None:
-        """Wakes the proxies waiting for a reply (one came, the stage closed, or the pool
-        shut down)."""
-        with self.lock:
-            self._replied.notify_all()
+        """The pool shut down: the calls waiting fail (``BackendShutDownError``), the stage
+        is woken."""
+        with self._lock:
+            pending = list(self._pending)
+        for future in pending:
+            self._settle(future, shut_down_error(self._name))
+        self._wake_stage()
 
-    def stop_executor(self) -> None:
-        """At close (``closed`` set): the proxies waiting for a reply return."""
-        self.wake()
+    def submit(self, slot: int, count: int, request: TaskRequest) -> concurrent.futures.Future[Any]:
+        with self._lock:
+            if slot not in self._acquired:
+                self._acquired.add(slot)
+                self._pool.acquire(slot, self._holder)
+        with self._pool.calling(self._era, self._name):
+            actor, generation = self._pool.current(slot)
+            with self._lock:
+                load = self._loaded.get(slot) != generation
+                self._loaded[slot] = generation
+            if load:
+                actor.load.remote(self._key, self._work_ref, slot, count)
+            ref = actor.run.remote(self._key, request)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            self._pending.add(future)
+        ref.future().add_done_callback(lambda done: self._replied(future, done, slot))
+        if self._pool.era != self._era:  # shut down meanwhile: its wake may have passed us
+            self._settle(future, shut_down_error(self._name))
+        return future
 
-    def bound(self) -> int:
-        """Elements in flight (claimed, on an actor, in the object store, or finished and
-        not yet delivered): as for worker processes (``process_lane.capped_bound``), at
-        most ``workers * max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)``
-        bytes, an element measured from the replies' values. Lock held."""
-        return capped_bound(self.policy, self._per_worker_buffer_size, self._element_bytes)
-
-    def largest_task(self) -> int:
-        """An actor's share of the window: a task's reply is one object in the store, kept
-        whole while any of its elements is alive, so one reply holds at most
-        ``max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)`` bytes. Lock held."""
-        return max(1, self.bound() // max(self.policy.workers, 1))
-
-    def _measured(self, values: list[Any]) -> None:
-        """Records the bytes per element of a reply's ``values``."""
-        if not values:
-            return
-        per_element = -(-sum(nbytes(value) for value in values) // len(values))
-        if per_element > self._element_bytes:
-            with self.lock:
-                self._element_bytes = max(self._element_bytes, per_element)
-                self.work_ready.notify_all()  # the bound may have grown
-
-    def start_workers(self, count: int, name: str) -> None:
-        """Sends the work to the object store and starts the proxies, once. Lock held."""
-        if self._started:
-            return
-        payload, self._init = pickled_work(self.feed, self._worker_init_fn, name, "Ray actors")
-        self._era = self._pool.era
-        with self._pool.calling(self._era, name, starting=True) as ray:
-            self._work_ref = ray.put(payload)
-        self._pool.watch(self)
-        self._started = True
-        self._name = name
-        self._holder = start_notice.open_stage(name, self._site)
-        self._wanted = max(1, count)
-        self._start_missing()
-        runtime.add_core(self)
-
-    def _start_missing(self) -> None:
-        """Starts a proxy for each wanted slot that has none. Lock held."""
-        for slot in range(self._wanted):
-            if slot in self._proxies:
-                continue
-            thread = threading.Thread(
-                target=self._proxy,
-                args=(slot, self._wanted),
-                name=f"gristmill[{self._name}]-{slot}",
-                daemon=True,
-            )
-            self._proxies[slot] = thread
-            self.threads = [t for t in self.threads if t.is_alive() or t.ident is None]
-            self.threads.append(thread)
-            thread.start()
-
-    def reconfigured(self) -> None:
-        """Adds or retires proxies (and their actors) to match ``policy.workers``. Lock held."""
-        self._wanted = max(1, self.policy.workers)
-        if self._started and not self.closed:
-            self._start_missing()
-        self.work_ready.notify_all()
-
-    def retire_workers(self) -> None:
-        """Never needed: a Ray stage always runs on its actors."""
-
-    def _proxy(self, slot: int, count: int) -> None:
-        """Claims tasks for slot ``slot``'s actor, has it run them (up to
-        :data:`CALLS_IN_FLIGHT` at once), files the chunks in claim order."""
-        pool = self._pool
-        pool.acquire(slot, self._holder)
-        calls = _SlotCalls(slot, count)
-        stay = lambda: slot < self._wanted  # noqa: E731
-        try:
-            while True:
-                if not calls.in_flight:
-                    claimed = self.claim(stay)
-                    if claimed is None:
-                        with self.lock:
-                            if self.closed or slot >= self._wanted:
-                                if self._proxies.get(slot) is threading.current_thread():
-                                    del self._proxies[slot]
-                                return
-                        continue
-                    self._send(calls, _Call(claimed))
-                while len(calls.in_flight) < CALLS_IN_FLIGHT:
-                    more = self.claim(stay, wait=False)
-                    if more is None:
-                        break
-                    self._send(calls, _Call(more))
-                call = calls.in_flight[0]
-                try:
-                    chunk = self._collect(calls, call)
-                except Exception as error:  # Ray failing in a way not foreseen: the call's
-                    chunk = Chunk(call.claimed[2].start, [], error)  # error, never a hang
-                calls.in_flight.popleft()
-                now = time.perf_counter()
-                # the actor's time on it: from when it could start (sent, or the call
-                # before it done) to its reply
-                self.file(call.claimed, chunk, now - max(call.sent, calls.last_done))
-                calls.last_done = now
-                del call, chunk
-        finally:
-            if calls.loaded >= 0:
-                self._unload(slot, calls.loaded)
-            pool.release(slot, self._holder)
-
-    def _send(self, calls: _SlotCalls, call: _Call) -> None:
-        """Sends ``call`` to the slot's actor (loading the stage's work there first if this
-        actor has not got it) and queues it in ``calls``."""
-        if call not in calls.in_flight:
-            calls.in_flight.append(call)
-        call.sent = time.perf_counter()
-        try:
-            with self._pool.calling(self._era, self._name):
-                actor, generation = self._pool.current(calls.slot)
-                if generation != calls.loaded:
-                    actor.load.remote(
-                        self._key, self._work_ref, self._init, calls.slot, calls.count
-                    )
-                    calls.loaded = generation
-                task = call.claimed[2]
-                call.generation = generation
-                ref = actor.run.remote(self._key, task.start, task.size, task.inputs)
-        except Exception as error:  # shut down under us, or Ray failed: the call's error
-            call.failed = error
-            return
-        call.reply = on_reply(ref, self.wake)  # no lock held: it may call wake() at once
-
-    def _collect(self, calls: _SlotCalls, call: _Call) -> Chunk:
-        """The chunk of ``call`` (the oldest in flight). If its actor died, the calls in
-        flight are sent again, in order, to the slot's replacement actor."""
+    def _replied(
+        self,
+        future: concurrent.futures.Future[Any],
+        done: concurrent.futures.Future[Any],
+        slot: int,
+    ) -> None:
+        """The reply of a call came (on Ray's thread): the stage's future gets the
+        :class:`TaskReply`, or ``WorkerLost`` if the actor died, or Ray's error."""
         ray = import_ray()
-        lost = (
+        try:
+            self._settle(future, None, done.result())
+        except (
             ray.exceptions.RayActorError,
             ray.exceptions.ObjectLostError,
             ray.exceptions.NodeDiedError,
-        )
-        task = call.claimed[2]
-        closed = Chunk(task.start, [], RuntimeError("the stage was closed"))
-        while True:
-            if call.failed is not None:
-                return closed if self.closed else Chunk(task.start, [], call.failed)
-            try:
-                reply = self._wait(call)
-            except lost as error:
-                if self.closed:
-                    return closed
-                call.attempts += 1
-                if call.attempts >= MAX_ATTEMPTS:
-                    return Chunk(task.start, [], self._lost(task, error))
-                try:
-                    with self._pool.calling(self._era, self._name):
-                        self._pool.replace(calls.slot, call.generation)
-                except Exception as failure:  # shut down meanwhile
-                    return Chunk(task.start, [], failure)
-                for pending in list(calls.in_flight):
-                    self._send(calls, pending)
-                continue
-            except Exception as error:  # shut down under us, or Ray failed
-                if self.closed:
-                    return closed
-                cause = getattr(error, "cause", None)
-                return Chunk(task.start, [], cause if cause is not None else error)
-            if reply is None:
-                return closed
-            return self._chunk(task, reply, calls.slot)
+        ) as error:
+            lost = WorkerLost(f"Ray actor {slot} was lost: {error}", replaceable=True)
+            self._settle(future, lost)
+        except ray.exceptions.RayTaskError as error:  # Ray's own failure on the actor
+            self._settle(future, error.cause if error.cause is not None else error)
+        except BaseException as error:
+            self._settle(future, error)
 
-    def _lost(self, task: Task, last: BaseException) -> ActorsLostError:
-        return ActorsLostError(
-            f"task [{task.start}, {task.start + task.size}) of stage {self._name!r} lost its "
-            f"Ray actor {MAX_ATTEMPTS} times (each replaced in turn); the last error: {last}"
-        )
+    def _settle(
+        self, future: concurrent.futures.Future[Any], error: BaseException | None, reply: Any = None
+    ) -> None:
+        with self._lock:
+            if future not in self._pending:
+                return
+            self._pending.discard(future)
+        if error is None:
+            future.set_result(reply)
+        else:
+            future.set_exception(error)
 
-    def _wait(self, call: _Call) -> Any:
-        """The reply of ``call`` (its error raised, as ``ray.get`` would); None if the stage
-        closed while waiting. Woken by the reply, the close or the pool's shutdown; the
-        reply is read in a bracketed call (:meth:`ActorPool.calling`), which raises once the
-        pool was shut down."""
-        reply = call.reply
-        assert reply is not None
-        pool, era = self._pool, self._era
-        with self.lock:
-            self._replied.wait_for(lambda: reply.done() or self.closed or pool.era != era)
-            if self.closed:
-                return None
-        with pool.calling(era, self._name):
-            return reply.result()
+    def replace(self, slot: int) -> None:
+        with self._pool.calling(self._era, self._name):
+            with self._lock:
+                generation = self._loaded.get(slot, -1)
+            self._pool.replace(slot, generation)
 
-    def _chunk(self, task: Task, reply: tuple[Any, ...], slot: int) -> Chunk:
-        if reply[0] != "exit":
-            self._measured(reply[1])
-        if reply[0] == "ok":
-            return task.chunk(reply[1], task.upstream_error)
-        error = reply_error(reply, f"Ray actor {slot}")
-        if reply[0] == "exit":
-            return Chunk(task.start, [], error)
-        return task.chunk(reply[1], error)
+    def release(self, slot: int) -> None:
+        with self._lock:
+            if slot not in self._acquired:
+                return
+            self._acquired.discard(slot)
+            generation = self._loaded.pop(slot, -1)
+        self._unload(slot, generation)
+        self._pool.release(slot, self._holder)
 
     def _unload(self, slot: int, generation: int) -> None:
         """Drops this stage's work from the slot's actor (if it is still the one loaded)."""
@@ -445,8 +285,6 @@ class RayCore(Core):
         except Exception:  # the pool, the actor or Ray is gone: nothing left to drop
             return
 
-    def after_threads_joined(self) -> None:
+    def close(self) -> None:
         """Drops the stage's reference to its work in the object store."""
-        with self.lock:
-            if all(not thread.is_alive() for thread in self._proxies.values()):
-                self._work_ref = None
+        self._work_ref = None

@@ -69,6 +69,14 @@ class BackendShutDownError(concurrent.futures.BrokenExecutor):
     down under a pipeline stage: the stage fails at once."""
 
 
+def shut_down_error(stage: str) -> BackendShutDownError:
+    """The error of stage ``stage`` whose pool was shut down under it."""
+    return BackendShutDownError(
+        f"the RayBackend was shut down (backend.shutdown()) while stage {stage!r} ran on its "
+        "actors, so the stage stopped; a new iterator or pipeline starts new actors"
+    )
+
+
 class Waiter(Protocol):
     """A user of the pool that waits for replies: :meth:`wake` notifies its condition."""
 
@@ -129,11 +137,7 @@ class ActorPool:
         shutdown_all_at_exit()
         with self._gate:
             if era != self._era:
-                raise BackendShutDownError(
-                    f"the RayBackend was shut down (backend.shutdown()) while stage {stage!r} "
-                    "ran on its actors, so the stage stopped; a new iterator or pipeline "
-                    "starts new actors"
-                )
+                raise shut_down_error(stage)
             if not ray.is_initialized() and starting:
                 ray.init()
             elif not ray.is_initialized():

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from gristmill._src.engine.tuner import available_cores
 from gristmill._src.spdl import config_repr
-from gristmill._src.spdl.executors import check_executor, is_ray_backend
+from gristmill._src.spdl.executors import check_executor, runs_regions
 
 OUTPUT_ORDERS = ("completion", "input")
 
@@ -432,7 +432,7 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
             "InterpreterPoolExecutorConfig, or MAIN_PROCESS), not a live Executor. To run a "
             "single stage on a custom executor, pass it to `pipe(executor=...)` instead."
         )
-    if not isinstance(target, (ExecutorConfig, _MainProcess)) and not is_ray_backend(target):
+    if not isinstance(target, (ExecutorConfig, _MainProcess)) and not runs_regions(target):
         raise TypeError(
             "`to()` target must be a ProcessPoolExecutorConfig, InterpreterPoolExecutorConfig, "
             "or MAIN_PROCESS. "  # SPDL's words (a gristmill.ray.RayBackend is taken too)
@@ -461,7 +461,7 @@ def check_regions(pipes: Sequence[Any], *, open_at_end: bool = False) -> None:
                     "An empty `to(...)` region has no stages. Add stages before the next "
                     "`.to(...)`, or remove the redundant marker."
                 )
-            open_region = isinstance(stage.target, ExecutorConfig) or is_ray_backend(stage.target)
+            open_region = isinstance(stage.target, ExecutorConfig) or runs_regions(stage.target)
             if isinstance(stage.target, InterpreterPoolExecutorConfig):
                 check_interpreter_support(
                     "A subinterpreter region (`to(InterpreterPoolExecutorConfig(...))`)"

@@ -1,5 +1,6 @@
 """``pipe(op, executor=...)``: a sync op run on the user's ``concurrent.futures`` executor
-(or on a ``gristmill.ray.RayBackend``'s actors: ``gristmill._src.ray.executor``).
+(or on a remote backend's workers, e.g. a ``gristmill.ray.RayBackend``'s actors:
+``engine.remote.RemoteCalls``).
 
 The stage's worker threads each submit one call at a time and wait for its result, so the
 stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``).
@@ -44,8 +45,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from gristmill._src.engine import exits, remote_traceback
-from gristmill._src.engine.backends import PROCESS_HANDOFF_S, Executor
+from gristmill._src.engine import exits, remote, remote_traceback
+from gristmill._src.engine.backends import PROCESS_HANDOFF_S
 from gristmill._src.engine.policy import HANDOFF_S
 from gristmill._src.engine.sending import ByValue
 
@@ -96,20 +97,28 @@ def worker_deaths(executor: Any, processes: dict[int, Any] | None) -> str:
     )
 
 
-def is_ray_backend(executor: Any) -> bool:
-    """Whether ``executor`` is a ``gristmill.ray.RayBackend`` (without importing Ray)."""
-    return getattr(type(executor), "executor", None) is Executor.RAY
+def is_remote_backend(executor: Any) -> bool:
+    """Whether ``executor`` is a backend of the public remote protocol (a
+    ``gristmill.ray.RayBackend``, or a user's: ``engine/remote.RemoteBackend``)."""
+    return remote.is_remote_backend(executor)
+
+
+def runs_regions(target: Any) -> bool:
+    """Whether ``to(target)`` can run a region on ``target``'s workers: a remote backend
+    that also implements ``region_workers(name)`` (a ``gristmill.ray.RayBackend``)."""
+    return is_remote_backend(target) and callable(getattr(target, "region_workers", None))
 
 
 def check_executor(executor: Any) -> None:
     """Raises TypeError unless ``executor`` can run calls (has ``submit``, or is a
+    remote backend: ``gristmill.experimental.RemoteBackend``, e.g. a
     ``gristmill.ray.RayBackend``)."""
-    if is_ray_backend(executor):
+    if is_remote_backend(executor):
         return
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise TypeError(
             f"`executor` must be a concurrent.futures.Executor (an object with submit()) or "
-            f"a gristmill.ray.RayBackend, got {executor!r}"
+            f"a remote backend ({remote.describe_protocol()}), got {executor!r}"
         )
 
 
@@ -162,11 +171,11 @@ def call_cost_s(executor: Any) -> float | None:
     ``runs_in_processes``) is a round trip between processes (pickling, two pipes, the
     pool's manager thread): ``PROCESS_HANDOFF_S``, as for gristmill's own workers (an idle
     ``ProcessPoolExecutor(2)`` on the reference VM: 270-330 µs). A call to a
-    ``ThreadPoolExecutor`` is a hand-off to a thread and back: ``HANDOFF_S``. A Ray backend
-    sends the op to its actors once and each item by itself, and an executor of another
-    kind costs what it costs: one item a call.
+    ``ThreadPoolExecutor`` is a hand-off to a thread and back: ``HANDOFF_S``. A remote
+    backend (Ray's) sends the op to its workers once and each item by itself, and an
+    executor of another kind costs what it costs: one item a call.
     """
-    if is_ray_backend(executor):
+    if is_remote_backend(executor):
         return None
     if _runs_in_processes(executor):
         return PROCESS_HANDOFF_S
@@ -274,7 +283,11 @@ class ExecutorCall:
 
     def stop(self) -> None:
         """At ``Pipeline.stop()``: cancels the calls not started, waits a little for the
-        running ones, and warns (one log line) if one still runs."""
+        running ones, and warns (one log line) if one still runs. A remote backend's
+        workers drop the op."""
+        close = getattr(self.executor, "close", None)
+        if isinstance(self.executor, remote.RemoteCalls) and close is not None:
+            close()
         pending = list(self._pending)
         for future in pending:
             future.cancel()
@@ -300,8 +313,8 @@ def on_executor(
 ) -> ExecutorCall:
     """``op`` as a blocking call on ``executor`` (a list of outputs for a generator op)."""
     target: Callable[[Any], Any] = functools.partial(materialize, op) if generator else op
-    if is_ray_backend(executor):  # the op goes to the actors once; one call per item
-        return ExecutorCall(target, executor.pipe_calls(target, stage), stage)
+    if is_remote_backend(executor):  # the op goes to the workers once; one call per item
+        return ExecutorCall(target, remote.RemoteCalls(executor, target, stage), stage)
     if _runs_in_processes(executor):
         # A process pool pickles each call with plain pickle: the op goes by value
         # (cloudpickled once), so lambdas and local functions run there too.

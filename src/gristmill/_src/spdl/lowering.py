@@ -20,7 +20,7 @@ from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.tuner import TrialToken
 from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
-from gristmill._src.spdl.executors import ExecutorCall, is_ray_backend
+from gristmill._src.spdl.executors import ExecutorCall, runs_regions
 from gristmill._src.spdl.hooks import StageHooks
 from gristmill._src.spdl.pipeline import StageInfo
 from gristmill._src.spdl.queue_monitor import QueueMonitor, stream_probe
@@ -99,7 +99,7 @@ class Lowering:
             offset += 1
             sid = str(first_id + offset) if isinstance(first_id, int) else f"{first_id}.{offset}"
             if isinstance(stage, defs.PlacementConfig):
-                if isinstance(stage.target, defs.ProcessPoolExecutorConfig) or is_ray_backend(
+                if isinstance(stage.target, defs.ProcessPoolExecutorConfig) or runs_regions(
                     stage.target
                 ):
                     end = next(

@@ -42,7 +42,7 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.remote_traceback import RemoteError, note_origin
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl import region_worker
-from gristmill._src.spdl.executors import is_ray_backend
+from gristmill._src.spdl.executors import runs_regions
 from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
 from gristmill._src.spdl.tracking import Batch, DeliveredOutputs, Keyed, path_of
@@ -89,7 +89,7 @@ class RegionWorkers(Protocol):
 
 def region_workers(target: Any, name: str) -> RegionWorkers:
     """The transport for ``to(target)``."""
-    if is_ray_backend(target):
+    if runs_regions(target):
         return target.region_workers(name)  # type: ignore[no-any-return]
     from gristmill._src.spdl.region_processes import ProcessWorkers
 

@@ -1,0 +1,687 @@
+"""Remote stages: the public protocol a backend implements to run a stage's tasks on workers
+of its own (Ray actors, an executor's processes, machines of a cluster), and the one core
+that drives any such backend.
+
+A stage's *work* is what one task needs, cloudpickled once (:class:`StageWork`): for a read
+stage its fused read (a ``RangeFeed``), for a stage fed by another its element function,
+and the user's ``worker_init_fn``. A backend only *opens* workers for it
+(:meth:`RemoteBackend.open`) and *submits* tasks to them (:meth:`StageWorkers.submit`):
+each task is a :class:`TaskRequest` (a range of positions, and their input values for a
+stage fed by another), answered through a ``concurrent.futures.Future`` by a
+:class:`TaskReply`, computed on the worker by :func:`run_task`. Everything else is the
+engine's: :class:`RemoteCore` claims the tasks from the stage's reorder window (one proxy
+thread per worker slot, each keeping up to ``calls_in_flight`` calls on its worker), waits
+for each reply on a condition that the future's completion wakes (nothing polls), files
+the results in order, bounds the bytes in flight, and turns a lost worker into either a
+retry or the stage's error. So a backend cannot change the output or the checkpoint state:
+they are the window's.
+
+A worker that is gone is reported once, as the future's :class:`WorkerLost`. With
+``replaceable=True`` (a Ray actor: its slot gets a new one) the core asks the backend for a
+new worker (:meth:`StageWorkers.replace`) and sends the slot's calls in flight again, in
+order, to it — tasks are pure, and the window files one result per task, so nothing is
+delivered twice or skipped — up to :data:`MAX_ATTEMPTS` lost workers per task; otherwise
+the task fails with that error.
+
+``docs/backends.md`` adds a backend in a page: a ``concurrent.futures`` executor's workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from gristmill._src.engine import remote_traceback, runtime, sending
+from gristmill._src.engine.backends import Executor
+from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
+from gristmill._src.engine.ordered import Claimed, Core
+from gristmill._src.engine.policy import ChunkPolicy
+from gristmill._src.engine.stats import StageCounters
+from gristmill._src.engine.tuner import nbytes
+
+MAX_ATTEMPTS = 4
+"""Workers one task may lose (each replaced) before the stage fails."""
+
+WORKER_BYTES_IN_FLIGHT = 16 << 20
+"""Bytes of results a worker may have in flight beyond its ``per_worker_buffer_size``
+elements (:meth:`RemoteCore.bound`). Cheap elements need tasks of many of them for a round
+trip to pay, so the window must hold more than a few; large ones fill memory first: 16 MiB
+holds a task of ~100 224x224x3 images per worker and 4 elements of 4 MiB."""
+
+
+# -- the messages -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """One task: positions ``[start, start + size)`` of the stage's input; ``inputs``, their
+    values, for a stage fed by another (None for a read stage, which reads them itself)."""
+
+    start: int
+    size: int
+    inputs: list[Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskReply:
+    """A task's result, as :func:`run_task` makes it on the worker.
+
+    ``values``: one per position, up to a failure; ``error``: the failure after them
+    (the worker's exception with its frames: ``remote_traceback.RemoteError``), or None;
+    ``exit_code``: set when the element function called ``sys.exit`` (the worker goes on);
+    ``side``: what a read counted on the worker (per-op statistics), or None.
+    """
+
+    values: list[Any]
+    error: remote_traceback.RemoteError | None = None
+    exit_code: Any = None
+    side: Any = None
+
+
+class WorkerLost(RuntimeError):
+    """The worker that ran a task is gone (killed, its machine lost), as a task's future
+    reports it. ``replaceable``: the backend can give the slot a new worker
+    (:meth:`StageWorkers.replace`), and the task may be sent again."""
+
+    def __init__(self, message: str, *, replaceable: bool) -> None:
+        super().__init__(message)
+        self.replaceable = replaceable
+
+
+class WorkersLostError(RuntimeError):
+    """A task lost its worker :data:`MAX_ATTEMPTS` times (each replaced in turn)."""
+
+
+# -- the work, on the worker --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StageWork:
+    """What the workers of one stage need: ``payload`` (the stage's work) and ``init`` (its
+    ``worker_init_fn``, or None), each cloudpickled (:mod:`sending`), the stage's ``name``
+    (for messages) and a ``key`` that tells it from other stages' (a worker serving several
+    keeps each loaded under it). Picklable: a backend may send it as it is."""
+
+    name: str
+    payload: bytes
+    init: bytes
+    key: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    def load(self, slot: int, count: int) -> LoadedWork:
+        """On a worker: runs ``worker_init_fn(slot, count)`` (if any), then unpickles the
+        work. A failure is kept and reported as the error of every task."""
+        try:
+            init = sending.loads(self.init)
+            if init is not None:
+                init(slot, count)
+            return LoadedWork(sending.loads(self.payload), None)
+        except BaseException as error:
+            return LoadedWork(None, error)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedWork:
+    """A stage's work loaded on a worker (or the error loading it raised)."""
+
+    job: Any
+    failed: BaseException | None
+
+    def run(self, request: TaskRequest) -> TaskReply:
+        """Runs one task: see :func:`run_task`."""
+        if self.failed is not None:
+            return _failure(self.failed, [])
+        job = self.job
+        try:
+            if isinstance(job, RangeFeed):
+                chunk: Chunk = job.run(Task(request.start, request.size))
+            else:
+                chunk = apply(job, Task(request.start, request.size, request.inputs))
+        except SystemExit as error:  # sys.exit() in a transformation: reported, not obeyed
+            return TaskReply([], exit_code=error.code)
+        except BaseException as error:  # run() returns failures; this is a bug
+            return _failure(error, [])
+        if chunk.error is not None:
+            return _failure(chunk.error, chunk.values)
+        side = job.side_counts() if isinstance(job, RangeFeed) else None
+        return TaskReply(chunk.values, side=side)
+
+
+def run_task(work: LoadedWork, request: TaskRequest) -> TaskReply:
+    """On a worker: the reply to ``request`` (a failure is a value: the values before it
+    and the exception with its frames and chained exceptions, which a pickled exception
+    would lose)."""
+    return work.run(request)
+
+
+_LOADED: collections.OrderedDict[str, LoadedWork] = collections.OrderedDict()
+_LOADED_LOCK = threading.Lock()
+LOADED_STAGES = 8
+"""Stages' work a worker process keeps loaded for :func:`load_and_run` (the most recently
+used ones): a pool's workers serve one stage at a time, or a few (a trainer's ranks)."""
+
+
+def load_and_run(work: StageWork, slot: int, count: int, request: TaskRequest) -> TaskReply:
+    """On a worker that keeps no per-stage state of its own (a ``concurrent.futures``
+    executor's process): :func:`run_task` with ``work`` loaded once per process (its
+    ``worker_init_fn(slot, count)`` run by the first task that loads it there)."""
+    with _LOADED_LOCK:
+        loaded = _LOADED.get(work.key)
+        if loaded is None:
+            loaded = _LOADED[work.key] = work.load(slot, count)
+            while len(_LOADED) > LOADED_STAGES:
+                _LOADED.popitem(last=False)
+        else:
+            _LOADED.move_to_end(work.key)
+    return run_task(loaded, request)
+
+
+def _failure(error: BaseException, values: list[Any]) -> TaskReply:
+    return TaskReply(list(values), remote_traceback.RemoteError.of(error))
+
+
+# -- the protocol a backend implements ----------------------------------------------------
+
+
+class StageWorkers(Protocol):
+    """One stage's workers on a backend (what :meth:`RemoteBackend.open` returns)."""
+
+    calls_in_flight: int
+    """Calls the core keeps on one worker: 2 lets it start the next task while the reply
+    of the one before travels back."""
+
+    def submit(self, slot: int, count: int, request: TaskRequest) -> concurrent.futures.Future[Any]:
+        """Runs ``request`` on slot ``slot``'s worker (of ``count`` in use; its work loaded
+        first if it has not got it). The future's result is the :class:`TaskReply`; its
+        exception, :class:`WorkerLost` if the worker is gone, or the backend's own error."""
+        ...
+
+    def replace(self, slot: int) -> None:
+        """Gives slot ``slot`` a new worker (after a replaceable :class:`WorkerLost`)."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """The stage uses slot ``slot`` no more (its proxy ended)."""
+        ...
+
+    def close(self) -> None:
+        """The stage ended: drop what the workers hold of it (they may serve others)."""
+        ...
+
+
+@runtime_checkable
+class RemoteBackend(Protocol):
+    """A backend whose workers run a stage's tasks: pass one as
+    ``mp_prefetch(options, backend=...)`` or ``DataLoader(..., backend=...)``."""
+
+    @property
+    def handoff_s(self) -> float:
+        """What handing one task to a worker and its reply back costs (seconds); the chunk
+        policy sizes tasks so that it stays small beside their work."""
+        ...
+
+    @property
+    def num_workers(self) -> int:
+        """The workers a stage uses at first (``configure(workers=...)`` may change it)."""
+        ...
+
+    def open(self, work: StageWork, wake: Callable[[], None]) -> StageWorkers:
+        """Workers for one stage's ``work``. ``wake()`` must be called if the backend shuts
+        down under the stage (its pending futures should then fail)."""
+        ...
+
+
+def describe_protocol() -> str:
+    """What a backend must have, for error messages."""
+    return (
+        "an object with `num_workers`, `handoff_s` and `open(work, wake)` "
+        "(gristmill.experimental.RemoteBackend), e.g. gristmill.ray.RayBackend(num_actors=2)"
+    )
+
+
+# -- the engine's side --------------------------------------------------------------------
+
+
+def pickled_work(
+    feed: Feed, worker_init_fn: Callable[[int, int], Any] | None, name: str, workers: str
+) -> StageWork:
+    """What a remote worker needs of stage ``name``, cloudpickled (:mod:`sending`): a range
+    feed's read and fn, or a stream feed's fn; and ``worker_init_fn``. A pickling error is
+    re-raised as itself (Grain's type), with a note naming the stage and the fix."""
+    work = RangeFeed(feed.read, 0, 0, feed.fn) if isinstance(feed, RangeFeed) else feed.fn  # type: ignore[attr-defined]
+    try:
+        return StageWork(name, sending.dumps(work), sending.dumps(worker_init_fn))
+    except Exception as error:
+        error.add_note(
+            f"gristmill: the pipeline of {name!r} cannot be sent to {workers}: {error}. Its "
+            "sources and transformations must be picklable by cloudpickle (functions and "
+            "lambdas are; locks, open files, connections and generators are not): open files "
+            "and connections lazily in the worker"
+        )
+        raise
+
+
+def capped_bound(policy: ChunkPolicy, per_worker_buffer_size: int, element_bytes: int) -> int:
+    """The window of a stage whose workers send results back: ``policy.buffer_size``, and
+    within it ``per_worker_buffer_size`` elements per worker, or as many as fit in
+    ``WORKER_BYTES_IN_FLIGHT`` per worker if that is more (``element_bytes``, measured: 0
+    until the first reply)."""
+    workers = max(policy.workers, 1)
+    elements = per_worker_buffer_size
+    if element_bytes:
+        elements = max(elements, WORKER_BYTES_IN_FLIGHT // element_bytes)
+    return max(1, min(policy.buffer_size, workers * elements))
+
+
+class RemoteStage:
+    """A :class:`RemoteBackend` as one stage's backend (``engine/backends.Backend``), with the
+    stage's ``worker_init_fn`` and ``per_worker_buffer_size`` (elements each worker may
+    have in flight whatever their size; beyond them, only what fits in
+    ``WORKER_BYTES_IN_FLIGHT`` bytes per worker)."""
+
+    remote = True
+
+    def __init__(
+        self,
+        backend: RemoteBackend,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+        per_worker_buffer_size: int = 1,
+        executor: Executor = Executor.REMOTE,
+    ) -> None:
+        self.backend = backend
+        self.worker_init_fn = worker_init_fn
+        self.per_worker_buffer_size = per_worker_buffer_size
+        self.executor = executor
+        self.handoff_s = float(backend.handoff_s)
+
+    def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+        return RemoteCore(
+            feed,
+            counters,
+            policy,
+            self.backend,
+            self.worker_init_fn,
+            self.per_worker_buffer_size,
+            self.executor,
+        )
+
+
+def stage_backend(
+    backend: RemoteBackend,
+    worker_init_fn: Callable[[int, int], Any] | None,
+    per_worker_buffer_size: int,
+) -> Any:
+    """``backend`` as one stage's backend: its own ``stage(worker_init_fn,
+    per_worker_buffer_size)`` where it binds something per stage (a ``RayBackend``: where
+    the user set the stage up, for its notices), else a :class:`RemoteStage`."""
+    own = getattr(backend, "stage", None)
+    if callable(own):
+        return own(worker_init_fn, per_worker_buffer_size)
+    return RemoteStage(backend, worker_init_fn, per_worker_buffer_size)
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    """One task sent (or to be sent again) to a slot's worker."""
+
+    claimed: Claimed
+    reply: concurrent.futures.Future[Any] | None = None
+    sent: float = 0.0
+    attempts: int = 0
+    failed: BaseException | None = None  # submitting it failed (the backend's error)
+
+
+@dataclasses.dataclass
+class _SlotCalls:
+    """A proxy's calls in flight on its slot."""
+
+    slot: int
+    count: int
+    last_done: float = 0.0
+    in_flight: collections.deque[_Call] = dataclasses.field(default_factory=collections.deque)
+
+
+class RemoteCore(Core):
+    """The executor core of a stage on a :class:`RemoteBackend` (one proxy thread per worker
+    slot; see the module docstring)."""
+
+    def __init__(
+        self,
+        feed: Feed,
+        counters: StageCounters,
+        policy: ChunkPolicy,
+        backend: RemoteBackend,
+        worker_init_fn: Callable[[int, int], Any] | None = None,
+        per_worker_buffer_size: int = 1,
+        executor_kind: Executor = Executor.REMOTE,
+    ) -> None:
+        super().__init__(feed, counters, policy)
+        if not isinstance(feed, RangeFeed | StreamFeed):
+            raise TypeError("a remote backend runs a RangeFeed's reads or a StreamFeed's fn")
+        self.executor = executor_kind.value
+        self._backend = backend
+        self._per_worker_buffer_size = per_worker_buffer_size
+        # the largest reply per element seen (its values' bytes); 0 until the first reply
+        self._element_bytes = 0
+        self._worker_init_fn = worker_init_fn
+        self._workers: StageWorkers | None = None
+        self._started = False
+        self._wanted = max(1, policy.workers)  # proxies wanted (policy.workers), lock held
+        self._proxies: dict[int, threading.Thread] = {}  # slot -> its proxy, lock held
+        self._name = ""
+        # a proxy waits here for its reply: apart from `work_ready`, whose single notify
+        # (room for a task) must reach a proxy waiting to claim
+        self._replied = threading.Condition(self.lock)
+
+    def wake(self) -> None:
+        """Wakes the proxies waiting for a reply (one came, the stage closed, or the
+        backend shut down)."""
+        with self.lock:
+            self._replied.notify_all()
+
+    def stop_executor(self) -> None:
+        """At close (``closed`` set): the proxies waiting for a reply return."""
+        self.wake()
+
+    def bound(self) -> int:
+        """Elements in flight (claimed, on a worker, travelling, or finished and not yet
+        delivered): the buffer, and within it ``per_worker_buffer_size`` per worker or as
+        many as fit in ``WORKER_BYTES_IN_FLIGHT`` per worker if that is more, an element
+        measured from the replies' values. Lock held."""
+        return capped_bound(self.policy, self._per_worker_buffer_size, self._element_bytes)
+
+    def largest_task(self) -> int:
+        """A worker's share of the window (a reply is one object, kept whole while any of
+        its elements is alive). Lock held."""
+        return max(1, self.bound() // max(self.policy.workers, 1))
+
+    def _measured(self, values: list[Any]) -> None:
+        if not values:
+            return
+        per_element = -(-sum(nbytes(value) for value in values) // len(values))
+        if per_element > self._element_bytes:
+            with self.lock:
+                self._element_bytes = max(self._element_bytes, per_element)
+                self.work_ready.notify_all()  # the bound may have grown
+
+    def start_workers(self, count: int, name: str) -> None:
+        """Opens the backend's workers for the stage and starts the proxies, once. Lock
+        held."""
+        if self._started:
+            return
+        work = pickled_work(self.feed, self._worker_init_fn, name, repr(self._backend))
+        self._workers = self._backend.open(work, self.wake)
+        self._started = True
+        self._name = name
+        self._wanted = max(1, count)
+        self._start_missing()
+        runtime.add_core(self)
+
+    def _start_missing(self) -> None:
+        """Starts a proxy for each wanted slot that has none. Lock held."""
+        for slot in range(self._wanted):
+            if slot in self._proxies:
+                continue
+            thread = threading.Thread(
+                target=self._proxy,
+                args=(slot, self._wanted),
+                name=f"gristmill[{self._name}]-{slot}",
+                daemon=True,
+            )
+            self._proxies[slot] = thread
+            self.threads = [t for t in self.threads if t.is_alive() or t.ident is None]
+            self.threads.append(thread)
+            thread.start()
+
+    def reconfigured(self) -> None:
+        """Adds or retires proxies to match ``policy.workers``. Lock held."""
+        self._wanted = max(1, self.policy.workers)
+        if self._started and not self.closed:
+            self._start_missing()
+        self.work_ready.notify_all()
+
+    def retire_workers(self) -> None:
+        """Never needed: a remote stage always runs on its workers."""
+
+    def _proxy(self, slot: int, count: int) -> None:
+        """Claims tasks for slot ``slot``'s worker, has it run them (up to the backend's
+        ``calls_in_flight`` at once), files the chunks in claim order."""
+        workers = self._workers
+        assert workers is not None
+        calls = _SlotCalls(slot, count)
+        depth = max(1, int(getattr(workers, "calls_in_flight", 1)))
+        stay = lambda: slot < self._wanted  # noqa: E731
+        try:
+            while True:
+                if not calls.in_flight:
+                    claimed = self.claim(stay)
+                    if claimed is None:
+                        with self.lock:
+                            if self.closed or slot >= self._wanted:
+                                if self._proxies.get(slot) is threading.current_thread():
+                                    del self._proxies[slot]
+                                return
+                        continue
+                    self._send(workers, calls, _Call(claimed))
+                while len(calls.in_flight) < depth:
+                    more = self.claim(stay, wait=False)
+                    if more is None:
+                        break
+                    self._send(workers, calls, _Call(more))
+                call = calls.in_flight[0]
+                try:
+                    chunk = self._collect(workers, calls, call)
+                except Exception as error:  # a backend failing in a way not foreseen: the
+                    chunk = Chunk(call.claimed[2].start, [], error)  # call's error, no hang
+                calls.in_flight.popleft()
+                now = time.perf_counter()
+                # the worker's time on it: from when it could start (sent, or the call
+                # before it done) to its reply
+                self.file(call.claimed, chunk, now - max(call.sent, calls.last_done))
+                calls.last_done = now
+                del call, chunk
+        finally:
+            workers.release(slot)
+
+    def _send(self, workers: StageWorkers, calls: _SlotCalls, call: _Call) -> None:
+        """Submits ``call`` to the slot's worker and queues it in ``calls``."""
+        if call not in calls.in_flight:
+            calls.in_flight.append(call)
+        call.sent = time.perf_counter()
+        task = call.claimed[2]
+        try:
+            reply = workers.submit(
+                calls.slot, calls.count, TaskRequest(task.start, task.size, task.inputs)
+            )
+        except Exception as error:  # shut down under us, or the backend failed
+            call.failed = error
+            return
+        call.reply = reply
+        reply.add_done_callback(lambda _: self.wake())  # no lock held: it may run at once
+
+    def _collect(self, workers: StageWorkers, calls: _SlotCalls, call: _Call) -> Chunk:
+        """The chunk of ``call`` (the oldest in flight). If its worker is lost and the
+        backend can replace it, the calls in flight are sent again, in order."""
+        task = call.claimed[2]
+        closed = Chunk(task.start, [], RuntimeError("the stage was closed"))
+        while True:
+            if call.failed is not None:
+                return closed if self.closed else Chunk(task.start, [], call.failed)
+            if not self._wait(call):
+                return closed
+            assert call.reply is not None
+            try:
+                result = call.reply.result()
+            except WorkerLost as error:
+                if not error.replaceable:
+                    return Chunk(task.start, [], error)
+                call.attempts += 1
+                if call.attempts >= MAX_ATTEMPTS:
+                    return Chunk(task.start, [], self._lost(task, error))
+                try:
+                    workers.replace(calls.slot)
+                except Exception as failure:  # shut down meanwhile
+                    return Chunk(task.start, [], failure)
+                for pending in list(calls.in_flight):
+                    self._send(workers, calls, pending)
+                continue
+            except Exception as error:  # the backend's own failure (shut down under us)
+                return closed if self.closed else Chunk(task.start, [], error)
+            return self._chunk(task, result, calls.slot)
+
+    def _wait(self, call: _Call) -> bool:
+        """Waits for ``call``'s reply (woken by its future, or the close); False if the
+        stage closed."""
+        reply = call.reply
+        assert reply is not None
+        with self.lock:
+            self._replied.wait_for(lambda: reply.done() or self.closed)
+            return not self.closed
+
+    def _lost(self, task: Task, last: BaseException) -> WorkersLostError:
+        return self._lost_error(
+            f"task [{task.start}, {task.start + task.size}) of stage {self._name!r} lost its "
+            f"worker {MAX_ATTEMPTS} times (each replaced in turn); the last error: {last}"
+        )
+
+    def _lost_error(self, message: str) -> WorkersLostError:
+        kind = getattr(self._backend, "lost_error", WorkersLostError)
+        error: WorkersLostError = kind(message)
+        return error
+
+    def _chunk(self, task: Task, reply: TaskReply, slot: int) -> Chunk:
+        where = f"{_worker_name(self._backend)} {slot}"
+        if reply.exit_code is not None:
+            return Chunk(
+                task.start,
+                [],
+                RuntimeError(
+                    f"a transformation called sys.exit({reply.exit_code!r}) on {where}: the "
+                    "worker is kept, the stage stops"
+                ),
+            )
+        self._measured(reply.values)
+        if reply.side is not None:  # what the worker's read counted: per-op statistics
+            merge = getattr(self.feed, "merge_side_counts", None)
+            if merge is not None:
+                merge(reply.side)
+        if reply.error is None:
+            return task.chunk(reply.values, task.upstream_error)
+        error: BaseException = reply.error.rebuilt()  # raised here: the worker's frames
+        remote_traceback.note_origin(error, where)
+        return task.chunk(reply.values, error)
+
+    def after_threads_joined(self) -> None:
+        """Lets the backend drop what its workers hold of the stage."""
+        with self.lock:
+            done = all(not thread.is_alive() for thread in self._proxies.values())
+            workers = self._workers
+        if done and workers is not None:
+            workers.close()
+
+
+def _worker_name(backend: Any) -> str:
+    return str(getattr(backend, "worker_name", "worker"))
+
+
+class RemoteCalls:
+    """``pipe(op, executor=backend)``: a pipeline stage's op called on a remote backend's
+    workers, one item per call.
+
+    SPDL runs a ``pipe`` on an executor one item per call (``run_in_executor``), the stage's
+    ``concurrency`` bounding the calls in flight; this gives a :class:`RemoteBackend` that
+    shape: ``submit(target, item)`` returns a finished ``concurrent.futures.Future`` (the
+    stage's thread waits in ``submit``, where it would wait on the future), so the stage
+    machinery (failure budgets, hooks, ``stop()``) is the one every executor uses. The op
+    is cloudpickled once and loaded by each worker as a stage's work; a call goes to the
+    slot with the fewest calls in flight; a call whose worker is lost is sent again to the
+    slot's replacement where the backend has one (the op over the same item gives the same
+    value), up to :data:`MAX_ATTEMPTS` times.
+    """
+
+    runs_in_processes = False  # the op travels by value already: no `located` wrapper
+
+    def __init__(self, backend: RemoteBackend, target: Callable[[Any], Any], stage: str) -> None:
+        self.backend = backend
+        self._stage = stage
+        # the pickler's error here, at build time
+        self._work = StageWork(stage, sending.dumps(target), sending.dumps(None))
+        self._lock = threading.Lock()
+        self._workers: StageWorkers | None = None
+        self._in_flight = [0] * max(1, backend.num_workers)
+        self._used: set[int] = set()
+
+    def __repr__(self) -> str:
+        return f"{self.backend!r} (stage {self._stage})"
+
+    def submit(self, fn: Callable[[Any], Any], item: Any) -> concurrent.futures.Future[Any]:
+        """Calls the op (``fn`` is the target this was made for) on ``item`` on a worker and
+        returns its finished future."""
+        del fn  # already on the workers
+        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            slot = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
+            self._in_flight[slot] += 1
+            self._used.add(slot)
+            if self._workers is None:
+                self._workers = self.backend.open(self._work, lambda: None)
+            workers = self._workers
+        try:
+            result.set_result(self._call(workers, slot, item))
+        except BaseException as error:
+            result.set_exception(error)
+        finally:
+            with self._lock:
+                self._in_flight[slot] -= 1
+        return result
+
+    def _call(self, workers: StageWorkers, slot: int, item: Any) -> Any:
+        count = len(self._in_flight)
+        last: BaseException | None = None
+        for _ in range(MAX_ATTEMPTS):
+            future = workers.submit(slot, count, TaskRequest(0, 1, [item]))
+            try:
+                reply: TaskReply = future.result()  # the backend fails it at its shutdown
+            except WorkerLost as error:
+                if not error.replaceable:
+                    raise
+                last = error
+                workers.replace(slot)
+                continue
+            where = f"{_worker_name(self.backend)} {slot}"
+            if reply.exit_code is not None:
+                raise RuntimeError(
+                    f"a transformation called sys.exit({reply.exit_code!r}) on {where}: the "
+                    "worker is kept, the stage stops"
+                )
+            if reply.error is None:
+                return reply.values[0]
+            failure = reply.error.rebuilt()  # raised here: the worker's frames
+            remote_traceback.note_origin(failure, where)
+            raise failure
+        kind = getattr(self.backend, "lost_error", WorkersLostError)
+        raise kind(
+            f"a call of pipeline stage {self._stage} lost its worker {MAX_ATTEMPTS} times "
+            f"(each replaced in turn); the last error: {last}"
+        )
+
+    def close(self) -> None:
+        """At ``Pipeline.stop()``: the workers drop the op."""
+        with self._lock:
+            workers, used = self._workers, sorted(self._used)
+            self._workers, self._used = None, set()
+        if workers is not None:
+            for slot in used:
+                workers.release(slot)
+            workers.close()
+
+
+def is_remote_backend(target: Any) -> bool:
+    """Whether ``target`` implements :class:`RemoteBackend` (a class, not an instance, is
+    not one)."""
+    return not isinstance(target, type) and isinstance(target, RemoteBackend)

@@ -1,0 +1,51 @@
+"""Backends of your own: the protocol a backend implements to run a stage's tasks on its
+workers (``docs/backends.md`` adds one in a page).
+
+Pass such a backend where a ``gristmill.ray.RayBackend`` goes: ``mp_prefetch(options,
+backend=...)``, ``DataLoader(..., backend=...)`` and, in the SPDL dialect,
+``pipe(op, executor=...)``. The engine keeps the order, the checkpoint state, the bound on
+what is in flight and the retries; a backend only opens workers for a stage's
+:class:`StageWork` and runs each :class:`TaskRequest` there with :func:`run_task`, answering
+through a ``concurrent.futures.Future`` (:class:`WorkerLost` when a worker is gone).
+"""
+
+from gristmill._src.engine.remote import (
+    LoadedWork,
+    RemoteBackend,
+    StageWork,
+    StageWorkers,
+    TaskReply,
+    TaskRequest,
+    WorkerLost,
+    WorkersLostError,
+    load_and_run,
+    run_task,
+)
+from gristmill._src.public import export as _export
+
+_export(
+    "gristmill.backends",
+    LoadedWork,
+    RemoteBackend,
+    StageWork,
+    StageWorkers,
+    TaskReply,
+    TaskRequest,
+    WorkerLost,
+    WorkersLostError,
+    load_and_run,
+    run_task,
+)
+
+__all__ = [
+    "LoadedWork",
+    "RemoteBackend",
+    "StageWork",
+    "StageWorkers",
+    "TaskReply",
+    "TaskRequest",
+    "WorkerLost",
+    "WorkersLostError",
+    "load_and_run",
+    "run_task",
+]

@@ -80,6 +80,18 @@ EXPECTED = {
     "gristmill.torch": ["TorchLoader", "TorchLoaderIterator", "ShardByTorchRank", "to_tensors"],
     "gristmill.jax": ["to_global_arrays"],
     "gristmill.ray": ["RayBackend", "ActorsLostError", "BackendShutDownError"],
+    "gristmill.backends": [
+        "LoadedWork",
+        "RemoteBackend",
+        "StageWork",
+        "StageWorkers",
+        "TaskReply",
+        "TaskRequest",
+        "WorkerLost",
+        "WorkersLostError",
+        "load_and_run",
+        "run_task",
+    ],
     "gristmill.constants": [
         "INDEX",
         "RECORD_KEY",

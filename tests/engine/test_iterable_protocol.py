@@ -16,14 +16,19 @@ from gristmill._src.engine.iterable_protocol import (
     Credit,
     EndWorker,
     Failed,
+    Item,
     Iterate,
+    PassEnd,
     Phase,
     ProtocolError,
     Ready,
     Stop,
+    Stopped,
     Tag,
     decode_command,
+    decode_message,
     encode_command,
+    encode_message,
 )
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main, worker_context
 
@@ -58,12 +63,38 @@ def test_what_is_not_a_command_is_refused_when_sent():
         encode_command("c")  # the one-letter command of the old protocol
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        Ready(),
+        Item(2, {"value": [1, 2]}),
+        Item(1, None),
+        PassEnd(3),
+        Failed.of(1, Phase.FETCHING, ValueError("element 5")),
+        Failed.of(0, Phase.INITIALIZER, KeyError("x"), detail="setup"),
+        Stopped(reusable=True),
+    ],
+)
+def test_every_message_decodes_to_itself_and_carries_no_class_by_name(message):
+    wire = encode_message(message)
+    assert type(wire[0]) is int  # a plain int on the wire: no class to look up per item
+    decoded = decode_message(pickle.loads(pickle.dumps(wire)))
+    assert type(decoded) is type(message)
+    assert decoded[:4] == message[:4]
+
+
+@pytest.mark.parametrize("wire", [("item", 1, 2), (2, 1), (), None, (9, 0)])
+def test_what_is_not_a_message_is_refused_naming_it(wire):
+    with pytest.raises(ProtocolError, match=r"not a message of a streamed iterable's worker: "):
+        decode_message(wire)
+
+
 def _reply(worker):
     """The worker's next message (bounded: a worker that says nothing fails the test)."""
     ready = wait([worker.conn, worker.process.sentinel], _REPLY_S)
     assert worker.conn in ready, "the worker sent nothing"
     assert worker.conn.poll(), "the worker ended without a word"
-    return shm.loads(worker.conn.recv_bytes())
+    return decode_message(shm.loads(worker.conn.recv_bytes()))
 
 
 @pytest.mark.parametrize(

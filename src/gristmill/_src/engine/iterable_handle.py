@@ -39,8 +39,10 @@ from gristmill._src.engine.iterable_protocol import (
     Message,
     PassEnd,
     Phase,
+    ProtocolError,
     Ready,
     Stopped,
+    decode_message,
     encode_command,
 )
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main
@@ -181,7 +183,7 @@ class WorkerHandle:
             raise self._died(activity)
         self._write(CREDIT_BYTES)
         try:
-            message: Any = shm.loads(raw)
+            wire = shm.loads(raw)
         except Exception as err:
             text = (
                 f"The worker subprocess (pid {self.pid}) sent a message the parent cannot "
@@ -190,6 +192,14 @@ class WorkerHandle:
             )
             self.shutdown("a message could not be unpickled")
             raise RuntimeError(text) from err
+        try:
+            message = decode_message(wire)
+        except ProtocolError as err:
+            self.shutdown("it sent what is not a message")
+            raise RuntimeError(
+                f"The worker subprocess (pid {self.pid}) sent {err} while {activity}; its "
+                "job is out of step with this parent, so it was stopped"
+            ) from err
         if not isinstance(message, _PASS_MESSAGES):
             self.shutdown("it sent a message that is not one of a pass")
             raise RuntimeError(
@@ -268,7 +278,7 @@ class WorkerHandle:
             while (left := deadline - time.monotonic()) > 0:
                 if not wait([self._conn, self._process.sentinel], left) or not self._conn.poll():
                     return False  # it is stuck, or it ended
-                message = shm.loads(self._conn.recv_bytes())
+                message = decode_message(shm.loads(self._conn.recv_bytes()))
                 if isinstance(message, Stopped):
                     return bool(message.reusable)
         except Exception:  # a broken pipe, a message that does not unpickle

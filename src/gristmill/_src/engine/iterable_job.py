@@ -45,6 +45,7 @@ from gristmill._src.engine.iterable_protocol import (
     Stop,
     Stopped,
     decode_command,
+    encode_message,
 )
 
 
@@ -121,19 +122,20 @@ class _Channel:
             raise _ParentGone from None
 
     def post(self, message: Ready | PassEnd | Failed) -> bool:
-        return self.send(pickle.dumps(message, pickle.HIGHEST_PROTOCOL), message.generation)
+        raw = pickle.dumps(encode_message(message), pickle.HIGHEST_PROTOCOL)
+        return self.send(raw, message.generation)
 
     def answer_stop(self, reusable: bool) -> bool:
         """Tells the parent the job is over (no credit needed: it waits for this last
         message) and whether the worker may take another job; returns ``reusable``."""
-        self._write(pickle.dumps(Stopped(reusable), pickle.HIGHEST_PROTOCOL))
+        self._write(pickle.dumps(encode_message(Stopped(reusable)), pickle.HIGHEST_PROTOCOL))
         return reusable
 
     def report_bad_command(self, error: ProtocolError) -> None:
         """Ends the job on bytes that are not a command: the parent is told why, whatever
         its credits (it reads nothing after this) and whichever pass it reads."""
         failed = Failed.of(self.generation, Phase.COMMAND, error)
-        self._write(pickle.dumps(failed, pickle.HIGHEST_PROTOCOL))
+        self._write(pickle.dumps(encode_message(failed), pickle.HIGHEST_PROTOCOL))
 
     def read_past_stop(self) -> bool:
         """Whether a command came after the stop: the parent sends nothing after a stop but
@@ -254,7 +256,8 @@ def _iterate(
                 channel.post(Failed.of(generation, Phase.FETCHING, error))
                 return
             try:
-                message = shm.dumps(Item(generation, item), channel.shm_prefix, channel.shm_numbers)
+                wire = encode_message(Item(generation, item))
+                message = shm.dumps(wire, channel.shm_prefix, channel.shm_numbers)
             except BaseException as error:
                 channel.post(Failed.of(generation, Phase.PICKLING, error))
                 return

@@ -12,11 +12,14 @@ worker sends messages: :class:`Ready` (``fn()`` returned), :class:`Item`, :class
 :class:`Failed` (each spending a credit, so at most ``buffer_size`` are ever in flight) and
 :class:`Stopped` (the answer to a stop, sent without a credit: the parent waits for it).
 
-A credit crosses the pipe once per item, so a command is one tag byte (:class:`Tag`) and
-its fields (:func:`encode_command`), never a pickle: decoding it costs a dict lookup, and
-bytes that are not a command (or the pool's order to end the worker,
-:data:`END_WORKER`) are told apart instead of being misread. Messages are pickled (an item's
-large arrays in shared memory: :mod:`shm`).
+A credit crosses the pipe once per item, so the types stay off the wire: a command is one tag
+byte (:class:`Tag`) and its fields (:func:`encode_command`), a message a plain tuple of an
+integer tag (:class:`MessageTag`) and its fields (:func:`encode_message`), pickled (an item's
+large arrays in shared memory: :mod:`shm`). A pickled NamedTuple names its class, which costs
+several microseconds per message to write and to find again (``benchmarks/README.md``,
+"subprocess_protocol"). Decoding checks the tag and the fields, so bytes that are not a
+command (or the pool's order to end the worker, :data:`END_WORKER`) and a tuple that is not
+a message are told apart instead of being misread.
 """
 
 from __future__ import annotations
@@ -210,3 +213,54 @@ class Stopped(NamedTuple):
 
 Message: TypeAlias = Ready | Item | PassEnd | Failed
 """What a pass reads (:class:`Stopped` is read only by the handle's release)."""
+
+WorkerMessage: TypeAlias = Message | Stopped
+
+
+class MessageTag(enum.IntEnum):
+    """A message's first field on the wire (sent as a plain int: an enum would pickle by
+    its class's name)."""
+
+    READY = 1
+    ITEM = 2
+    PASS_END = 3
+    FAILED = 4
+    STOPPED = 5
+
+
+_TAG_OF: dict[type[Any], int] = {
+    Ready: int(MessageTag.READY),
+    Item: int(MessageTag.ITEM),
+    PassEnd: int(MessageTag.PASS_END),
+    Failed: int(MessageTag.FAILED),
+    Stopped: int(MessageTag.STOPPED),
+}
+_TYPE_OF: dict[int, type[Any]] = {tag: kind for kind, tag in _TAG_OF.items()}
+
+
+def encode_message(message: WorkerMessage) -> tuple[Any, ...]:
+    """``message`` as it is pickled: ``(tag, *fields)``, every part a builtin but the
+    values it carries."""
+    return (_TAG_OF[type(message)], *message)
+
+
+def decode_message(wire: Any) -> WorkerMessage:
+    """The message ``wire`` encodes (:func:`encode_message`).
+
+    Raises:
+        ProtocolError: ``wire`` is not one, naming what it is.
+    """
+    kind = _TYPE_OF.get(wire[0]) if isinstance(wire, tuple) and wire else None
+    if kind is not None:
+        try:
+            message: WorkerMessage = kind(*wire[1:])
+        except TypeError:
+            pass
+        else:
+            return message
+    shown = repr(wire)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    raise ProtocolError(
+        f"not a message of a streamed iterable's worker: {shown} (a message is a tuple of "
+        f"a tag, one of {', '.join(f'{t.name}={t.value}' for t in MessageTag)}, and its fields)"
+    )

@@ -9,6 +9,8 @@ a cycle from the interpreter, not from a reader) — except those under ``if TYP
 * No cycle between the modules of one folder.
 * The engine imports no dialect (the Grain-style dataset graph, the SPDL dialect, the
   loaders and framework adapters, the Grain alias) and not Ray: backends plug into it.
+* The Grain dialect imports nothing from the SPDL dialect: the two sit side by side on the
+  engine.
 """
 
 from __future__ import annotations
@@ -183,5 +185,23 @@ def test_the_engine_imports_no_dialect_and_not_ray() -> None:
         if any(
             target == banned or target.startswith(banned + ".") for banned in NOT_FROM_THE_ENGINE
         )
+    )
+    assert wrong == []
+
+
+GRAIN_DIALECT = "gristmill._src.dataset"
+SPDL_DIALECT = "gristmill._src.spdl"
+
+
+def test_the_grain_dialect_imports_nothing_from_the_spdl_dialect() -> None:
+    # Grain's process prefetch and per-worker order stream through the engine's iterable
+    # worker (engine/iterable_*), not through the SPDL dialect's iterate_in_subprocess.
+    graph = _graph()
+    wrong = sorted(
+        (module, target)
+        for module, targets in graph.items()
+        if module == GRAIN_DIALECT or module.startswith(GRAIN_DIALECT + ".")
+        for target in targets
+        if target == SPDL_DIALECT or target.startswith(SPDL_DIALECT + ".")
     )
     assert wrong == []

@@ -31,9 +31,9 @@ from gristmill._src.dataset.positions import get_next_index, set_next_index
 from gristmill._src.dataset.with_options import WithOptionsIterDataset
 from gristmill._src.dataset.worker_slicing import WorkerSliceIterDataset, mark_in_worker
 from gristmill._src.engine import exits, main_guard, reaper, remote_traceback, sending
+from gristmill._src.engine.iterable_handle import WorkerHandle
+from gristmill._src.engine.iterable_protocol import Failed, Item, Iterate, Message
 from gristmill._src.engine.process_lane import worker_context
-from gristmill._src.spdl import subprocess_worker as proto
-from gristmill._src.spdl.subprocess_handle import WorkerHandle
 
 
 def _check_buffer_size(buffer_size: Any) -> int:
@@ -229,16 +229,16 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
         worker = self._worker
         assert worker is not None
         worker.generation += 1
-        worker.send(proto.iterate_command(worker.generation, self._position))
+        worker.send(Iterate(worker.generation, self._position))
 
-    def _receive(self) -> tuple[str, Any]:
+    def _receive(self) -> Message:
         worker = self._worker
         assert worker is not None
         try:
             if not self._ready:
-                kind, payload = worker.receive(0, "starting (running worker_init_fn)")
-                if kind == proto.ERROR:
-                    return kind, payload
+                message = worker.receive(0, "starting (running worker_init_fn)")
+                if isinstance(message, Failed):
+                    return message
                 self._ready = True
             return worker.receive(worker.generation, "producing elements")
         except RuntimeError as error:
@@ -251,27 +251,26 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
         if self._exhausted:
             raise StopIteration
         self.start_prefetch()
-        kind, payload = self._receive()
-        if kind == proto.ITEM:
-            element, self._state, self._next_index = payload
+        message = self._receive()
+        if isinstance(message, Item):
+            element, self._state, self._next_index = message.value
             return element
         self._exhausted = True
-        if kind == proto.ERROR:
-            raise self._child_error(payload)
+        if isinstance(message, Failed):
+            raise self._child_error(message)
         raise StopIteration
 
-    def _child_error(self, payload: Any) -> BaseException:
+    def _child_error(self, failed: Failed) -> BaseException:
         """The worker's exception (its type, with its frames), or a RuntimeError with its
         text when it does not unpickle here."""
         worker = self._worker
         assert worker is not None
-        phase, _, _, remote = payload
-        worker.shutdown(f"it failed while {phase}")
-        error: BaseException = remote.rebuilt()
+        worker.shutdown(f"it failed while {failed.during}")
+        error: BaseException = failed.remote.rebuilt()
         if isinstance(error, SystemExit):
             code = error.code if isinstance(error.code, int) else 1
             return _terminated(code)
-        remote_traceback.note_origin(error, f"the worker process while {phase}")
+        remote_traceback.note_origin(error, f"the worker process while {failed.during}")
         return error
 
     # -- state -------------------------------------------------------------------------

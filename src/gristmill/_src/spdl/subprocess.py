@@ -2,9 +2,10 @@
 
 ``fn()`` runs once in the worker; every ``iter()`` of the returned object asks the worker for
 one more pass over what ``fn()`` returned. Items come back pickled through a pipe, at most
-``buffer_size`` ahead of the consumer (``subprocess_worker`` is the worker's side,
-``subprocess_handle`` the parent's). The worker is a pooled worker process of the iterable's
-kind (start method, daemonic or not: ``engine.worker_pool``), shared with process stages.
+``buffer_size`` ahead of the consumer (the engine's ``iterable_job`` is the worker's side,
+``iterable_handle`` the parent's, ``iterable_protocol`` their messages). The worker is a
+pooled worker process of the iterable's kind (start method, daemonic or not:
+``engine.worker_pool``), shared with process stages.
 
 The worker is released on ``close()``, when an error or a timeout ends it, on
 KeyboardInterrupt while waiting, when the iterable is garbage-collected (through the
@@ -27,14 +28,15 @@ from typing import Any, TypeVar
 
 from gristmill._src.core import validation
 from gristmill._src.engine import main_guard, reaper, sending
-from gristmill._src.spdl import subprocess_worker as proto
+from gristmill._src.engine.iterable_handle import WorkerHandle
+from gristmill._src.engine.iterable_protocol import Abandon, Failed, Item, Iterate, Phase
+from gristmill._src.engine.remote_traceback import element_note, note_origin
 from gristmill._src.spdl.arena import (
     ARENAS,
     SharedMemoryRingBuffer,
     SharedMemorySegmentPool,
     release_arena,
 )
-from gristmill._src.spdl.subprocess_handle import WorkerHandle
 
 T = TypeVar("T")
 
@@ -59,7 +61,7 @@ class _SubprocessIterable(Iterable[T]):
         worker = self._worker
         worker.check_open()
         worker.generation += 1
-        worker.send(proto.ITERATE + str(worker.generation).encode())
+        worker.send(Iterate(worker.generation))
         return _Pass(self, worker.generation)
 
     def close(self) -> None:
@@ -106,13 +108,13 @@ class _Pass(Iterator[T]):
                     "subprocess iterable; only the newest iterator can be read"
                 )
             worker.check_open()
-            kind, payload = worker.receive(self._generation, "producing items")
-            if kind == proto.ITEM:
+            message = worker.receive(self._generation, "producing items")
+            if isinstance(message, Item):
                 self._index += 1
-                return payload  # type: ignore[no-any-return]
+                return message.value  # type: ignore[no-any-return]
             self._finished = True
-            if kind == proto.ERROR:
-                raise worker.child_error(payload, (self._iterable.name, self._index))
+            if isinstance(message, Failed):
+                raise child_error(worker, message, (self._iterable.name, self._index))
         except Exception as error:
             self._error = error
             raise
@@ -124,7 +126,7 @@ class _Pass(Iterator[T]):
         abandoned = not self._finished and self._error is None
         self._finished = True
         if abandoned and worker.generation == self._generation and worker.closed_reason is None:
-            worker.send(proto.ABANDON + str(self._generation).encode())
+            worker.send(Abandon(self._generation))
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -256,14 +258,57 @@ def launch(
             raise
         raise unpicklable from error
     activity = "starting (running the initializer and fn())"
-    kind, message = worker.receive(0, activity)
-    if kind == proto.ERROR:
-        raise worker.child_error(message)
+    message = worker.receive(0, activity)
+    if isinstance(message, Failed):
+        raise child_error(worker, message)
     iterable: _SubprocessIterable[T] = _SubprocessIterable(worker, name)
     if arena is not None:
         # the call owns the arena (as in SPDL): its shared memory goes with the iterable
         weakref.finalize(iterable, release_arena, arena)
     return iterable
+
+
+def child_error(
+    worker: WorkerHandle, failed: Failed, at: tuple[str, int] | None = None
+) -> RuntimeError:
+    """The RuntimeError for a failure the worker reported (SPDL's type and words); shuts
+    the worker down.
+
+    Its traceback ends with the worker's frames (raised here, the consumer's come first), so
+    the line that failed is right above the message; its ``__cause__`` is the worker's
+    exception itself (with the exceptions chained to it there).
+
+    Args:
+        worker: the handle on the worker that failed.
+        failed: the worker's message.
+        at: ``(stage name, index in the pass)`` of the item being made; an error that one
+            item raised gets the note naming both, as in every backend.
+
+    Returns:
+        The error to raise.
+    """
+    summary = (
+        f"{_SPDL_WORDS.get(failed.phase, 'The worker subprocess failed')}: the worker "
+        f"subprocess failed while {failed.during}: {failed.type_name}: {failed.text}"
+    )
+    worker.shutdown(f"it failed while {failed.during}")
+    original = failed.remote.rebuilt()
+    error = RuntimeError(summary)
+    error.__traceback__, original.__traceback__ = original.__traceback__, None
+    error.__cause__ = original
+    note_origin(error, f"the worker subprocess (pid {worker.pid})")
+    if at is not None and failed.phase.of_an_item:
+        error.add_note(element_note(*at))
+    return error
+
+
+# SPDL's words for a failure in each phase of the worker, which code written for SPDL matches
+_SPDL_WORDS = {
+    Phase.INITIALIZER: "Initializer failed",
+    Phase.CREATING: "Failed to create the iterable",
+    Phase.ITERATOR: "Failed to create the iterator",
+    Phase.FETCHING: "Failed to fetch the next item",
+}
 
 
 def _describe(fn: Any) -> str:

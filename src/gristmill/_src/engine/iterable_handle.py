@@ -1,9 +1,12 @@
-"""The parent's handle on an ``iterate_in_subprocess`` worker process.
+"""The parent's handle on a streamed iterable's worker process.
 
-The worker is a pooled worker process (``engine.worker_pool``: the workers of every process
-stage), leased for the handle's kind — its start method and whether it is daemonic — and
-sent the job ``subprocess_worker.run_iterable`` (which describes the protocol). The handle
-reads its messages, turns what went wrong in the worker into exceptions, and releases it.
+The worker (``iterate_in_subprocess``'s, Grain's process prefetch's) is a pooled worker
+process (:mod:`worker_pool`: the workers of every process stage), leased for the handle's
+kind — its start method and whether it is daemonic — and sent the job
+:func:`iterable_job.run_iterable`. The handle sends it the typed commands of
+:mod:`iterable_protocol`, reads its messages, turns a dead, silent or confused worker into
+exceptions (a :class:`~iterable_protocol.Failed` message is the caller's to word), and
+releases it.
 It never polls: it waits on the pipe and the process's sentinel together, so a crashed
 worker is noticed at once, and the inactivity ``timeout`` is the wait's own.
 
@@ -25,9 +28,24 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from gristmill._src.engine import exits, main_guard, runtime, shm, worker_pool
+from gristmill._src.engine.iterable_job import run_iterable
+from gristmill._src.engine.iterable_protocol import (
+    CREDIT_BYTES,
+    STOP_BYTES,
+    Command,
+    Failed,
+    Item,
+    Iterate,
+    Message,
+    PassEnd,
+    Phase,
+    ProtocolError,
+    Ready,
+    Stopped,
+    decode_message,
+    encode_command,
+)
 from gristmill._src.engine.process_lane import job_message, pooled_worker_main
-from gristmill._src.engine.remote_traceback import element_note, note_origin
-from gristmill._src.spdl import subprocess_worker as proto
 
 _GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
 # how long an idle worker may take to answer a stop (it closes what fn() returned first: a
@@ -88,31 +106,43 @@ class WorkerHandle:
             return None
         return code
 
-    def send(self, command: bytes) -> None:
+    def send(self, command: Command) -> None:
         """Sends the worker a command; nothing once it was released (its pipe may serve
-        another job now)."""
+        another job now).
+
+        Raises:
+            TypeError: ``command`` is not one of the parent's commands.
+        """
+        raw = encode_command(command)
         if self.closed_reason is not None:
             return
-        if command.startswith(proto.ITERATE):
+        if isinstance(command, Iterate):
             self._pass_open = True
-        self._write(command)
+        self._write(raw)
 
     def _write(self, command: bytes) -> None:
         # a dead worker is reported by the next receive
         with self._send_lock, contextlib.suppress(OSError, ValueError, TypeError):
             self._conn.send_bytes(command)
 
-    def receive(self, generation: int, activity: str) -> tuple[str, Any]:
-        """The next message of pass ``generation`` as ``(kind, payload)``; messages of an
-        abandoned pass are dropped. A dead worker, a timeout or an interrupt shuts it down."""
+    def receive(self, generation: int, activity: str) -> Message:
+        """The next message of pass ``generation`` (0: the worker's start); messages of an
+        abandoned pass are dropped, except a failure to read a command (the job is over).
+        A dead worker, a timeout or an interrupt shuts it down.
+
+        Raises:
+            WorkerTimeoutError: nothing came within the timeout.
+            IterableClosedError: the handle was shut down while this waited.
+            RuntimeError: the worker died, or sent what the parent cannot read.
+        """
         if self.closed_reason is not None:  # released: its pipe may serve another job
             raise self._closed_while_waiting(activity)
         try:
             while True:
-                kind, message_generation, payload = self._receive_one(activity)
-                if message_generation == generation:
-                    self._note(kind, generation)
-                    return kind, payload
+                message = self._receive_one(activity)
+                if message.generation == generation or _ends_every_pass(message):
+                    self._note(message)
+                    return message
         except KeyboardInterrupt:
             self.shutdown("interrupted (KeyboardInterrupt)", graceful=False)
             raise
@@ -124,16 +154,16 @@ class WorkerHandle:
                 raise
             raise self._closed_while_waiting(activity) from error
 
-    def _note(self, kind: str, generation: int) -> None:
+    def _note(self, message: Message) -> None:
         """What a message read says of the worker's state (whether it may be pooled)."""
-        if kind == proto.ERROR:
+        if isinstance(message, Failed):
             self._failed = True
-        elif generation == 0 and kind == proto.READY:
+        elif isinstance(message, Ready):
             self._ready = True
-        elif kind == proto.END and generation == self.generation:
+        elif isinstance(message, PassEnd) and message.generation == self.generation:
             self._pass_open = False
 
-    def _receive_one(self, activity: str) -> tuple[str, int, Any]:
+    def _receive_one(self, activity: str) -> Message:
         if not wait([self._conn, self._process.sentinel], self._timeout):
             timeout = self._timeout
             error = WorkerTimeoutError(
@@ -151,9 +181,9 @@ class WorkerHandle:
             if self.closed_reason is not None:  # stopped by another thread: no crash
                 raise self._closed_while_waiting(activity)
             raise self._died(activity)
-        self._write(proto.CREDIT)
+        self._write(CREDIT_BYTES)
         try:
-            message: tuple[str, int, Any] = shm.loads(raw)
+            wire = shm.loads(raw)
         except Exception as err:
             text = (
                 f"The worker subprocess (pid {self.pid}) sent a message the parent cannot "
@@ -162,6 +192,21 @@ class WorkerHandle:
             )
             self.shutdown("a message could not be unpickled")
             raise RuntimeError(text) from err
+        try:
+            message = decode_message(wire)
+        except ProtocolError as err:
+            self.shutdown("it sent what is not a message")
+            raise RuntimeError(
+                f"The worker subprocess (pid {self.pid}) sent {err} while {activity}; its "
+                "job is out of step with this parent, so it was stopped"
+            ) from err
+        if not isinstance(message, _PASS_MESSAGES):
+            self.shutdown("it sent a message that is not one of a pass")
+            raise RuntimeError(
+                f"The worker subprocess (pid {self.pid}) sent {_shown(message)} while "
+                f"{activity}, which is not a message of a pass (Ready, Item, PassEnd or "
+                "Failed); its job is out of step with this parent, so it was stopped"
+            )
         return message
 
     def _died(self, activity: str) -> RuntimeError:
@@ -189,37 +234,6 @@ class WorkerHandle:
             "iterable to iterate again"
         )
 
-    def child_error(self, payload: Any, at: tuple[str, int] | None = None) -> RuntimeError:
-        """The RuntimeError for an error the worker reported (SPDL's type and words); shuts
-        the worker down.
-
-        Its traceback ends with the worker's frames (raised here, the consumer's come
-        first), so the line that failed is right above the message; its ``__cause__`` is the
-        worker's exception itself (with the exceptions chained to it there).
-
-        Args:
-            payload: the worker's error message.
-            at: ``(stage name, index in the pass)`` of the item being made; an error that
-                one item raised gets the note naming both, as in every backend.
-
-        Returns:
-            The error to raise.
-        """
-        phase, type_name, message, remote = payload
-        summary = (
-            f"{_spdl_words(phase)}: the worker subprocess failed while {phase}: "
-            f"{type_name}: {message}"
-        )
-        self.shutdown(f"it failed while {phase}")
-        original = remote.rebuilt()
-        error = RuntimeError(summary)
-        error.__traceback__, original.__traceback__ = original.__traceback__, None
-        error.__cause__ = original
-        note_origin(error, f"the worker subprocess (pid {self.pid})")
-        if at is not None and phase in proto.ITEM_PHASES:
-            error.add_note(element_note(*at))
-        return error
-
     def check_open(self) -> None:
         if self.closed_reason is not None:
             raise RuntimeError(
@@ -246,7 +260,7 @@ class WorkerHandle:
                     self._released = True  # first: a worker pooled twice serves two jobs
                     worker_pool.give_back(worker)
                 elif graceful and not self._failed:
-                    self._write(proto.STOP)  # its job ends once its current item is made
+                    self._write(STOP_BYTES)  # its job ends once its current item is made
                     worker_pool.stop(worker)
                 else:
                     worker_pool.stop(worker, ask=False)
@@ -258,15 +272,15 @@ class WorkerHandle:
     def _stopped_cleanly(self) -> bool:
         """Ends the job of an idle worker: whether it answered the stop within a grace
         period and may take another job."""
-        self._write(proto.STOP)
+        self._write(STOP_BYTES)
         deadline = time.monotonic() + _ANSWER_S
         try:
             while (left := deadline - time.monotonic()) > 0:
                 if not wait([self._conn, self._process.sentinel], left) or not self._conn.poll():
                     return False  # it is stuck, or it ended
-                kind, _, reusable = shm.loads(self._conn.recv_bytes())
-                if kind == proto.STOPPED:
-                    return bool(reusable)
+                message = decode_message(shm.loads(self._conn.recv_bytes()))
+                if isinstance(message, Stopped):
+                    return bool(message.reusable)
         except Exception:  # a broken pipe, a message that does not unpickle
             return False
         return False
@@ -290,28 +304,24 @@ def _lease(
     except Exception:
         pickled = None
     if pickled is None:
-        first = job_message(proto.run_iterable, payload, buffer_size, shm_prefix)
+        first = job_message(run_iterable, payload, buffer_size, shm_prefix)
         [worker] = worker_pool.lease(context, 1, pooled_worker_main, daemon=daemon, first=first)
         return worker
     [worker] = worker_pool.lease(context, 1, pooled_worker_main, daemon=daemon)
     # one that died while idle: the first receive reports it
     with contextlib.suppress(OSError):
-        worker.conn.send(job_message(proto.run_iterable, pickled, buffer_size, shm_prefix))
+        worker.conn.send(job_message(run_iterable, pickled, buffer_size, shm_prefix))
     return worker
 
 
-# SPDL's words for a failure in each phase of the worker, which code written for SPDL
-# matches, keyed by the start of the worker's phase description
-_SPDL_WORDS = {
-    "running the initializer": "Initializer failed",
-    "calling fn()": "Failed to create the iterable",
-    "calling iter()": "Failed to create the iterator",
-    "fetching the next item": "Failed to fetch the next item",
-}
+_PASS_MESSAGES = (Ready, Item, PassEnd, Failed)
 
 
-def _spdl_words(phase: str) -> str:
-    return next(
-        (words for start, words in _SPDL_WORDS.items() if phase.startswith(start)),
-        "The worker subprocess failed",
-    )
+def _ends_every_pass(message: Message) -> bool:
+    """A failure to read a command ends the job, whichever pass the parent reads."""
+    return isinstance(message, Failed) and message.phase is Phase.COMMAND
+
+
+def _shown(message: Any) -> str:
+    shown = repr(message)
+    return shown if len(shown) <= 80 else shown[:77] + "..."

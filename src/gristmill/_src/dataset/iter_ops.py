@@ -19,6 +19,7 @@ from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, bulk_
 from gristmill._src.dataset.op_clock import OpRow, call_sampled
 from gristmill._src.dataset.shuffle import resolve_seed
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import OpKind, StageOp
 
 _U64 = 2**64
 
@@ -106,6 +107,11 @@ class MapIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         return _MapIterator(iter(self._parent), self._fn)
 
+    def _stage_op(self) -> StageOp:
+        """This node as an op fused into an engine stage (``lowering.py``)."""
+        label = f"map({transforms.describe(self._transform)})"
+        return StageOp(kind=OpKind.MAP, fn=self._fn, label=label)
+
     @property
     def _element_spec(self) -> Any:
         return specs.from_transform(self._transform, self._parent)
@@ -175,6 +181,12 @@ class FilterIterDataset(IterDataset[Any]):
     def __iter__(self) -> DatasetIterator[Any]:
         name = filter_iterator_name(transforms.describe(self._transform))
         return _FilterIterator(iter(self._parent), self._fn, name)
+
+    def _stage_op(self) -> StageOp:
+        """This node as an op fused into an engine stage (``lowering.py``): its label is
+        the unfused filter's name, so its ratio check says the same."""
+        label = filter_iterator_name(transforms.describe(self._transform))
+        return StageOp(kind=OpKind.FILTER, fn=self._fn, label=label)
 
     @property
     def _element_spec(self) -> Any:

@@ -120,7 +120,7 @@ class StageSettings:
     workers: int
     """Workers (threads, event-loop slots, processes or actors); 0: inline only."""
     buffer_size: int
-    """The bound on the elements computed ahead of the consumer."""
+    """The bound on the elements computed ahead of the consumer (0: none, inline)."""
     backend: Backend = THREADS
     """Where the tasks run (``THREADS``, ``ASYNCIO``, a process or Ray backend)."""
     output_order: OutputOrder = OutputOrder.INPUT
@@ -134,7 +134,7 @@ class StageSettings:
 
     def __post_init__(self) -> None:
         check_int_in_range(self.workers, "workers", low=0, fix="; e.g. workers=4")
-        check_int_in_range(self.buffer_size, "buffer_size", low=1, fix="; e.g. buffer_size=16")
+        check_int_in_range(self.buffer_size, "buffer_size", low=0, fix="; e.g. buffer_size=16")
         if not isinstance(getattr(self.backend, "executor", None), Executor):
             raise TypeError(
                 f"backend must be an engine backend (THREADS, ASYNCIO, a process or Ray "

@@ -91,6 +91,7 @@ def test_a_pipeline_plan_describes_each_pipe_stage_with_its_op_kind_and_settings
         OutputOrder.INPUT,
         OutputOrder.COMPLETION,
     ]
+    assert "[async_gen]  (workers=1" in str(plan)  # the printed plan shows each op's kind
     # what the stages started with is what the plan's settings still are (nothing changed)
     assert plan.settings() == {
         spec.name: {"workers": spec.settings.workers, "buffer_size": spec.settings.buffer_size}

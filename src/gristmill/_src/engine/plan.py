@@ -196,8 +196,12 @@ class Plan:
         lines = []
         for stage in self._stages:
             knobs = ", ".join(f"{k}={v}" for k, v in stage.settings().items())
+            ops = stage.spec.ops if stage.spec is not None else ()
+            kinds = ", ".join(op.kind.value for op in ops)
             lines.append(
-                f"{stage.role.value:>10}  {stage.name}" + (f"  ({knobs})" if knobs else "")
+                f"{stage.role.value:>10}  {stage.name}"
+                + (f"  [{kinds}]" if kinds else "")
+                + (f"  ({knobs})" if knobs else "")
             )
         return "\n".join(lines)
 

@@ -13,7 +13,16 @@ import pytest
 
 import gristmill as gm
 from gristmill._src.engine.backends import Executor, OutputOrder
-from gristmill._src.engine.stage_spec import OpKind, StageSettings, function_kind
+from gristmill._src.engine.plan import Role
+from gristmill._src.engine.stage_spec import (
+    INLINE,
+    OpKind,
+    StageOp,
+    StageSettings,
+    StageSpec,
+    build_stage,
+    function_kind,
+)
 from gristmill.pipeline import PipelineBuilder
 
 SUPPORT = Path(__file__).parents[1] / "support"
@@ -122,6 +131,20 @@ def test_a_dataset_plan_describes_the_fused_map_and_filter_ops_and_their_setting
     it.close()
 
 
+def test_unfused_dataset_ops_are_described_as_running_inline_in_their_iterator():
+    it = iter(gm.MapDataset.range(20).to_iter_dataset().map(square).filter(is_even))
+    assert list(it) == [x * x for x in range(20) if x % 2 == 0]
+    read, mapped, filtered = it.plan().stages
+    assert read.spec.ops == ()  # a read with no fused op
+    assert [op.kind for op in mapped.spec.ops + filtered.spec.ops] == [OpKind.MAP, OpKind.FILTER]
+    assert [mapped.spec.kind, filtered.spec.kind] == [OpKind.MAP, OpKind.FILTER]
+    for stage in (mapped, filtered):
+        assert stage.spec.settings.executor is Executor.INLINE
+        assert (stage.spec.settings.workers, stage.spec.settings.buffer_size) == (0, 0)
+    assert list(it.plan().settings()) == [read.name]  # inline ops have no knobs to turn
+    it.close()
+
+
 def test_a_stream_stage_on_worker_processes_is_described_as_its_fused_ops():
     datasets = gm.MapDataset.range(3).map(
         lambda i: gm.MapDataset.range(i * 10, i * 10 + 5).to_iter_dataset()
@@ -184,6 +207,11 @@ def test_bad_stage_settings_name_the_setting_and_the_value():
         StageSettings(workers=1, buffer_size="8")
     with pytest.raises(TypeError, match=r"output_order must be an OutputOrder, got 'input'"):
         StageSettings(workers=1, buffer_size=4, output_order="input")
+    with pytest.raises(TypeError, match=r"kind must be an OpKind, got 'map'"):
+        StageOp(kind="map", fn=square)
+    inline = StageSpec(name="f", role=Role.MAP, ops=(), settings=INLINE)
+    with pytest.raises(ValueError, match=r"stage 'f' has settings with no backend \(INLINE\)"):
+        build_stage(inline, feed=None)
 
 
 _KIND_STRINGS = {kind.value for kind in OpKind}

@@ -121,8 +121,9 @@ class StageSettings:
     """Workers (threads, event-loop slots, processes or actors); 0: inline only."""
     buffer_size: int
     """The bound on the elements computed ahead of the consumer (0: none, inline)."""
-    backend: Backend = THREADS
-    """Where the tasks run (``THREADS``, ``ASYNCIO``, a process or Ray backend)."""
+    backend: Backend | None = THREADS
+    """Where the tasks run (``THREADS``, ``ASYNCIO``, a process or Ray backend); None: no
+    runner, the op runs in its consumer's own ``next()`` (:data:`INLINE`)."""
     output_order: OutputOrder = OutputOrder.INPUT
     inline_beyond_buffer: bool = False
     """Whether the consumer may run a task itself when the buffer holds no task for it."""
@@ -135,10 +136,12 @@ class StageSettings:
     def __post_init__(self) -> None:
         check_int_in_range(self.workers, "workers", low=0, fix="; e.g. workers=4")
         check_int_in_range(self.buffer_size, "buffer_size", low=0, fix="; e.g. buffer_size=16")
-        if not isinstance(getattr(self.backend, "executor", None), Executor):
+        if self.backend is not None and not isinstance(
+            getattr(self.backend, "executor", None), Executor
+        ):
             raise TypeError(
                 f"backend must be an engine backend (THREADS, ASYNCIO, a process or Ray "
-                f"backend), got {self.backend!r}"
+                f"backend) or None (inline), got {self.backend!r}"
             )
         if not isinstance(self.output_order, OutputOrder):
             raise TypeError(
@@ -148,8 +151,13 @@ class StageSettings:
 
     @property
     def executor(self) -> Executor:
-        """The kind of executor its tasks run on."""
-        return self.backend.executor
+        """The kind of executor its tasks run on (``INLINE`` without a backend)."""
+        return Executor.INLINE if self.backend is None else self.backend.executor
+
+
+INLINE = StageSettings(workers=0, buffer_size=0, backend=None)
+"""The settings of an op run in its consumer's ``next()``, with no runner (a dataset ``map``
+or ``filter`` not fused into a read stage): nothing to tune."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -196,8 +204,16 @@ def build_stage(
 
     Returns:
       The runner, and the :class:`PlannedStage` (name, role, runner, ``spec``).
+
+    Raises:
+      ValueError: ``spec`` has no backend (an inline op has no runner to build).
     """
     settings = spec.settings
+    if settings.backend is None:
+        raise ValueError(
+            f"stage {spec.name!r} has settings with no backend (INLINE): it runs in its "
+            "consumer's next() and has no runner to build; give it a backend, e.g. THREADS"
+        )
     runner = ChunkRunner(
         feed,
         workers=settings.workers,

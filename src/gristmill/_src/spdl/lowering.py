@@ -23,7 +23,6 @@ from gristmill._src.engine.stage_spec import (
     StageSettings,
     StageSpec,
     build_stage,
-    function_kind,
 )
 from gristmill._src.engine.tuner import TrialToken
 from gristmill._src.spdl import defs, ops
@@ -163,7 +162,7 @@ class Lowering:
         info = StageInfo(self.pipeline_id, sid, stage.name, shown)
         limit = stage.max_failures if stage.max_failures is not None else self.build_limit
         budget = ops.FailureBudget(str(info), limit)
-        kind = function_kind(stage.op)  # classified once: the spec carries it
+        kind = stage.kind  # classified once, by the config: the spec carries it
         staged = ops.stage_function(
             stage.op,
             kind,

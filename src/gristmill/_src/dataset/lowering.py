@@ -152,10 +152,6 @@ def _lower_stream(
         last += 1
     base = above[first - 1] if first else head  # the original nodes below the run
     lowered = StreamStageIterDataset(
-        base,
-        _fused_ops(above[first:last]),
-        processes,
-        buffer_size,
-        above[last - 1],
+        base, _fused_ops(above[first:last]), processes, buffer_size, above[last - 1]
     )
     return _reattach(lowered, above[last:])

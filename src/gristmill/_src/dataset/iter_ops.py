@@ -19,6 +19,7 @@ from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, bulk_
 from gristmill._src.dataset.op_clock import OpRow, call_sampled
 from gristmill._src.dataset.shuffle import resolve_seed
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import INLINE, OpKind, StageOp, StageSpec
 
 _U64 = 2**64
 
@@ -31,6 +32,12 @@ def _state_key(state: Any, key: str, owner: str) -> Any:
             f"{owner} state must be a dict with key {key!r}, got {state!r}; pass a dict "
             "returned by get_state() of an iterator over the same pipeline"
         ) from None
+
+
+def _inline_stage(row: OpRow, op: StageOp) -> PlannedStage:
+    """An op run in its iterator's ``next()`` as a plan stage: its row, and its spec."""
+    spec = StageSpec(name=row.name, role=Role.MAP, ops=(op,), settings=INLINE)
+    return PlannedStage(row.name, Role.MAP, row, spec=spec)
 
 
 class _OneParentIterator(DatasetIterator[Any]):
@@ -68,9 +75,10 @@ class WithSeedIterDataset(IterDataset[Any]):
 
 
 class _MapIterator(_OneParentIterator):
-    def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any]) -> None:
+    def __init__(self, parent: DatasetIterator[Any], op: StageOp) -> None:
         super().__init__(parent)
-        self._fn = fn
+        self._op = op
+        self._fn = op.fn
         self._row = OpRow(self._describe())
 
     def __next__(self) -> Any:
@@ -82,7 +90,7 @@ class _MapIterator(_OneParentIterator):
         return row.timed_call(self._fn, element)
 
     def plan(self) -> Plan:
-        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
+        return Plan.joined([super().plan()], _inline_stage(self._row, self._op))
 
     def _describe(self) -> str:
         return f"map({transforms.qualified_name(self._fn)})"
@@ -104,7 +112,12 @@ class MapIterDataset(IterDataset[Any]):
         self._fn = transforms.map_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
-        return _MapIterator(iter(self._parent), self._fn)
+        return _MapIterator(iter(self._parent), self._stage_op())
+
+    def _stage_op(self) -> StageOp:
+        """This node as an op fused into an engine stage (``lowering.py``)."""
+        label = f"map({transforms.describe(self._transform)})"
+        return StageOp(kind=OpKind.MAP, fn=self._fn, label=label)
 
     @property
     def _element_spec(self) -> Any:
@@ -118,17 +131,18 @@ _UNCHECKED: Any = object()  # a filter's ratio check before its first element
 
 
 class _FilterIterator(_OneParentIterator):
-    def __init__(self, parent: DatasetIterator[Any], fn: Callable[[Any], Any], name: str) -> None:
+    def __init__(self, parent: DatasetIterator[Any], op: StageOp) -> None:
         super().__init__(parent)
-        self._fn = fn
-        self._name = name
+        self._op = op
+        self._fn = op.fn
+        self._name = op.label
         # Made at the first element: the pipeline's options are final only then.
         self._check: FilterRatioCheck | None = _UNCHECKED
         self._row = OpRow(self._describe())
         self._row.elements_out = 0  # the kept ones
 
     def plan(self) -> Plan:
-        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
+        return Plan.joined([super().plan()], _inline_stage(self._row, self._op))
 
     def _describe(self) -> str:
         return f"filter({transforms.qualified_name(self._fn)})"
@@ -173,8 +187,13 @@ class FilterIterDataset(IterDataset[Any]):
         self._fn = transforms.filter_function(transform)
 
     def __iter__(self) -> DatasetIterator[Any]:
-        name = filter_iterator_name(transforms.describe(self._transform))
-        return _FilterIterator(iter(self._parent), self._fn, name)
+        return _FilterIterator(iter(self._parent), self._stage_op())
+
+    def _stage_op(self) -> StageOp:
+        """This node as an op fused into an engine stage (``lowering.py``): its label is
+        the unfused filter's name, so its ratio check says the same."""
+        label = filter_iterator_name(transforms.describe(self._transform))
+        return StageOp(kind=OpKind.FILTER, fn=self._fn, label=label)
 
     @property
     def _element_spec(self) -> Any:

@@ -12,10 +12,9 @@ Nodes above the fused run (batch, random_map, …) are re-attached unchanged on 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from gristmill._src.core import specs, transforms
-from gristmill._src.core.dataset_options import filter_iterator_name
+from gristmill._src.core import specs
 from gristmill._src.core.options import ReadOptions
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.iter_ops import FilterIterDataset, MapIterDataset
@@ -26,7 +25,8 @@ from gristmill._src.dataset.to_iter import (
     WorkerStage,
 )
 
-_FUSABLE: dict[type[Any], str] = {MapIterDataset: "map", FilterIterDataset: "filter"}
+_FUSABLE = (MapIterDataset, FilterIterDataset)
+"""The node types (exactly: a user's subclass may do more) fused as ``_stage_op()``."""
 
 
 def _name_of(fn: Callable[..., Any]) -> str:
@@ -93,7 +93,7 @@ def lower(
     source: PrefetchIterDataset = node
     above.reverse()  # bottom-up
     fused = 0
-    while fused < len(above) and type(above[fused]) in _FUSABLE:
+    while fused < len(above) and _fusable(above[fused]):
         fused += 1
     fused_ops = _fused_ops(above[:fused])
     options = source._read_options
@@ -112,21 +112,14 @@ def lower(
 
 
 def _fused_ops(nodes: list[IterDataset[Any]]) -> FusedOps:
-    """The functions of fusable ``nodes`` (bottom-up), as one stage's ops."""
-    ops = tuple((_FUSABLE[type(n)], n._fn) for n in nodes)  # type: ignore[attr-defined]
-    name = "".join(f" → {kind}({_name_of(fn)})" for kind, fn in ops)
-    labels = tuple(
-        _label(kind, transforms.describe(n._transform))  # type: ignore[attr-defined]
-        for (kind, _), n in zip(ops, nodes, strict=True)
-    )
-    return FusedOps(ops, name, labels)
+    """The ops of fusable ``nodes`` (bottom-up, each a ``_FUSABLE``), as one stage's."""
+    ops = tuple(cast(MapIterDataset | FilterIterDataset, node)._stage_op() for node in nodes)
+    name = "".join(f" → {op.kind.value}({_name_of(op.fn)})" for op in ops)
+    return FusedOps(ops, name)
 
 
-def _label(kind: str, transform_name: str) -> str:
-    """An op's name in messages: a filter's is the unfused filter's (same ratio-check text)."""
-    if kind == "filter":
-        return filter_iterator_name(transform_name)
-    return f"{kind}({transform_name})"
+def _fusable(node: Any) -> bool:
+    return type(node) in _FUSABLE
 
 
 def _reattach(lowered: IterDataset[Any], nodes: list[IterDataset[Any]]) -> IterDataset[Any]:
@@ -151,11 +144,11 @@ def _lower_stream(
     from gristmill._src.dataset.stream_stage import StreamStageIterDataset
 
     above = above[::-1]  # bottom-up
-    first = next((i for i, n in enumerate(above) if type(n) in _FUSABLE), None)
+    first = next((i for i, n in enumerate(above) if _fusable(n)), None)
     if first is None:
         return ds
     last = first
-    while last < len(above) and type(above[last]) in _FUSABLE:
+    while last < len(above) and _fusable(above[last]):
         last += 1
     base = above[first - 1] if first else head  # the original nodes below the run
     lowered = StreamStageIterDataset(

@@ -160,7 +160,7 @@ def pass_length(ds: Any) -> int | None:
     if node_type is PrefetchIterDataset:
         return _map_length(ds._parent, allow_nones=ds._allow_nones)
     if node_type is FusedPrefetchIterDataset:
-        if any(kind != "map" for kind, _ in ds._ops.ops):
+        if ds._ops.filters:
             return None
         return _map_length(ds._parent, allow_nones=ds._source._allow_nones)
     if node_type in _ONE_TO_ONE:

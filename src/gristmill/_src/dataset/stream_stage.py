@@ -32,6 +32,7 @@ from gristmill._src.dataset.to_iter import Dropped, FusedOps, WorkerStage
 from gristmill._src.engine.feeds import Chunk, StreamFeed
 from gristmill._src.engine.ordered import ChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import StageSettings, StageSpec, build_stage
 
 HEAD_CHUNK_ITEMS = 256
 """At most this many head elements are read per chunk handed to the stage."""
@@ -148,6 +149,7 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
         self._states: dict[int, Any] = {}
         self._stream: _HeadStream | None = None
         self._runner: ChunkRunner | None = None
+        self._planned: PlannedStage | None = None  # the runner's entry in the plan
         self._chunk: Chunk | None = None
         self._pos = 0
         self._guard = ConsumerGuard()
@@ -156,19 +158,25 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
         if self._runner is None:
             self._states = {}
             self._stream = _HeadStream(self._parent, self._states)
-            self._runner = ChunkRunner(
-                StreamFeed(self._stream, self._ops.function(allow_nones=True)),
-                workers=self._backend.num_workers,
-                buffer_size=self._buffer_size,
+            spec = StageSpec(
                 name=self._ops.name.removeprefix(" → "),
-                **self._backend.runner_options(),
+                role=Role.MAP,
+                ops=self._ops.ops,
+                settings=StageSettings(
+                    workers=self._backend.num_workers,
+                    buffer_size=self._buffer_size,
+                    backend=self._backend.backend,
+                ),
             )
+            feed = StreamFeed(self._stream, self._ops.function(allow_nones=True))
+            self._runner, self._planned = build_stage(spec, feed)
         return self._runner
 
     def _stop(self) -> None:
         """Stops the stage and puts the head back after the last consumed input."""
         runner, stream = self._runner, self._stream
         self._runner = self._stream = None
+        self._planned = None
         self._chunk = None
         if runner is not None:
             runner.close()
@@ -242,11 +250,7 @@ class StreamStageDatasetIterator(DatasetIterator[Any]):
 
     def plan(self) -> Plan:
         """The head's stages, then this stage (once it runs)."""
-        own = (
-            ()
-            if self._runner is None
-            else (PlannedStage(self._runner.name, Role.MAP, self._runner),)
-        )
+        own = () if self._planned is None else (self._planned,)
         return Plan.joined([super().plan()], *own)
 
     def close(self) -> None:

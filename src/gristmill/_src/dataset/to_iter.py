@@ -1,6 +1,6 @@
 """``MapDataset.to_iter_dataset()``: one epoch in index order, on the engine.
 
-The MapDataset chain is one fused stage (chunked ``_read``) run by an OrderedChunkRunner:
+The MapDataset chain is one fused stage (chunked ``_read``) run by a ChunkRunner:
 inline on the consumer's thread when elements are cheap, on ``num_threads`` threads when
 they are not — output and state are the same either way. State ``{"next_index": i}`` counts
 MapDataset indices consumed, filtered holes included (as Grain).
@@ -28,9 +28,11 @@ from gristmill._src.dataset.in_place_slicing import check_set_slice, sliced_copy
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
 from gristmill._src.dataset.op_clock import OpClock, chain_nodes
 from gristmill._src.engine.backends import Backend, Executor
-from gristmill._src.engine.ordered import Chunk, OrderedChunkRunner
+from gristmill._src.engine.feeds import RangeFeed
+from gristmill._src.engine.ordered import THREADS, Chunk, ChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.reporting import PeriodicReporter
+from gristmill._src.engine.stage_spec import OpKind, StageOp, StageSettings, StageSpec, build_stage
 from gristmill._src.engine.stats import StageStatistics
 from gristmill._src.engine.tuner import available_cores
 
@@ -204,25 +206,27 @@ class WorkerStage:
     autotune: bool = False
     """``MultiprocessingOptions(num_workers=AUTOTUNE)``: the tuner may use fewer of them."""
 
-    def runner_options(self) -> dict[str, Any]:
-        return {"executor": self.backend}
-
 
 @dataclasses.dataclass(frozen=True)
 class FusedOps:
-    """IterDataset ``map`` / ``filter`` functions run inside the read stage, in order."""
+    """IterDataset ``map`` / ``filter`` ops run inside the read stage, in order."""
 
-    ops: tuple[tuple[str, Callable[[Any], Any]], ...]  # ("map" | "filter", fn)
+    ops: tuple[StageOp, ...]
+    """Each a ``MAP`` or ``FILTER`` op, labelled as its unfused iterator names itself."""
     name: str
-    labels: tuple[str, ...] = ()  # each op's name in messages, e.g. "filter(is_even)"
 
     def function(self, allow_nones: bool) -> Callable[[Any], Any]:
         return _FusedFunction(self.ops, allow_nones)
 
+    @property
+    def filters(self) -> bool:
+        """Whether an op drops elements (the stage's positions then are not elements')."""
+        return any(op.kind is OpKind.FILTER for op in self.ops)
+
     def describe(self) -> list[str]:
         """The ops as the unfused iterators describe themselves (last op first), so a state
         restores with or without fusion."""
-        return [f"{kind}({qualified_name(fn)})" for kind, fn in reversed(self.ops)]
+        return [f"{op.kind.value}({qualified_name(op.fn)})" for op in reversed(self.ops)]
 
 
 class _FusedFunction:
@@ -230,16 +234,19 @@ class _FusedFunction:
 
     __slots__ = ("_allow_nones", "_hole", "_ops")
 
-    def __init__(self, ops: tuple[tuple[str, Callable[[Any], Any]], ...], allow_nones: bool):
-        self._ops = [(kind, fn, Dropped(stage)) for stage, (kind, fn) in enumerate(ops, 1)]
+    def __init__(self, ops: tuple[StageOp, ...], allow_nones: bool):
+        # (is a map, fn, what a filter's drop yields): the kinds read once, not per element
+        self._ops = [
+            (op.kind is OpKind.MAP, op.fn, Dropped(stage)) for stage, op in enumerate(ops, 1)
+        ]
         self._allow_nones = allow_nones
         self._hole = Dropped(0)
 
     def __call__(self, x: Any) -> Any:
         if x is None and not self._allow_nones:
             return self._hole  # a hole the iterator skips, as without fusion
-        for kind, fn, dropped in self._ops:
-            if kind == "map":
+        for is_map, fn, dropped in self._ops:
+            if is_map:
                 x = fn(x)
             elif not fn(x):
                 return dropped
@@ -279,7 +286,8 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         # _next_up_to slices the chunk up to here; where its holes are (once looked for)
         self._clean_end = 0
         self._holes: list[int] | None = None
-        self._runner: OrderedChunkRunner | None = None
+        self._runner: ChunkRunner | None = None
+        self._planned: PlannedStage | None = None  # the runner's entry in the plan
         self._clock: OpClock | None = None  # each MapDataset node's own time (in-process)
         self._stage_name = stage_name(parent) + (fused.name if fused is not None else "")
         self._reporter: PeriodicReporter | None = None
@@ -291,9 +299,9 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         self._window_end = -1
         self._op_checks: list[tuple[int, FilterRatioCheck]] = []
         self._kept_stage = len(fused.ops) + 1 if fused is not None else 0  # past every op
-        self._fused_filters = fused is not None and any(kind == "filter" for kind, _ in fused.ops)
+        self._fused_filters = fused is not None and fused.filters
 
-    def _get_runner(self) -> OrderedChunkRunner:
+    def _get_runner(self) -> ChunkRunner:
         if self._runner is None:
             processes = self._processes
             if processes is None:
@@ -304,26 +312,38 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 # Reads in chunks: each node's own time too. (A synchronous read of one
                 # element per next(), a range's default, would pay ~5 µs for it.)
                 self._clock = OpClock(chain_nodes(self._dataset, node_name), self._stage_name)
-            workers, buffer_size = _start_knobs(self._options)
-            runner = OrderedChunkRunner(
+            fused = self._fused
+            feed = RangeFeed(
                 _reader(self._dataset, self._clock),
                 self._next_index,
                 self._length,
-                workers=workers,
-                buffer_size=buffer_size,
-                name=self._stage_name,
-                fn=None if self._fused is None else self._fused.function(self._allow_nones),
-                **(self._processes.runner_options() if self._processes is not None else {}),
+                None if fused is None else fused.function(self._allow_nones),
             )
-            self._runner = runner
+            runner, planned = build_stage(self._spec(), feed)
+            self._runner, self._planned = runner, planned
             self._autotune(runner)
             # Bound to the runner, not to this iterator: no reference cycle, so dropping the
             # iterator frees it (and stops its threads) at once, without the cyclic GC.
             clock = self._clock
-            self._reporter = PeriodicReporter(lambda: _read_plan(runner, clock).statistics())
+            self._reporter = PeriodicReporter(lambda: _read_plan(planned, clock).statistics())
         return self._runner
 
-    def _autotune(self, runner: OrderedChunkRunner) -> None:
+    def _spec(self) -> StageSpec:
+        """The read stage: the MapDataset chain read by index, then the fused ops."""
+        workers, buffer_size = _start_knobs(self._options)
+        processes = self._processes
+        return StageSpec(
+            name=self._stage_name,
+            role=Role.READ,
+            ops=() if self._fused is None else self._fused.ops,
+            settings=StageSettings(
+                workers=workers,
+                buffer_size=buffer_size,
+                backend=THREADS if processes is None else processes.backend,
+            ),
+        )
+
+    def _autotune(self, runner: ChunkRunner) -> None:
         """Hands the knobs the user left to the autotuner: an in-process read's threads and
         buffer, or the worker processes of ``num_workers=AUTOTUNE`` (as many as started, at
         most) and their buffer."""
@@ -458,10 +478,10 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 self._window_end = self._next_index + self._holes_check.left
         fused = self._fused
         if fused is not None:
-            for stage, ((kind, _), label) in enumerate(
-                zip(fused.ops, fused.labels, strict=True), 1
-            ):
-                check = FilterRatioCheck.for_options(label, options) if kind == "filter" else None
+            for stage, op in enumerate(fused.ops, 1):
+                if op.kind is not OpKind.FILTER:
+                    continue
+                check = FilterRatioCheck.for_options(op.label, options)
                 if check is not None:
                     self._op_checks.append((stage, check))
 
@@ -556,9 +576,9 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
 
     def plan(self) -> Plan:
         """Its read stage (once the first element is asked for, or ``start_prefetch``)."""
-        if self._runner is None:
+        if self._planned is None:
             return Plan()
-        return _read_plan(self._runner, self._clock)
+        return _read_plan(self._planned, self._clock)
 
     def close(self) -> None:
         try:
@@ -571,15 +591,16 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         return f"PrefetchDatasetIterator(next_index={self._next_index})"
 
 
-def _read_plan(runner: OrderedChunkRunner, clock: OpClock | None) -> Plan:
+def _read_plan(planned: PlannedStage, clock: OpClock | None) -> Plan:
     """A read stage's plan: the runner, with a row per MapDataset node it reads."""
-    nodes: tuple[_NodeRow, ...] = ()
-    if clock is not None:
-        nodes = tuple(
-            _NodeRow(clock, key, name, runner, Role.AGGREGATE if batches else Role.MAP)
-            for key, name, batches in clock.nodes
-        )
-    return Plan([PlannedStage(runner.name, Role.READ, runner, nodes)])
+    if clock is None:
+        return Plan([planned])
+    runner = planned.piece
+    nodes = tuple(
+        _NodeRow(clock, key, name, runner, Role.AGGREGATE if batches else Role.MAP)
+        for key, name, batches in clock.nodes
+    )
+    return Plan([dataclasses.replace(planned, parts=nodes)])
 
 
 def _start_knobs(options: ReadOptions) -> tuple[int, int]:
@@ -596,7 +617,7 @@ class _NodeRow:
     __slots__ = ("_clock", "_key", "_name", "_role", "_runner")
 
     def __init__(
-        self, clock: OpClock, key: int, name: str, runner: OrderedChunkRunner, role: Role
+        self, clock: OpClock, key: int, name: str, runner: ChunkRunner, role: Role
     ) -> None:
         self._clock, self._key, self._name, self._runner = clock, key, name, runner
         self._role = role

@@ -18,10 +18,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
 from gristmill._src.engine.tuner import Change, TrialToken, TuningBudget
+
+if TYPE_CHECKING:  # stage_spec builds PlannedStages: it imports this module
+    from gristmill._src.engine.stage_spec import StageSpec
 
 
 class Role(enum.Enum):
@@ -64,6 +67,10 @@ class PlannedStage:
     parts: tuple[Any, ...] = ()
     """Pieces with statistics only, one per op the stage runs fused (a read stage's
     MapDataset nodes): their rows are ``PipelineStatistics.ops``."""
+    spec: StageSpec | None = None
+    """The frozen description it was built from (``engine/stage_spec.py``: its op kinds and
+    its starting settings), for a stage that runs element functions; None for the others
+    (sources, sinks, aggregates, prefetch threads, ...)."""
 
     @property
     def tunable(self) -> bool:
@@ -189,8 +196,12 @@ class Plan:
         lines = []
         for stage in self._stages:
             knobs = ", ".join(f"{k}={v}" for k, v in stage.settings().items())
+            ops = stage.spec.ops if stage.spec is not None else ()
+            kinds = ", ".join(op.kind.value for op in ops)
             lines.append(
-                f"{stage.role.value:>10}  {stage.name}" + (f"  ({knobs})" if knobs else "")
+                f"{stage.role.value:>10}  {stage.name}"
+                + (f"  [{kinds}]" if kinds else "")
+                + (f"  ({knobs})" if knobs else "")
             )
         return "\n".join(lines)
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.engine.stage_spec import OpKind, function_kind
 from gristmill._src.engine.tuner import available_cores
 from gristmill._src.spdl import config_repr
 from gristmill._src.spdl.executors import check_executor, runs_regions
@@ -109,6 +110,11 @@ class PipeConfig(Generic[T, U]):
     executor: Any = None
     autotune: bool = False
     """``concurrency="auto"``: ``concurrency`` is where the autotuner starts."""
+    kind: OpKind = dataclasses.field(init=False, compare=False)
+    """What ``op`` is (sync, generator, async, async generator): classified once, here."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", function_kind(self.op))  # frozen: set once
 
     def __repr__(self) -> str:
         return config_repr.pipe(
@@ -296,15 +302,7 @@ def Pipe(  # noqa: N802 (upstream's factory names)
     if not callable(op):
         raise TypeError(f"op must be callable or a container with __getitem__, got {op!r}")
     _check_one_argument(op)
-    is_async = inspect.iscoroutinefunction(op) or inspect.iscoroutinefunction(
-        getattr(op, "__call__", None)  # noqa: B004 (an object with an async __call__)
-    )
-    if executor is not None and (is_async or inspect.isasyncgenfunction(op)):
-        raise ValueError("`executor` cannot be used with an async op; it runs on the loop")
-    check_executor(executor)
-    if output_order == "input" and inspect.isasyncgenfunction(op):
-        raise ValueError('output_order="input" is not supported for async generators')
-    return PipeConfig(
+    config: PipeConfig[Any, Any] = PipeConfig(
         op=op,
         concurrency=concurrency,
         name=name or op_name(op),
@@ -313,6 +311,12 @@ def Pipe(  # noqa: N802 (upstream's factory names)
         executor=executor,
         autotune=autotune,
     )
+    if executor is not None and config.kind.is_async:
+        raise ValueError("`executor` cannot be used with an async op; it runs on the loop")
+    check_executor(executor)
+    if output_order == "input" and config.kind is OpKind.ASYNC_GEN:
+        raise ValueError('output_order="input" is not supported for async generators')
+    return config
 
 
 def _check_one_argument(op: Callable[..., Any]) -> None:

@@ -13,10 +13,17 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gristmill._src.engine.asyncio_lane import ASYNCIO
+from gristmill._src.engine.backends import OutputOrder
 from gristmill._src.engine.feeds import ChunkStream, StreamFeed
 from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import THREADS, ChunkRunner
 from gristmill._src.engine.plan import PlannedStage, Role
+from gristmill._src.engine.stage_spec import (
+    StageOp,
+    StageSettings,
+    StageSpec,
+    build_stage,
+)
 from gristmill._src.engine.tuner import TrialToken
 from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
@@ -35,13 +42,13 @@ from gristmill._src.spdl.variants import PathVariantsStream
 _S = TypeVar("_S")
 
 
-def _read_ahead(concurrency: int, output_order: str) -> int:
+def _read_ahead(concurrency: int, output_order: OutputOrder) -> int:
     """The items a pipe stage may compute ahead of its consumer. In completion order, SPDL's
     bound: its calls in flight plus a queue of 2 (SPDL's test_dataloader_buffer_size checks
     it). In input order an item that finished waits for the ones before it, so the stage
     keeps twice its calls in flight, plus 2: with the SPDL bound, 32 threads on 2 ms waits
     in input order ran 30 % slower (benchmarks' pipeline_wait_2ms, 73 -> 95 µs/element)."""
-    if output_order == "input":
+    if output_order is OutputOrder.INPUT:
         return 2 * concurrency + 2
     return concurrency + 2
 
@@ -121,10 +128,12 @@ class Lowering:
             self.streams.append(upstream)
         return upstream, chunk_keyed
 
-    def _observed(self, info: StageInfo, stream: _S, role: Role) -> _S:
-        """``stream``, recorded in the plan as ``role``, its output boundary observed by the
-        stats queues (if any)."""
-        self.planned.append(PlannedStage(str(info), role, stream))
+    def _observed(self, info: StageInfo, stream: _S, planned: Role | PlannedStage) -> _S:
+        """``stream``, recorded in the plan (as ``planned``, or as a stage of that role), its
+        output boundary observed by the stats queues (if any)."""
+        if isinstance(planned, Role):
+            planned = PlannedStage(str(info), planned, stream)
+        self.planned.append(planned)
         if self.queues is not None:
             self.queues.observe(info, stream_probe(stream))
         return stream
@@ -144,62 +153,70 @@ class Lowering:
         self.stage_hooks.append(hooks)
         return hooks
 
+    def _pipe(
+        self, upstream: ChunkStream, stage: defs.PipeConfig, chunk_keyed: bool, sid: str
+    ) -> tuple[ChunkStream, bool]:
+        """A ``pipe`` stage: its spec (the op's kind classified once), built by the engine."""
+        # SPDL's StageInfo carries a concurrency above 1 only
+        shown = stage.concurrency if stage.concurrency > 1 else None
+        info = StageInfo(self.pipeline_id, sid, stage.name, shown)
+        limit = stage.max_failures if stage.max_failures is not None else self.build_limit
+        budget = ops.FailureBudget(str(info), limit)
+        kind = stage.kind  # classified once, by the config: the spec carries it
+        staged = ops.stage_function(
+            stage.op,
+            kind,
+            str(info),
+            budget,
+            self._hooks(info),
+            self.delivered,
+            stage.executor,
+            self.executor_calls,
+        )
+        if chunk_keyed and kind.expands:  # keys its outputs per input
+            upstream, chunk_keyed = KeyItems(upstream), False
+        # an async op, or one on its own executor, is not bounded by num_threads
+        own_threads = kind.is_async or stage.executor is not None
+        workers = stage.concurrency if own_threads else min(stage.concurrency, self.num_threads)
+        # one thread (never tuned) keeps the order in completion order too
+        one_thread = not own_threads and workers == 1 and not stage.autotune
+        order = OutputOrder.of(stage.output_order)
+        self.ordered = self.ordered and (order is OutputOrder.INPUT or one_thread)
+        spec = StageSpec(
+            name=str(info),
+            role=Role.MAP,
+            ops=(StageOp(kind=kind, fn=stage.op, label=stage.name),),
+            settings=StageSettings(
+                workers=workers,
+                buffer_size=_read_ahead(stage.concurrency, order),
+                backend=ASYNCIO if kind.is_async else THREADS,
+                output_order=order,
+                inline_beyond_buffer=True,
+                threads_first=True,  # concurrency was asked for: no serial probe first
+                call_s=staged.call_s,  # a task is one call to the stage's executor
+            ),
+        )
+        feed = StreamFeed(upstream, staged.fn, barriers=self.continuous, chunk_fn=staged.chunk_fn)
+        runner, planned = build_stage(
+            spec, feed, annotate_errors=False, describe_input=describe_failed_input
+        )
+        if stage.autotune:
+            runner.autotune(
+                tune_buffer=False,
+                max_workers=None if own_threads else self.num_threads,
+                buffer_follows=lambda workers: _read_ahead(workers, order),
+                freeze=lambda knobs: f"pipe(..., concurrency={knobs['workers']})",
+                token=self.trial_token,
+            )
+        self.last_runner = None if own_threads else runner
+        return self._observed(info, runner, planned), chunk_keyed
+
     def _stage(
         self, upstream: ChunkStream, stage: Any, chunk_keyed: bool, sid: str
     ) -> tuple[ChunkStream, bool]:
         pipeline_id, continuous = self.pipeline_id, self.continuous
         if isinstance(stage, defs.PipeConfig):
-            # SPDL's StageInfo carries a concurrency above 1 only
-            concurrency = stage.concurrency if stage.concurrency > 1 else None
-            info = StageInfo(pipeline_id, sid, stage.name, concurrency)
-            limit = stage.max_failures if stage.max_failures is not None else self.build_limit
-            budget = ops.FailureBudget(str(info), limit)
-            hooks = self._hooks(info)
-            fn, chunk_fn, call_s = ops.stage_function(
-                stage.op,
-                str(info),
-                budget,
-                hooks,
-                self.delivered,
-                stage.executor,
-                self.executor_calls,
-            )
-            kind = ops.kind_of(stage.op)
-            is_async = kind in ("async", "async_gen")
-            if chunk_keyed and kind in ("gen", "async_gen"):  # keys its outputs per input
-                upstream, chunk_keyed = KeyItems(upstream), False
-            # an async op, or one on its own executor, is not bounded by num_threads
-            own_threads = is_async or stage.executor is not None
-            concurrency = (
-                stage.concurrency if own_threads else min(stage.concurrency, self.num_threads)
-            )
-            # one thread (never tuned) keeps the order in completion order too
-            one_thread = not own_threads and concurrency == 1 and not stage.autotune
-            self.ordered = self.ordered and (stage.output_order == "input" or one_thread)
-            runner = ChunkRunner(
-                StreamFeed(upstream, fn, barriers=continuous, chunk_fn=chunk_fn),
-                workers=concurrency,
-                buffer_size=_read_ahead(stage.concurrency, stage.output_order),
-                name=str(info),
-                executor=ASYNCIO if is_async else THREADS,
-                output_order=stage.output_order,
-                annotate_errors=False,
-                describe_input=describe_failed_input,
-                inline_beyond_buffer=True,
-                threads_first=True,  # concurrency was asked for: no serial probe first
-                call_s=call_s,  # a task is one call to the stage's executor
-            )
-            if stage.autotune:
-                order = stage.output_order
-                runner.autotune(
-                    tune_buffer=False,
-                    max_workers=None if own_threads else self.num_threads,
-                    buffer_follows=lambda workers: _read_ahead(workers, order),
-                    freeze=lambda knobs: f"pipe(..., concurrency={knobs['workers']})",
-                    token=self.trial_token,
-                )
-            self.last_runner = None if own_threads else runner
-            return self._observed(info, runner, Role.MAP), chunk_keyed
+            return self._pipe(upstream, stage, chunk_keyed, sid)
         if isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             aggregate = AggregateStream(

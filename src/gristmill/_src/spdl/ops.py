@@ -1,6 +1,6 @@
 """A pipe stage's element function with SPDL's semantics, for the engine.
 
-``stage_function(config, info, budget)`` wraps the user's op so that:
+``stage_function(op, kind, name, budget)`` wraps the user's op so that:
 
 - a ``None`` result becomes ``SKIP`` (dropped downstream), a generator's (or async
   generator's) outputs become one ``Expand``;
@@ -13,15 +13,15 @@
 from __future__ import annotations
 
 import fractions
-import inspect
 import itertools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gristmill._src.engine.feeds import ChunkFn
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
+from gristmill._src.engine.stage_spec import OpKind
 from gristmill._src.spdl.executors import (
     BrokenExecutorError,
     ExecutorCall,
@@ -106,36 +106,36 @@ class FailureBudget:
             ) from error
 
 
-def kind_of(op: Callable[..., Any]) -> str:
-    """``"async"``, ``"async_gen"``, ``"gen"`` or ``"sync"``: the function's kind, or an
-    object's ``__call__``'s."""
-    candidates = (op, getattr(op, "__call__", None))  # noqa: B004 (a callable object)
-    if any(inspect.isasyncgenfunction(f) for f in candidates):
-        return "async_gen"
-    if any(inspect.iscoroutinefunction(f) for f in candidates):
-        return "async"
-    if any(inspect.isgeneratorfunction(f) for f in candidates):
-        return "gen"
-    return "sync"
-
-
 _MARKED = frozenset({Keyed, Expand, type(SKIP)})
 """Types of engine elements that are not plain values (EPOCH_END is a SKIP-type marker)."""
+
+_PIPE_KINDS = (OpKind.SYNC, OpKind.GEN, OpKind.ASYNC, OpKind.ASYNC_GEN)
+
+
+class StageFunction(NamedTuple):
+    """What the engine runs for one pipe stage (see :func:`stage_function`)."""
+
+    fn: Callable[[Any], Any]
+    """The element function (a coroutine function for an async op)."""
+    chunk_fn: ChunkFn | None
+    """The same over a whole task, for a plain sync op (no hooks, no call counting)."""
+    call_s: float | None
+    """What one call costs when ``chunk_fn`` sends a whole task's items in one call to the
+    stage's executor (a process pool: :func:`executors.call_cost_s`); else None."""
 
 
 def stage_function(
     op: Callable[..., Any],
+    kind: OpKind,
     task_name: str,
     budget: FailureBudget,
     hooks: StageHooks | None = None,
     delivered: DeliveredOutputs | None = None,
     executor: Any = None,
     executor_calls: list[ExecutorCall] | None = None,
-) -> tuple[Any, ChunkFn | None, float | None]:
-    """The element function the engine runs for a pipe stage (sync or async, per ``op``),
-    for a plain sync op (no hooks, no call counting) the same over a whole task, and what
-    one call costs when the task function sends a whole task's items in one call to the
-    stage's executor (a process pool: :func:`executors.call_cost_s`; else None).
+) -> StageFunction:
+    """The functions the engine runs for a pipe stage of ``op`` (of ``kind``, classified
+    once by ``engine.stage_spec.function_kind``).
 
     With ``hooks``, every call runs inside the hooks' ``task_hook`` context managers.
     Keyed items (a resumable pipeline) keep their source keys with the result;
@@ -145,9 +145,36 @@ def stage_function(
     function calls ``op`` directly on plain values in one loop, and hands anything else
     (keyed items, markers) to the element function; it keeps every output made before a
     failure that exceeds the budget.
+
+    Raises:
+      ValueError: ``kind`` is not a pipe op's kind (a dataset ``MAP`` / ``FILTER``).
     """
+    if kind not in _PIPE_KINDS:
+        raise ValueError(
+            f"a pipe stage's op kind must be one of {[k.name for k in _PIPE_KINDS]}, got "
+            f"{kind!r}; classify the op with function_kind(op)"
+        )
     skipped = DeliveredOutputs() if delivered is None else delivered
-    kind = kind_of(op)
+    failed = _failure_handler(task_name, budget)
+    if kind.is_async:
+        return StageFunction(_async_function(op, kind, budget, hooks, failed, skipped), None, None)
+    calls: ExecutorCall | None = None
+    if executor is not None:
+        op = calls = on_executor(op, executor, generator=kind is OpKind.GEN, stage=task_name)
+        if executor_calls is not None:
+            executor_calls.append(calls)
+    call = _expanding(op, listed=executor is None) if kind is OpKind.GEN else op
+    run = _sync_function(call, budget, hooks, failed, skipped)
+    if hooks is not None or budget.counts_invocations or kind is not OpKind.SYNC:
+        return StageFunction(run, None, None)  # per-call bookkeeping: item by item
+    if calls is not None and calls.chunks:
+        return StageFunction(run, _calls_function(calls, run, failed), call_cost_s(executor))
+    return StageFunction(run, _chunk_function(op, run, failed), None)
+
+
+def _failure_handler(task_name: str, budget: FailureBudget) -> Callable[[Exception], Any]:
+    """What a failed call returns: ``SKIP``, once the failure is logged and counted (it
+    raises when the budget is exceeded, or the executor broke: no item failed then)."""
     counter = iter(range(1, 2**63))
 
     def failed(error: Exception) -> Any:
@@ -157,50 +184,66 @@ def stage_function(
         budget.failed(error)  # raises when the budget is exceeded
         return SKIP
 
-    if kind in ("async", "async_gen"):
+    return failed
 
-        async def one_async(item: Any) -> Any:
-            budget.invoked()
-            try:
-                if kind == "async_gen":
 
-                    async def call(x: Any) -> Any:
-                        return Expand([y async for y in op(x)])
+def _async_function(
+    op: Callable[..., Any],
+    kind: OpKind,
+    budget: FailureBudget,
+    hooks: StageHooks | None,
+    failed: Callable[[Exception], Any],
+    skipped: DeliveredOutputs,
+) -> Callable[[Any], Any]:
+    """The coroutine function of an async (or async generator) op over one engine item."""
+    call: Callable[[Any], Any] = op
+    if kind is OpKind.ASYNC_GEN:
 
-                else:
-                    call = op
-                result: Any = await (
-                    hooks.call_async(call, item) if hooks is not None else call(item)
-                )
-            except Exception as e:
-                return failed(e)
-            if budget.counts_invocations:
-                budget.succeeded()
-            return SKIP if result is None else result
+        async def call(x: Any) -> Any:
+            return Expand([y async for y in op(x)])
 
-        async def run_async(item: Any) -> Any:
-            if item is SKIP or item is EPOCH_END:
+    async def one_async(item: Any) -> Any:
+        budget.invoked()
+        try:
+            result: Any = await (hooks.call_async(call, item) if hooks is not None else call(item))
+        except Exception as e:
+            return failed(e)
+        if budget.counts_invocations:
+            budget.succeeded()
+        return SKIP if result is None else result
+
+    async def run_async(item: Any) -> Any:
+        if item is SKIP or item is EPOCH_END:
+            return item
+        if isinstance(item, Keyed):
+            if item.value is SKIP:
                 return item
-            if isinstance(item, Keyed):
-                if item.value is SKIP:
-                    return item
-                return rekeyed(await one_async(item.value), item, skipped)
-            if type(item) is Expand:
-                return _joined([await run_async(x) for x in item.items if x is not SKIP])
-            return await one_async(item)
+            return rekeyed(await one_async(item.value), item, skipped)
+        if type(item) is Expand:
+            return _joined([await run_async(x) for x in item.items if x is not SKIP])
+        return await one_async(item)
 
-        return run_async, None, None
+    return run_async
 
-    calls: ExecutorCall | None = None
-    if executor is not None:
-        op = calls = on_executor(op, executor, generator=kind == "gen", stage=task_name)
-        if executor_calls is not None:
-            executor_calls.append(calls)
 
-    def expand(x: Any) -> Any:
-        return Expand(op(x) if executor is not None else list(op(x)))
+def _expanding(op: Callable[..., Any], *, listed: bool) -> Callable[[Any], Expand]:
+    """A generator op's outputs for one input as one ``Expand`` (``listed``: drained here;
+    else ``op`` already returns them as a list, from its executor)."""
 
-    call = expand if kind == "gen" else op
+    def expand(x: Any) -> Expand:
+        return Expand(list(op(x)) if listed else op(x))
+
+    return expand
+
+
+def _sync_function(
+    call: Callable[[Any], Any],
+    budget: FailureBudget,
+    hooks: StageHooks | None,
+    failed: Callable[[Exception], Any],
+    skipped: DeliveredOutputs,
+) -> Callable[[Any], Any]:
+    """The element function of a sync op (``call``) over one engine item."""
     invoked = budget.invoked if budget.counts_invocations else None
 
     def one(item: Any) -> Any:
@@ -247,28 +290,38 @@ def stage_function(
             return _joined([run(x) for x in item.items if x is not SKIP])
         return one(item)
 
-    if not plain or kind != "sync":
-        return run, None, None
+    return run
+
+
+def _calls_function(
+    calls: ExecutorCall, run: Callable[[Any], Any], failed: Callable[[Exception], Any]
+) -> ChunkFn:
+    """The task function that sends a task's plain values to the executor in one call."""
+    call_many, marked = calls.map, _MARKED
+
+    def run_calls(inputs: list[Any], outputs: list[Any]) -> float | None:
+        # the plain values in one call; markers and keyed items as `run` takes them
+        values = [x for x in inputs if type(x) not in marked]
+        results, work_s = call_many(values) if values else ([], None)
+        append, next_result = outputs.append, iter(results).__next__
+        for x in inputs:
+            if type(x) in marked:
+                append(run(x))
+                continue
+            result = next_result()
+            if type(result) is ItemFailure:
+                result = failed(result.error)
+            append(SKIP if result is None else result)
+        return work_s
+
+    return run_calls
+
+
+def _chunk_function(
+    op: Callable[[Any], Any], run: Callable[[Any], Any], failed: Callable[[Exception], Any]
+) -> ChunkFn:
+    """The task function of a plain sync op: ``op`` on the plain values in one loop."""
     marked = _MARKED
-    if calls is not None and calls.chunks:
-        call_many = calls.map
-
-        def run_calls(inputs: list[Any], outputs: list[Any]) -> float | None:
-            # the plain values in one call; markers and keyed items as `run` takes them
-            values = [x for x in inputs if type(x) not in marked]
-            results, work_s = call_many(values) if values else ([], None)
-            append, next_result = outputs.append, iter(results).__next__
-            for x in inputs:
-                if type(x) in marked:
-                    append(run(x))
-                    continue
-                result = next_result()
-                if type(result) is ItemFailure:
-                    result = failed(result.error)
-                append(SKIP if result is None else result)
-            return work_s
-
-        return run, run_calls, call_cost_s(executor)
 
     def run_chunk(inputs: list[Any], outputs: list[Any]) -> None:
         append = outputs.append
@@ -282,7 +335,7 @@ def stage_function(
                 result = failed(e)
             append(SKIP if result is None else result)
 
-    return run, run_chunk, None
+    return run_chunk
 
 
 def _joined(results: list[Any]) -> Expand:

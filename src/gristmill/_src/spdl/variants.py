@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, SKIP, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
+from gristmill._src.engine.stage_spec import OpKind, function_kind
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl.merged import MergedOutput
 from gristmill._src.spdl.tracking import Keyed
@@ -104,9 +104,7 @@ class _Router:
     def __init__(self, router: Callable[[Any], Any]) -> None:
         self._router = router
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._is_async = inspect.iscoroutinefunction(router) or inspect.iscoroutinefunction(
-            getattr(router, "__call__", None)  # noqa: B004
-        )
+        self._is_async = function_kind(router) is OpKind.ASYNC
 
     def __call__(self, value: Any) -> Any:
         if not self._is_async:

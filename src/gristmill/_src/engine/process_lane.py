@@ -1,13 +1,13 @@
 """The process executor: a stage's reads run in worker processes.
 
-A :class:`ProcessCore` leases ``workers`` processes from :mod:`worker_pool` (idle ones left
-by an earlier stage, else new ones: forked where that is safe, else from the fork server:
-``main_guard``) and sends each, once, the stage's *work* as a job: for a ``RangeFeed``, its
-fused read (a MapDataset chain and the element functions after it); for a ``StreamFeed``, its
-element function. One proxy thread per worker claims tasks exactly as a worker thread does,
-sends the worker the task (an index range, or the task's input values) through a pipe and
-files the chunk it sends back, so the runner's reorder window keeps input order and the
-output never depends on the number of workers.
+A :class:`ProcessCore` leases ``workers`` processes through the engine's one transport to
+local workers (:mod:`transport`: pooled ones left by an earlier stage, else new ones, forked
+where that is safe, else from the fork server) and sends each, once, the stage's *work* as a
+job: for a ``RangeFeed``, its fused read (a MapDataset chain and the element functions after
+it); for a ``StreamFeed``, its element function. One proxy thread per worker claims tasks
+exactly as a worker thread does, sends the worker the task (an index range, or the task's
+input values) through a pipe and files the chunk it sends back, so the runner's reorder
+window keeps input order and the output never depends on the number of workers.
 
 Values travel both ways through :mod:`shm`: pickled, large array buffers in shared-memory
 segments named after the stage, the worker and the direction; whatever is left when the
@@ -17,14 +17,14 @@ then.
 A worker's failure comes back as its exception (or, if that does not pickle, a RuntimeError
 with its text), with the worker's frames as its traceback (``remote_traceback``: the user's
 file names and source lines, printed once) and a note naming the worker, located at its
-element like any read failure. A worker that dies (``sys.exit`` in a
-transformation included: it ends the worker with that code) is reported as soon as it ends
-(its proxy waits on the pipe and the process sentinel together) as a RuntimeError naming
-the worker and how it ended (:mod:`exits`: its exit code or signal, and what that usually
-means); a pipeline that cannot be pickled for the workers raises the pickler's own error,
-with a note naming the stage. Closing ends the job of every idle worker and gives it back
-to the pool; a worker with a task in flight, or one that failed, is stopped: asked, then
-terminated, then killed.
+element like any read failure. A worker that dies (``sys.exit`` in a transformation
+included: it ends the worker with that code) is reported as soon as it ends (its proxy waits
+on the pipe and the process sentinel together: ``LocalWorkers.receive``) as the transport's
+``WorkerDiedError`` naming the worker and how it ended (``transport.lost_error``); a
+pipeline that cannot be pickled for the workers raises the pickler's own error, with a note
+naming the stage. Closing ends the job of every idle worker and gives it back to the pool; a
+worker with a task in flight, or one that failed, is stopped: asked, then terminated, then
+killed.
 """
 
 from __future__ import annotations

@@ -227,10 +227,10 @@ class LocalWorkers:
             if method != "fork":
                 raise TypeError(
                     f"could not start the workers of {self.owner}: {error}. With "
-                    f"mp_context={method!r} {what} is pickled (with cloudpickle: lambdas and "
-                    "local functions are fine): keep locks, open files, generators and other "
-                    "unpicklable objects out of it, creating them in the worker (or pass "
-                    "mp_context='fork')"
+                    f"mp_context={method!r} the workers get {what} pickled (with "
+                    "cloudpickle: lambdas and local functions are fine): keep locks, open "
+                    "files, generators and other unpicklable objects out of it, creating them "
+                    "in the worker (or pass mp_context='fork')"
                 ) from error
             payload, fresh = Inherited(next(_keys)), True
             INHERITED[payload.key] = work

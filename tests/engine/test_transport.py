@@ -6,6 +6,7 @@ death through it, so a dead worker reads the same whichever stage it served."""
 from __future__ import annotations
 
 import ast
+import multiprocessing
 import os
 import pathlib
 import re
@@ -76,6 +77,59 @@ def test_a_worker_killed_mid_task_reads_the_same_from_a_process_stage_and_a_regi
     said = "was terminated unexpectedly with exit code -9, killed by SIGKILL"
     assert message.count(said) == 1, message  # one notice, not one per watcher
     assert "out-of-memory killer" in message, message  # what a SIGKILL usually means
+
+
+# -- the workers -----------------------------------------------------------------------------
+
+
+def pid_of(_):
+    return os.getpid()
+
+
+class PidOf(gm.transforms.Map):
+    def map(self, x):
+        return pid_of(x)
+
+
+def prefetch_pids():
+    ds = gm.MapDataset.range(64).map(pid_of).to_iter_dataset()
+    with iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=2))) as it:
+        return set(it)
+
+
+def region_pids():
+    builder = PipelineBuilder().add_source(range(64))
+    builder.to(defs.ProcessPoolExecutorConfig(max_workers=2)).pipe(pid_of)
+    pipeline = builder.to(defs.MAIN_PROCESS).add_sink(2).build(num_threads=1)
+    with pipeline.auto_stop():
+        return set(pipeline)
+
+
+def data_loader_pids():
+    loader = gm.DataLoader(
+        data_source=list(range(64)),
+        sampler=gm.samplers.SequentialSampler(64, gm.sharding.NoSharding()),
+        operations=[PidOf()],
+        worker_count=2,
+    )
+    with iter(loader) as it:
+        return set(it)
+
+
+def children():
+    return {process.pid for process in multiprocessing.active_children()}
+
+
+def test_a_process_stage_a_region_and_a_data_loader_run_on_the_same_pooled_workers():
+    gm.multiprocessing.shutdown_idle_workers()
+    first = prefetch_pids()
+    workers = children()
+    assert len(workers) == 2
+    assert first <= workers
+    assert region_pids() <= workers  # the region leased the stage's idle workers
+    assert data_loader_pids() <= workers  # and gave them back
+    assert prefetch_pids() <= workers
+    assert children() == workers  # no process started or stopped
 
 
 # -- the wire ---------------------------------------------------------------------------------

@@ -259,27 +259,26 @@ class LocalWorkers:
         ``(index, WorkerLost)`` for one that ended (after what it sent before was read; at
         once if asked again). Blocks on their pipes and sentinels together. None
         after ``timeout`` seconds, or if the workers were stopped under the wait."""
-        owners: dict[Any, int] = {}
+        owners: dict[Any, int] = {}  # each worker's pipe and sentinel -> its index
         for index in indices:
             if index in self._lost:
                 return index, self._notice(index)
             worker = self._workers[index]
             owners[worker.conn] = index
             owners[worker.process.sentinel] = index
+        if not owners:  # nothing to wait for: never a wait without end
+            return None
         try:
             ready = connection.wait(list(owners), timeout)
         except (OSError, ValueError, TypeError):  # stop() closed a pipe under the wait
             return None
-        if not ready:
-            return None
-        ended = None
         for waitable in ready:  # a message first: what a dead worker sent comes before it
             index = owners[waitable]
-            conn = self._workers[index].conn
-            if waitable is conn:
+            if waitable is self._workers[index].conn:
                 return self._read(index)
-            ended = index
-        assert ended is not None
+        if not ready:
+            return None
+        ended = owners[ready[0]]  # only sentinels are ready
         conn = self._workers[ended].conn
         try:
             if conn.poll():

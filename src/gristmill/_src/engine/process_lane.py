@@ -44,7 +44,7 @@ from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.engine.transport import LocalWorkers, WorkerLost
 
-# where the pooled worker's side and the context choice lived before the transport
+# still imported from here by spdl/subprocess_handle.py and dataset/process_prefetch.py
 from gristmill._src.engine.transport import job_message as job_message
 from gristmill._src.engine.transport import pooled_worker_main as pooled_worker_main
 from gristmill._src.engine.transport import worker_context as worker_context
@@ -339,7 +339,7 @@ class ProcessBackend:
 
     Args:
       worker_init_fn: ``fn(worker_index, worker_count)``, run first in each worker.
-      mp_context: a start method name; None picks one (``process_lane.start_method``).
+      mp_context: a start method name; None picks one (``transport.start_method``).
       per_worker_buffer_size: elements each worker may have in flight whatever their size;
         beyond them, only what fits in ``process_lane.WORKER_BYTES_IN_FLIGHT`` bytes per
         worker (``ProcessCore.bound``).

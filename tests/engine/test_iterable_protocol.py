@@ -4,12 +4,13 @@ are not a command end the worker's job with a failure naming them — never read
 other command, never silently dropped."""
 
 import functools
+import multiprocessing
 import pickle
 from multiprocessing.connection import wait
 
 import pytest
 
-from gristmill._src.engine import sending, shm, worker_pool
+from gristmill._src.engine import messages, sending, shm, worker_pool
 from gristmill._src.engine.iterable_job import run_iterable
 from gristmill._src.engine.iterable_protocol import (
     Abandon,
@@ -30,7 +31,7 @@ from gristmill._src.engine.iterable_protocol import (
     encode_command,
     encode_message,
 )
-from gristmill._src.engine.process_lane import job_message, pooled_worker_main, worker_context
+from gristmill._src.engine.transport import job_message, pooled_worker_main, worker_context
 
 pytestmark = pytest.mark.usefixtures("no_children_left")
 
@@ -54,8 +55,12 @@ def test_every_command_decodes_to_itself(command):
 
 
 def test_the_pools_order_to_end_a_worker_is_a_command_of_its_own():
-    # worker_pool.stop sends None (conn.send): a job reading it must end, not misread it
-    assert decode_command(pickle.dumps(None)) == EndWorker()
+    # worker_pool.stop sends messages.STOP (conn.send): a job reading it must end, not
+    # misread it
+    parent, child = multiprocessing.Pipe()
+    with parent, child:
+        parent.send(messages.STOP)
+        assert decode_command(child.recv_bytes()) == EndWorker()
 
 
 def test_what_is_not_a_command_is_refused_when_sent():

@@ -228,7 +228,8 @@ def test_a_worker_that_dies_is_reported_with_its_exit_code():
         list(pipeline)
     assert time.monotonic() - began < 5
     (error,) = info.value.exceptions
-    assert re_search(r"worker \d of .*subprocess_pipeline\(exits_on_5\).* exit code 3", error)
+    said = r"worker process \d \(pid \d+\) of .*subprocess_pipeline\(exits_on_5\).* exit code 3"
+    assert re_search(said, error)
 
 
 def re_search(pattern, error):

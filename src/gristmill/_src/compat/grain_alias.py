@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gristmill._src.compat import grain_modules
-from gristmill._src.engine import process_lane
+from gristmill._src.engine import transport
 
 GRAIN_HOME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grain_home")
 """The folder whose ``grain`` package installs the alias in a new process."""
@@ -188,7 +188,7 @@ def install() -> None:
     # gristmill's fork server imports the main script's modules (some import grain) before
     # a worker receives this sys.path: it installs the alias first
     os.environ[ENV_FLAG] = "1"
-    process_lane.preload_first("gristmill._src.compat.alias_in_workers")
+    transport.preload_first("gristmill._src.compat.alias_in_workers")
     importlib.import_module("grain")
 
 

@@ -33,7 +33,7 @@ from gristmill._src.dataset.worker_slicing import WorkerSliceIterDataset, mark_i
 from gristmill._src.engine import exits, main_guard, reaper, remote_traceback, sending
 from gristmill._src.engine.iterable_handle import WorkerHandle
 from gristmill._src.engine.iterable_protocol import Failed, Item, Iterate, Message
-from gristmill._src.engine.process_lane import worker_context
+from gristmill._src.engine.transport import worker_context
 
 
 def _check_buffer_size(buffer_size: Any) -> int:

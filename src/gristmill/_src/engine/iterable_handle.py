@@ -45,7 +45,7 @@ from gristmill._src.engine.iterable_protocol import (
     decode_message,
     encode_command,
 )
-from gristmill._src.engine.process_lane import job_message, pooled_worker_main
+from gristmill._src.engine.transport import job_message, pooled_worker_main
 
 _GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
 # how long an idle worker may take to answer a stop (it closes what fn() returned first: a

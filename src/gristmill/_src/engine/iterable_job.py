@@ -15,7 +15,7 @@ parent maps and unlinks: :mod:`shm`), so an item that cannot be pickled is repor
 error instead of being lost; errors travel with their frames and chained exceptions
 (:mod:`remote_traceback`). Each job unpickles its own ``fn`` and initializers and runs them
 afresh: nothing of an earlier job's objects is left to the next (what a job leaves in module
-globals or the environment persists: ``process_lane.pooled_worker_main``).
+globals or the environment persists: ``transport.pooled_worker_main``).
 """
 
 from __future__ import annotations

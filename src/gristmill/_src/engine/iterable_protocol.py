@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import enum
 import pickle
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple, TypeAlias
 
+from gristmill._src.engine import messages
 from gristmill._src.engine.remote_traceback import RemoteError
 
 
@@ -69,16 +71,17 @@ class Stop(NamedTuple):
 
 
 class EndWorker(NamedTuple):
-    """The worker pool's order to end the process (``worker_pool`` sends ``None``), read
-    by a job that has not returned yet."""
+    """The worker pool's order to end the process (``worker_pool`` sends
+    ``messages.STOP``), read by a job that has not returned yet."""
 
 
 Command: TypeAlias = Credit | Iterate | Abandon | Stop | EndWorker
 
 CREDIT_BYTES = bytes([Tag.CREDIT])
 STOP_BYTES = bytes([Tag.STOP])
-END_WORKER = pickle.dumps(None)
-"""What ``worker_pool`` sends to end a worker (``conn.send(None)``), as read by a job."""
+END_WORKER = bytes(ForkingPickler.dumps(messages.STOP))
+"""What ``worker_pool`` sends to end a worker (``conn.send(messages.STOP)``), as read by a
+job."""
 
 
 def encode_command(command: Command) -> bytes:

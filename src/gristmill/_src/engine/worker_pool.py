@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gristmill._src.engine import main_guard, runtime
+from gristmill._src.engine import main_guard, messages, runtime
 
 IDLE_S = 30.0
 """How long an idle worker waits for a new stage before it stops."""
@@ -231,7 +231,7 @@ def stop_process(process: Any, grace_s: float) -> None:
 def _stop(worker: PooledWorker, *, ask: bool = True) -> None:
     if ask:
         with contextlib.suppress(Exception):
-            worker.conn.send(None)
+            worker.conn.send(messages.STOP)
     stop_process(worker.process, _STOP_GRACE_S if ask else 0.0)
     with contextlib.suppress(Exception):
         worker.conn.close()

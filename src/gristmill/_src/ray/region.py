@@ -95,7 +95,7 @@ class RayWorkers:
     def _call(method: Any, group: str = REGION_GROUP) -> Any:
         return method.options(concurrency_group=group)
 
-    def send(self, index: int, message: tuple[Any, ...]) -> bool:
+    def send(self, index: int, message: Any) -> bool:
         """Pushes ``message`` to actor ``index``'s job (numbered: the job takes them in
         order); False once the pool or Ray is shut down."""
         try:

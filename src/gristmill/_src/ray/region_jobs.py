@@ -17,6 +17,7 @@ import queue
 import threading
 from typing import Any
 
+from gristmill._src.engine import messages
 from gristmill._src.spdl import region_worker
 
 REGION_GROUP = "gristmill-region"
@@ -36,7 +37,7 @@ class QueueConn:
 
     def __init__(self) -> None:
         self.inbox: queue.Queue[Any] = queue.Queue()  # bounded by the region's credits
-        self._outbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._outbox: collections.deque[Any] = collections.deque()  # engine.messages
         self._ready = threading.Condition()
         self._early: dict[int, Any] = {}  # pushes that ran before an earlier one
         self._next = 0  # the number of the next message for the inbox
@@ -51,18 +52,15 @@ class QueueConn:
                 self.inbox.put(self._early.pop(self._next))
                 self._next += 1
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: Any) -> None:
         with self._ready:
             self._outbox.append(message)
             self._ready.notify_all()
 
     def recv(self) -> Any:
-        message = self.inbox.get()
-        if message is None:  # the region closed
-            raise EOFError("the region closed")
-        return message
+        return self.inbox.get()  # messages.STOP once the region closed
 
-    def take(self) -> list[tuple[Any, ...]]:
+    def take(self) -> list[Any]:
         """Everything sent so far; waits for something if nothing was (nothing once the
         region closed)."""
         with self._ready:
@@ -73,7 +71,7 @@ class QueueConn:
 
     def close(self) -> None:
         """Ends the job's transfers and wakes a waiting pull."""
-        self.inbox.put(None)
+        self.inbox.put(messages.STOP)
         with self._ready:
             self._closed = True
             self._ready.notify_all()
@@ -116,13 +114,13 @@ class RegionJobs:
         )
         thread.start()
 
-    def push(self, key: str, number: int, message: tuple[Any, ...]) -> None:
+    def push(self, key: str, number: int, message: Any) -> None:
         """Hands the job message ``number`` (dropped if the region closed)."""
         conn = self._conn(key)
         if conn is not None:
             conn.put(number, message)
 
-    def pull(self, key: str) -> list[tuple[Any, ...]]:
+    def pull(self, key: str) -> list[Any]:
         """What the job sent (see :meth:`QueueConn.take`); nothing once the region closed."""
         conn = self._conn(key)
         return [] if conn is None else conn.take()

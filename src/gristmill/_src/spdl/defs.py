@@ -187,7 +187,7 @@ class ProcessPoolExecutorConfig(ExecutorConfig):
     mp_context: str | None = None
 
     def __post_init__(self) -> None:
-        from gristmill._src.engine.process_lane import start_method
+        from gristmill._src.engine.transport import start_method
 
         if self.mp_context is not None:
             start_method(self.mp_context)  # a ValueError naming the valid methods

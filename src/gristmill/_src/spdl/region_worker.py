@@ -1,40 +1,40 @@
 """The worker side of a ``to()`` region: :func:`run_region`, a pooled worker's job.
 
 A region's workers are the pooled worker processes every process stage uses
-(``engine.worker_pool``, ``process_lane.pooled_worker_main``); the region sends each one the job
+(``engine.worker_pool``, ``transport.pooled_worker_main``); the region sends each one the job
 ``run_region(conn, ...)``. The job builds the region's stages with the same lowering as the
 main pipeline, fed by the transfers the main process sends over the worker's pipe, and sends
-every chunk of outputs back as one message on the same pipe:
+every chunk of outputs back as one message on the same pipe (the classes of
+``engine.messages``):
 
-- main -> worker: ``("items", payload)``, ``("epoch",)``, then ``("end",)``; at any time
-  ``("credit", n)`` when the region's consumer took the items of ``n`` of its outputs;
-  last ``("done",)``, once the worker's ``("end",)`` arrived (no credit follows it);
-- worker -> main: ``("taken",)`` when it takes a transfer (a credit back: the main process
-  keeps at most ``QUEUE_DEPTH`` transfers sent and not taken per worker),
-  ``("items", payload)`` of at most the region's ``buffer_size`` items, each taking one
-  output credit (the first ``OUTPUT_DEPTH`` come with the job, so a worker has at most
-  ``OUTPUT_DEPTH * buffer_size`` items sent and not yet taken by the consumer: their arrays
-  in shared memory), ``("epoch",)``,
-  and last ``("end",)`` or ``("error", remote_traceback.RemoteError)``.
+- main -> worker: ``Items``, ``EPOCH``, then ``END``; at any time ``Credit(n)`` when the
+  region's consumer took the items of ``n`` of its outputs; last ``DONE``, once the
+  worker's ``END`` arrived (no credit follows it);
+- worker -> main: ``TAKEN`` when it takes a transfer (a credit back: the main process
+  keeps at most ``QUEUE_DEPTH`` transfers sent and not taken per worker), ``Items`` of at
+  most the region's ``buffer_size`` items, each taking one output credit (the first
+  ``OUTPUT_DEPTH`` come with the job, so a worker has at most ``OUTPUT_DEPTH * buffer_size``
+  items sent and not yet taken by the consumer: their arrays in shared memory), ``EPOCH``,
+  and last ``END`` or ``Error(remote_traceback.RemoteError)``.
 
 Whichever thread needs a message reads the pipe (``_Pipe``: a credit must be read while the
-job's source is not reading). After ``"done"`` the worker may serve another stage; after an error
-it ends.
+job's source is not reading). After ``DONE`` the worker may serve another stage; after an
+error it ends.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
-from gristmill._src.engine import sending, shm
+from gristmill._src.engine import messages, shm
 from gristmill._src.engine.markers import EPOCH_END
 from gristmill._src.engine.remote_traceback import RemoteError
+from gristmill._src.engine.transport import Inherited, unpacked
 from gristmill._src.spdl import config
 from gristmill._src.spdl.pipeline import PIPELINE_IDS, StageInfo, exit_hooks
 from gristmill._src.spdl.queue_monitor import QueueMonitor, default_task_hooks, stream_probe
@@ -46,24 +46,6 @@ QUEUE_DEPTH = 2
 OUTPUT_DEPTH = 2
 """Outputs (of at most ``buffer_size`` items each) a worker may have sent that the region's
 consumer has not taken, at most: the main process sends them as the first credits."""
-
-
-class Inherited(NamedTuple):
-    """A region's work left in :data:`INHERITED` for workers forked now (it did not pickle)."""
-
-    key: int
-
-
-INHERITED: dict[int, tuple[Any, ...]] = {}
-"""Work of regions whose workers are being forked: a forked child finds it here."""
-_keys = itertools.count()
-
-
-def inherit(work: tuple[Any, ...]) -> Inherited:
-    """Leaves ``work`` for the workers forked from now on (forget it once they are)."""
-    key = next(_keys)
-    INHERITED[key] = work
-    return Inherited(key)
 
 
 def pickled(values: list[Any], what: str, prefix: str | None, numbers: Any) -> bytes:
@@ -93,8 +75,8 @@ class _Pipe:
         self._cond = threading.Condition()  # guards everything below
         self._reading = False  # a thread is in recv(): the others wait for what it files
         self._credits = 0  # the main process sends the first ones (OUTPUT_DEPTH)
-        self._inbox: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._ended = False  # "done" read, or the pipe closed: nothing more comes
+        self._inbox: collections.deque[Any] = collections.deque()
+        self._ended = False  # DONE read, or the pipe closed: nothing more comes
         self.stopped = False  # the parent is gone or asked the worker to stop
 
     def _read_until(self, ready: Callable[[], bool]) -> None:
@@ -109,20 +91,20 @@ class _Pipe:
             try:
                 message = self._conn.recv()
             except (EOFError, OSError):
-                message = None
+                message = messages.STOP  # the parent is gone
             finally:
                 self._cond.acquire()
                 self._reading = False
-            if message is None or message[0] == "done":
+            if isinstance(message, messages.Stop | messages.Done):
                 self._ended = True
-                self.stopped = self.stopped or message is None
-            elif message[0] == "credit":
-                self._credits += message[1]
+                self.stopped = self.stopped or isinstance(message, messages.Stop)
+            elif isinstance(message, messages.Credit):
+                self._credits += message.count
             else:
                 self._inbox.append(message)
             self._cond.notify_all()
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: Any) -> None:
         with self._lock:
             self._conn.send(message)
 
@@ -135,29 +117,29 @@ class _Pipe:
             self._credits -= 1
 
     def finish(self) -> bool:
-        """After "end" was sent: reads the parent's late credits up to its "done"; False
+        """After END was sent: reads the parent's late credits up to its DONE; False
         if the parent went away."""
         with self._cond:
             self._read_until(lambda: False)
             return not self.stopped
 
-    def _next_transfer(self) -> tuple[Any, ...] | None:
+    def _next_transfer(self) -> Any:
         with self._cond:
             self._read_until(lambda: bool(self._inbox))
             return self._inbox.popleft() if self._inbox else None
 
     def transfers(self) -> Iterator[Any]:
-        """The items sent, with EPOCH_END at epoch ends, until "end"."""
+        """The items sent, with EPOCH_END at epoch ends, until END."""
         while True:
             message = self._next_transfer()
-            if message is None or message[0] == "end":
+            if message is None or isinstance(message, messages.End):
                 if message is None:
                     self.stopped = True
                 return
-            self.send(("taken",))
-            if message[0] == "items":
-                yield from shm.loads(message[1])
-            else:
+            self.send(messages.TAKEN)
+            if isinstance(message, messages.Items):
+                yield from shm.loads(message.payload)
+            else:  # messages.Epoch
                 yield EPOCH_END
 
 
@@ -191,20 +173,12 @@ def _close_worker_pipeline(lowering: Any, queues: QueueMonitor) -> None:
     exit_hooks(lowering.stage_hooks, queues)
 
 
-def _unpacked(work: bytes | Inherited) -> tuple[Any, ...]:
-    if isinstance(work, Inherited):
-        found = INHERITED.pop(work.key)
-        INHERITED.clear()  # other regions' work, forked along: not this worker's
-        return found
-    return tuple(sending.loads(work))
-
-
 def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, ...]) -> None:
     """Runs the span over the transfers until they end; outputs go back on ``pipe``."""
     from gristmill._src.engine.streams import iterate_chunks
 
     max_failures, name, shm_prefix, interval, delivered, buffer_size = options
-    span, initializer, initargs = _unpacked(work)
+    span, initializer, initargs = unpacked(work)
     if initializer is not None:
         initializer(*initargs)
     lowering, queues, source = _worker_pipeline(span, pipe, max_failures, interval)
@@ -232,12 +206,13 @@ def _run(pipe: _Pipe, index: int, work: bytes | Inherited, options: tuple[Any, .
                 for lo in range(start, i, buffer_size or max(i - start, 1)):
                     hi = i if buffer_size is None else min(i, lo + buffer_size)
                     pipe.take_credit()
-                    pipe.send(("items", pickled(values[lo:hi], output, shm_prefix, numbers)))
+                    payload = pickled(values[lo:hi], output, shm_prefix, numbers)
+                    pipe.send(messages.Items(payload))
                 if i < len(values):
-                    pipe.send(("epoch",))
+                    pipe.send(messages.EPOCH)
                 start = i + 1
     finally:
-        # hooks first: they have exited when the main process sees "end"
+        # hooks first: they have exited when the main process sees END
         _close_worker_pipeline(lowering, queues)
 
 
@@ -277,11 +252,11 @@ def run_region(
         _run(pipe, index, work, options)
         if pipe.stopped:
             return False
-        pipe.send(("end",))
+        pipe.send(messages.END)
         return pipe.finish()
     except BaseException as error:
         with contextlib.suppress(Exception):
-            pipe.send(("error", RemoteError.of(error)))
+            pipe.send(messages.Error(RemoteError.of(error)))
         return False  # its threads may still read the pipe: the worker ends
     finally:
         config.restore_defaults(saved)

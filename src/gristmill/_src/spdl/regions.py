@@ -3,7 +3,7 @@
 The workers are a *transport* of the region's choosing: ``to(ProcessPoolExecutorConfig)``
 runs them as pooled worker processes (:mod:`region_processes`), ``to(RayBackend(...))`` as
 jobs on the backend's Ray actors (``gristmill._src.ray.region``). Both run
-``region_worker.run_region`` on each worker (:mod:`region_worker` has the messages) and
+``region_worker.run_region`` on each worker (``engine.messages`` has the messages) and
 hand the region each message a worker sends, or its death.
 
 Main process side (:class:`RegionStream`, one stage of the outer pipeline):
@@ -35,7 +35,7 @@ import collections
 import threading
 from typing import Any, Protocol
 
-from gristmill._src.engine import shm
+from gristmill._src.engine import messages, shm
 from gristmill._src.engine.feeds import Chunk, ChunkStream
 from gristmill._src.engine.markers import EPOCH_END, flatten
 from gristmill._src.engine.ordered import RunnerClosedError
@@ -73,8 +73,9 @@ class RegionWorkers(Protocol):
         buffer_size)``, ``delivered`` the outputs a restored state delivered (``(outputs,
         batches)`` of ``tracking.DeliveredOutputs``, or None)."""
 
-    def send(self, index: int, message: tuple[Any, ...]) -> bool:
-        """Sends worker ``index`` a message; False if it cannot take it any more."""
+    def send(self, index: int, message: Any) -> bool:
+        """Sends worker ``index`` a message (``engine.messages``); False if it cannot take
+        it any more."""
 
     def collect(self, region: RegionStream) -> None:
         """A thread's body: hands every message to ``region.received`` and every death to
@@ -128,7 +129,7 @@ class RegionStream:
         self._held: list[list[Any]] = [[] for _ in range(self._count)]
         self._at_epoch_end: set[int] = set()
         self._finished: set[int] = set()  # workers that will send nothing more
-        self._clean: set[int] = set()  # workers whose "end" came: they may be released
+        self._clean: set[int] = set()  # workers whose END came: they may be released
         self._credits = [QUEUE_DEPTH] * self._count
         # (worker, items) of each output merged and not yet taken by the consumer: its
         # credit goes back to the worker when it is
@@ -179,7 +180,7 @@ class RegionStream:
                     self._cond.notify_all()
                 return
             for index in range(self._count):  # the outputs each may send ahead
-                self._workers.send(index, ("credit", region_worker.OUTPUT_DEPTH))
+                self._workers.send(index, messages.Credit(region_worker.OUTPUT_DEPTH))
             targets = ((self._dispatch, "dispatch"), (self._collect, "collect"))
             for target, suffix in targets:
                 thread = threading.Thread(
@@ -200,7 +201,7 @@ class RegionStream:
         with self._cond:
             return index in self._finished
 
-    def received(self, index: int, message: tuple[Any, ...]) -> None:
+    def received(self, index: int, message: Any) -> None:
         """One message of worker ``index``, in its order."""
         with self._cond:
             if index not in self._finished:
@@ -208,7 +209,7 @@ class RegionStream:
             self._cond.notify_all()
 
     def died(self, index: int, error: BaseException) -> None:
-        """Worker ``index`` ended without its "end": the region fails with ``error``
+        """Worker ``index`` ended without its END: the region fails with ``error``
         (unless it closed, or failed already)."""
         with self._cond:
             if index in self._finished:
@@ -220,7 +221,7 @@ class RegionStream:
 
     # -- dispatcher ------------------------------------------------------------------------
 
-    def _send(self, index: int, message: tuple[Any, ...]) -> bool:
+    def _send(self, index: int, message: Any) -> bool:
         """Sends worker ``index`` a transfer once it holds fewer than QUEUE_DEPTH; False
         once the region is closed or the worker finished (died, failed)."""
         with self._cond:
@@ -231,7 +232,7 @@ class RegionStream:
             self._credits[index] -= 1
         return self._workers.send(index, message)
 
-    def _broadcast(self, message: tuple[Any, ...]) -> None:
+    def _broadcast(self, message: Any) -> None:
         for index in range(self._count):
             self._send(index, message)
 
@@ -241,7 +242,7 @@ class RegionStream:
             with self._cond:
                 if self._closed or index in self._finished:
                     continue
-            self._workers.send(index, ("end",))
+            self._workers.send(index, messages.END)
 
     def _dispatch(self) -> None:
         turn = 0
@@ -255,7 +256,7 @@ class RegionStream:
             nonlocal turn, transfer
             if transfer:
                 payload = pickled(transfer, "an item sent to a to() region", prefix, numbers)
-                self._send(turn, ("items", payload))
+                self._send(turn, messages.Items(payload))
                 turn = (turn + 1) % self._count
                 transfer = []
 
@@ -267,11 +268,11 @@ class RegionStream:
                 for item in flatten(chunk.values):
                     if item is EPOCH_END:
                         flush()
-                        self._broadcast(("epoch",))
+                        self._broadcast(messages.EPOCH)
                         continue
                     if roots and _root(item) in roots:  # of a batch to form again
                         payload = pickled([item], "an item sent to a to() region", prefix, numbers)
-                        self._send(0, ("items", payload))
+                        self._send(0, messages.Items(payload))
                         continue
                     transfer.append(item)
                     if len(transfer) >= self._buffer_size:
@@ -293,35 +294,34 @@ class RegionStream:
 
     # -- merging ---------------------------------------------------------------------------
 
-    def _handle(self, index: int, message: tuple[Any, ...]) -> None:
+    def _handle(self, index: int, message: Any) -> None:
         """One message of worker ``index``, in its order. Call with ``_cond`` held.
 
         A worker that delivered an epoch end waits for the others: what it sends meanwhile
         (items of the next epoch, even its next epoch end) is held, then replayed. Acks
         are never held: they are credits for the dispatcher.
         """
-        kind = message[0]
-        if kind == "taken":
+        if isinstance(message, messages.Taken):
             self._credits[index] += 1
             return
         if index in self._at_epoch_end:
             self._held[index].append(message)
             return
-        if kind == "items":
-            items = shm.loads(message[1])
+        if isinstance(message, messages.Items):
+            items = shm.loads(message.payload)
             self._merged.extend(items)
             self._untaken.append((index, len(items)))
-        elif kind == "epoch":
+        elif isinstance(message, messages.Epoch):
             self._at_epoch_end.add(index)
             self._release_epoch()
-        elif kind == "end":
+        elif isinstance(message, messages.End):
             self._finished.add(index)
             self._clean.add(index)
-            self._workers.send(index, ("done",))  # no credit follows: it may serve others
+            self._workers.send(index, messages.DONE)  # no credit follows: it may serve others
             self._release_epoch()
-        elif kind == "error":
+        elif isinstance(message, messages.Error):
             where = f"a {self._workers.worker_kind} of {self._name}"
-            self._error = self._error or _rebuilt(message[1], where)
+            self._error = self._error or _rebuilt(message.remote, where)
             self._finished.add(index)
 
     def _release_epoch(self) -> None:
@@ -333,8 +333,8 @@ class RegionStream:
         self._merged.append(EPOCH_END)
         self._at_epoch_end.clear()
         held, self._held = self._held, [[] for _ in range(self._count)]
-        for index, messages in enumerate(held):
-            for message in messages:
+        for index, pending in enumerate(held):
+            for message in pending:
                 self._handle(index, message)
 
     # -- the stream ---------------------------------------------------------------------
@@ -361,7 +361,7 @@ class RegionStream:
                 credits[index] += 1
             for index, credit in enumerate(credits):
                 if credit and index not in self._finished and not self._closed:
-                    self._workers.send(index, ("credit", credit))
+                    self._workers.send(index, messages.Credit(credit))
 
     def _outcome(self) -> tuple[bool, BaseException | None]:
         """A worker's error at once; the dispatcher's once every worker ended. ``_cond``

@@ -44,7 +44,7 @@ PROCESS_ALLOWANCE = 64 * MiB  # a worker process's own memory (interpreter, nump
 MAIN_ALLOWANCE = 32 * MiB
 SHM_TMPFS = "1200m"  # the child's /dev/shm: a broken bound stops there, not in the machine
 WATCH_BEYOND = 256 * MiB  # a broken bound is watched this far past it (to show it grow)
-WORKER_BYTES = 16 * MiB  # process_lane.WORKER_BYTES_IN_FLIGHT
+WORKER_BYTES = 16 * MiB  # remote.WORKER_BYTES_IN_FLIGHT
 
 # Elements (of E bytes) the settings let each backend hold, in /dev/shm and in memory
 # (docs/engine.md, "Memory in flight"): W workers, B = per-worker / region buffer.

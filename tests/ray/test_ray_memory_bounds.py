@@ -45,7 +45,7 @@ TIMEOUT_S = 120.0
 WATCH_BEYOND = 256 * MiB
 MAIN_ALLOWANCE = 32 * MiB  # this process's own growth (threads, allocator)
 ACTOR_ALLOWANCE = 64 * MiB  # an actor's own growth (a task's arrays before they are sent)
-WORKER_BYTES = 16 * MiB  # process_lane.WORKER_BYTES_IN_FLIGHT
+WORKER_BYTES = 16 * MiB  # remote.WORKER_BYTES_IN_FLIGHT
 
 W, B = 2, 2  # actors, per_worker_buffer_size / the region's buffer
 # W x max(B elements, 16 MiB) in flight; beyond them the prefetch thread's B, the one it

@@ -77,7 +77,7 @@ MP_MIN_WORKER_BUFFER = 16
 """The read stage's buffer per worker at least: tasks are sized from measured cost so a
 worker's round trip (~0.3 ms) stays under 5 % of the work it carries. Within it the workers
 hold only ``per_worker_buffer_size`` elements each, or what fits in 16 MiB a worker if that
-is more (``process_lane.ProcessCore.bound``)."""
+is more (``remote.RemoteCore.bound``)."""
 
 
 @register("mp_prefetch")

@@ -1,13 +1,17 @@
 """The process executor: a stage's reads run in worker processes.
 
-A :class:`ProcessCore` leases ``workers`` processes through the engine's one transport to
-local workers (:mod:`transport`: pooled ones left by an earlier stage, else new ones, forked
-where that is safe, else from the fork server) and sends each, once, the stage's *work* as a
-job: for a ``RangeFeed``, its fused read (a MapDataset chain and the element functions after
-it); for a ``StreamFeed``, its element function. One proxy thread per worker claims tasks
-exactly as a worker thread does, sends the worker the task (an index range, or the task's
-input values) through a pipe and files the chunk it sends back, so the runner's reorder
-window keeps input order and the output never depends on the number of workers.
+Local worker processes are a backend of the engine's remote protocol (:mod:`remote`), like
+Ray's actors and a user's own: the one remote core (``remote.RemoteCore``) claims the
+tasks, keeps their order and bounds what is in flight, and :class:`LocalProcesses` gives it,
+per stage, :class:`ProcessStageWorkers`: ``workers`` processes leased through the engine's
+one transport to local workers (:mod:`transport`: pooled ones left by an earlier stage, else
+new ones, forked where that is safe, else from the fork server), each sent, once, the
+stage's *work* as a job (:func:`run_tasks`): for a ``RangeFeed``, its fused read (a
+MapDataset chain and the element functions after it); for a ``StreamFeed``, its element
+function. The core's proxy thread of each worker sends it a task (an index range, or the
+task's input values) through its pipe and reads the reply there itself
+(``ProcessStageWorkers.wait_reply``), so the output never depends on the number of
+workers.
 
 Values travel both ways through :mod:`shm`: pickled, large array buffers in shared-memory
 segments named after the stage, the worker and the direction; whatever is left when the
@@ -18,50 +22,37 @@ A worker's failure comes back as its exception (or, if that does not pickle, a R
 with its text), with the worker's frames as its traceback (``remote_traceback``: the user's
 file names and source lines, printed once) and a note naming the worker, located at its
 element like any read failure. A worker that dies (``sys.exit`` in a transformation
-included: it ends the worker with that code) is reported as soon as it ends (its proxy waits
-on the pipe and the process sentinel together: ``LocalWorkers.receive``) as the transport's
-``WorkerDiedError`` naming the worker and how it ended (``transport.lost_error``); a
-pipeline that cannot be pickled for the workers raises the pickler's own error, with a note
-naming the stage. Closing ends the job of every idle worker and gives it back to the pool; a
-worker with a task in flight, or one that failed, is stopped: asked, then terminated, then
-killed.
+included: it ends the worker with that code) is reported as soon as it ends (the waiting
+proxy waits on the pipe and the process sentinel together: ``LocalWorkers.receive``) as the
+transport's ``WorkerDiedError`` naming the worker and how it ended
+(``transport.lost_error``); a pipeline that cannot be pickled for the workers raises the
+pickler's own error, with a note naming the stage. Closing ends the job of every idle worker
+and gives it back to the pool; a worker with a task in flight, or one that failed, is
+stopped: asked, then terminated, then killed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
-import threading
-import time
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn, cast
 
-from gristmill._src.engine import messages, remote_traceback, runtime, sending, shm
+from gristmill._src.engine import messages, remote_traceback, sending, shm
 from gristmill._src.engine.backends import PROCESS_HANDOFF_S, Executor
-from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
-from gristmill._src.engine.ordered import Claimed, Core
+from gristmill._src.engine.feeds import Feed, RangeFeed, Task, apply
+from gristmill._src.engine.ordered import Core
 from gristmill._src.engine.policy import ChunkPolicy
+from gristmill._src.engine.remote import (
+    RemoteCore,
+    StageWork,
+    StageWorkersBase,
+    TaskReply,
+    TaskRequest,
+)
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.engine.transport import LocalWorkers, WorkerLost
-
-WORKER_BYTES_IN_FLIGHT = 16 << 20
-"""Bytes of results a worker may have in flight beyond its ``per_worker_buffer_size``
-elements (:meth:`ProcessCore.bound`). Cheap elements need tasks of many of them for a round
-trip (``PROCESS_HANDOFF_S``) to pay, so the window must hold more than a few; large ones
-fill memory first: 16 MiB holds a task of ~100 224x224x3 images per worker
-(``mp_images_batch64``) and 4 elements of 4 MiB."""
-
-
-def capped_bound(policy: ChunkPolicy, per_worker_buffer_size: int, element_bytes: int) -> int:
-    """The window of a stage whose workers send results back (worker processes, Ray
-    actors): ``policy.buffer_size``, and within it ``per_worker_buffer_size`` elements per
-    worker, or as many as fit in ``WORKER_BYTES_IN_FLIGHT`` per worker if that is more
-    (``element_bytes``, measured: 0 until the first reply)."""
-    workers = max(policy.workers, 1)
-    elements = per_worker_buffer_size
-    if element_bytes:
-        elements = max(elements, WORKER_BYTES_IN_FLIGHT // element_bytes)
-    return max(1, min(policy.buffer_size, workers * elements))
 
 
 def run_tasks(
@@ -137,207 +128,150 @@ def _send_failure(conn: Any, error: BaseException, values: Any = ()) -> None:
         conn.send(messages.Failure(list(values), remote_traceback.RemoteError.of(error)))
 
 
-def pickled_work(
-    feed: Feed, worker_init_fn: Callable[[int, int], Any] | None, name: str, workers: str
-) -> tuple[bytes, bytes]:
-    """What a remote worker needs of stage ``name``, cloudpickled (:mod:`sending`): a range
-    feed's read and fn, or a stream feed's fn; and ``worker_init_fn``. A pickling error is
-    re-raised as itself (Grain's type), with a note naming the stage and the fix."""
-    work = (
-        RangeFeed(feed.read, 0, 0, feed.fn)
-        if isinstance(feed, RangeFeed)
-        else cast(StreamFeed, feed).fn
-    )
-    try:
-        return sending.dumps(work), sending.dumps(worker_init_fn)
-    except Exception as error:
-        error.add_note(
-            f"gristmill: the pipeline of {name!r} cannot be sent to {workers}: {error}. Its "
-            "sources and transformations must be picklable by cloudpickle (functions and "
-            "lambdas are; locks, open files, connections and generators are not): open files "
-            "and connections lazily in the worker"
-        )
-        raise
+class LocalProcesses:
+    """Local worker processes as a backend of the remote protocol (:mod:`remote`): each
+    stage leases its workers through the one transport (:class:`transport.LocalWorkers`).
+
+    Args:
+      mp_context: a start method name; None: fork where that is safe when the workers
+        start, else the fork server (``transport.start_method``).
+    """
+
+    handoff_s = PROCESS_HANDOFF_S
+    worker_name = "worker process"
+    workers_name = "worker processes"
+
+    def __init__(self, mp_context: str | None = None) -> None:
+        self.mp_context = mp_context
+        self.num_workers = 1  # a stage says how many it starts (StageWork.workers)
+
+    def open(self, work: StageWork, wake: Callable[[], None]) -> ProcessStageWorkers:
+        return ProcessStageWorkers(self.mp_context, work)
+
+    def __repr__(self) -> str:
+        return f"LocalProcesses(mp_context={self.mp_context!r})"
 
 
-class ProcessCore(Core):
-    """A runner core whose executor is a set of worker processes (one proxy thread each)."""
+class _Reply(concurrent.futures.Future[Any]):
+    """A task's reply, read from its worker's pipe by the thread that waits for it
+    (:meth:`ProcessStageWorkers.wait_reply`)."""
 
-    executor = Executor.PROCESSES.value
 
-    def __init__(
-        self,
-        feed: Feed,
-        counters: StageCounters,
-        policy: ChunkPolicy,
-        *,
-        worker_init_fn: Callable[[int, int], Any] | None = None,
-        mp_context: str | None = None,
-        per_worker_buffer_size: int = 1,
-    ) -> None:
-        super().__init__(feed, counters, policy)
-        self._per_worker_buffer_size = per_worker_buffer_size
-        # the largest result per element seen (pickle and shared-memory bytes); 0 until
-        # the first reply: the window is then per_worker_buffer_size elements a worker
-        self._element_bytes = 0
-        if not isinstance(feed, RangeFeed | StreamFeed):
-            raise TypeError("the process executor runs a RangeFeed's reads or a StreamFeed's fn")
-        self._worker_init_fn = worker_init_fn
-        # no start method named: fork where it is safe when the workers start
+class ProcessStageWorkers(StageWorkersBase):
+    """One stage's worker processes (``remote.StageWorkers``): leased and started once
+    (``work.workers`` of them, each sent the stage's work in a :func:`run_tasks` job), one
+    task at a time each, its reply read from the pipe by the waiting proxy (no thread of
+    their own), large arrays both ways through shared memory, a worker's death the
+    transport's one error. Closing gives the idle workers back to the pool and stops the
+    rest."""
+
+    calls_in_flight = 1
+    worker_name = "worker process"
+
+    def __init__(self, mp_context: str | None, work: StageWork) -> None:
         self._workers = LocalWorkers(mp_context, [__name__])
-        # per worker: nothing sent that is not answered, and no failure (it may be pooled)
-        self._reusable: list[bool] = []
-        self._failed: set[int] = set()  # workers that reported a failure: never pooled
-        self._started = False
-
-    def bound(self) -> int:
-        """Elements in flight (claimed by a worker, computing, in its pipe or in shared
-        memory, or finished and not yet delivered): the buffer, and within it
-        ``per_worker_buffer_size`` per worker, or as many elements as fit in
-        ``WORKER_BYTES_IN_FLIGHT`` per worker if that is more. So the results in flight take
-        at most ``workers * max(per_worker_buffer_size * element, WORKER_BYTES_IN_FLIGHT)``
-        bytes, an element measured as the largest of the replies' sizes per element (a
-        task's results are sized together). Lock held."""
-        return capped_bound(self.policy, self._per_worker_buffer_size, self._element_bytes)
-
-    def _measured(self, size: int, payload: bytes, segments: Any) -> None:
-        """Records the bytes per element of a reply of ``size`` elements."""
-        total = len(payload) + sum(nbytes for _, nbytes in segments)
-        per_element = -(-total // max(size, 1))
-        if per_element > self._element_bytes:
-            with self.lock:
-                self._element_bytes = max(self._element_bytes, per_element)
-                self.work_ready.notify_all()  # the bound may have grown
-
-    def start_workers(self, count: int, name: str) -> None:
-        """Starts the worker processes and their proxy threads once. Lock held."""
-        if self._started:
-            return
-        self._started = True
-        work, init = pickled_work(self.feed, self._worker_init_fn, name, "worker processes")
+        count = work.workers
+        self.slots = count
         workers = self._workers
 
         def args(index: int, payload: Any) -> tuple[Any, ...]:
-            return (index, count, payload, init, workers.prefix(f"w{index}"))
+            return (index, count, payload, work.init, workers.prefix(f"w{index}"))
 
-        workers.start(count, run_tasks, work, args, owner=name)
-        self._reusable = [True] * count
-        for index in range(count):
-            thread = threading.Thread(
-                target=self._proxy, args=(index,), name=f"gristmill[{name}]-{index}", daemon=True
-            )
-            self.threads.append(thread)
-            thread.start()
-        runtime.add_core(self)
+        workers.start(count, run_tasks, work.payload, args, owner=work.name)
+        # Input values sent to a worker: their large buffers go in segments of our own.
+        self._segments = [shm.counter() for _ in range(count)]
+        self._sizes = [0] * count  # the task in flight on each worker
+        # per worker: nothing sent that is not answered, and no failure (it may be pooled)
+        self._idle = [True] * count
+        self._failed: set[int] = set()  # workers that reported a failure: never pooled
+        self._closing = False
 
-    def _proxy(self, index: int) -> None:
-        """Claims tasks for worker ``index``, has it run them, files the chunks."""
-        # Input values sent to the worker: their large buffers go in segments of our own.
-        prefix = self._workers.prefix(f"in{index}")
-        segments = shm.counter()
-        policy = self.policy
+    def describe(self, slot: int) -> str:
+        return f"worker process {slot} (pid {self._workers.pid(slot)})"
 
-        def used() -> bool:  # the tuner (or configure) may use fewer workers than started
-            return index < policy.workers
-
-        while True:
-            claimed = self.claim(used)
-            if claimed is None:
-                with self.lock:  # not used now: wait until it is again, or the stage closes
-                    while not self.closed and not self.retiring and not used():
-                        self.work_ready.wait()
-                    if self.closed or self.retiring:
-                        return
-                continue
-            began = time.perf_counter()
-            chunk = self._run_remote(index, claimed, prefix, segments)
-            self.file(claimed, chunk, time.perf_counter() - began)
-            del claimed, chunk
-
-    def _run_remote(self, index: int, claimed: Claimed, prefix: str | None, segments: Any) -> Chunk:
-        task = claimed[2]
-        message = messages.Task(task.start, task.size)
-        if task.inputs is not None:
+    def submit(self, slot: int, count: int, request: TaskRequest) -> concurrent.futures.Future[Any]:
+        reply = _Reply()
+        message = messages.Task(request.start, request.size)
+        if request.inputs is not None:
+            prefix = self._workers.prefix(f"in{slot}")
             try:
-                message = messages.Task(
-                    task.start, task.size, *shm.encode(task.inputs, prefix, segments)
-                )
-            except Exception as encode_error:  # an input that cannot be pickled
-                encode_error.add_note(
+                encoded = shm.encode(request.inputs, prefix, self._segments[slot])
+            except Exception as error:  # an input that cannot be pickled
+                error.add_note(
                     f"gristmill: an input of this stage cannot be sent to worker process "
-                    f"{index}; the values reaching a process stage must be picklable"
+                    f"{slot}; the values reaching a process stage must be picklable"
                 )
-                return Chunk(task.start, [], encode_error)
-        self._reusable[index] = False  # until its reply is in
-        if self._closing():  # stop_executor may have judged it idle just before
-            self._reusable[index] = True
-            return Chunk(task.start, [], RuntimeError("the stage was closed"))
-        # the reply, or the worker's end (closing the stage stops a busy worker, which ends
-        # the wait too): no polling
-        sent = self._workers.send(index, message)
-        got = self._workers.receive([index]) if sent else (index, self._workers.lost(index))
+                reply.set_exception(error)
+                return reply
+            message = messages.Task(request.start, request.size, *encoded)
+        self._idle[slot] = False  # until its reply is in
+        if self._closing:  # interrupt() may have judged it idle just before
+            self._idle[slot] = True
+            reply.set_exception(RuntimeError("the stage was closed"))
+            return reply
+        self._sizes[slot] = request.size
+        if not self._workers.send(slot, message):
+            reply.set_exception(self._workers.lost(slot).error)
+        return reply
+
+    def wait_reply(self, slot: int, future: concurrent.futures.Future[Any]) -> None:
+        """Reads the reply of worker ``slot``'s task, or its end (closing the stage stops a
+        busy worker, which ends the wait too): no polling."""
+        got = self._workers.receive([slot])
         reply = None if got is None else got[1]
-        if reply is None or isinstance(reply, WorkerLost):
-            if self.closed or reply is None:
-                return Chunk(task.start, [], RuntimeError("the stage was closed"))
-            return Chunk(task.start, [], reply.error)
-        if type(reply) is messages.Result:
-            self._reusable[index] = True
-            self._measured(task.size, reply.payload, reply.segments)
+        if reply is None:
+            future.set_exception(RuntimeError("the stage was closed"))
+        elif isinstance(reply, WorkerLost):
+            future.set_exception(reply.error)
+        elif type(reply) is messages.Result:
+            self._idle[slot] = True
+            transit = len(reply.payload) + sum(nbytes for _, nbytes in reply.segments)
             try:
                 values = shm.decode(reply.payload, reply.segments)
-            except Exception as decode_error:
-                return Chunk(task.start, [], decode_error)
-            if reply.side is not None:  # what the worker's read counted: per-op statistics
-                merge = getattr(self.feed, "merge_side_counts", None)  # a RangeFeed's
-                if merge is not None:
-                    merge(reply.side)
-            return task.chunk(values, task.upstream_error)
-        self._failed.add(index)
-        if not isinstance(reply, messages.Failure):  # messages.Unreadable
-            return Chunk(task.start, [], RuntimeError(f"worker process {index} failed: {reply}"))
-        error = reply.remote.rebuilt()  # raised here, it shows the worker's frames
-        where = f"worker process {index} (pid {self._workers.pid(index)})"
-        remote_traceback.note_origin(error, where)
-        return Chunk(task.start, reply.values, error)
+            except Exception as error:
+                future.set_exception(error)
+                return
+            future.set_result(TaskReply(values, side=reply.side, nbytes=transit))
+        elif isinstance(reply, messages.Failure):
+            self._failed.add(slot)
+            future.set_result(TaskReply(reply.values, reply.remote))
+        else:  # messages.Unreadable
+            self._failed.add(slot)
+            future.set_exception(RuntimeError(f"worker process {slot} failed: {reply}"))
 
-    def _closing(self) -> bool:
-        """Whether the stage is closed (read afresh: another thread closes it)."""
-        return self.closed
+    def replace(self, slot: int) -> None:
+        """Never asked: a dead worker process is the stage's error (not replaceable)."""
 
-    def retire_workers(self) -> None:
-        """Never needed: a process stage always runs on its workers."""
+    def release(self, slot: int) -> None:
+        """Nothing: the workers are released together at :meth:`close`."""
 
-    def stop_executor(self) -> None:
-        """Stops the workers that may be busy now (their proxies then return at once)."""
-        self._workers.stop(i for i, idle in enumerate(self._reusable) if not idle)
+    def interrupt(self) -> None:
+        """Stops the workers that may be busy now (their waits then end at once)."""
+        self._closing = True
+        self._workers.stop(i for i, idle in enumerate(self._idle) if not idle)
 
-    def after_threads_joined(self) -> None:
+    def close(self) -> None:
         """Idle workers go back to the pool (their job ended: :data:`messages.END`); the
-        others stop; the stage's leftover segments are unlinked (a proxy thread that
-        claimed a task as the stage stopped may have written its inputs' segments after
-        the first sweep)."""
-        proxies = self.threads  # one per worker, in the workers' order
-        clean = [
-            index
-            for index, idle in enumerate(self._reusable)
-            if idle
-            and index not in self._failed
-            and (index >= len(proxies) or not proxies[index].is_alive())
-        ]
+        others stop; the stage's leftover segments are unlinked (a proxy that claimed a
+        task as the stage stopped may have written its inputs' segments after the first
+        sweep)."""
+        self._closing = True
+        clean = [i for i, idle in enumerate(self._idle) if idle and i not in self._failed]
         self._workers.release(clean, farewell=messages.END)
 
 
 @dataclasses.dataclass(frozen=True)
 class ProcessBackend:
-    """Local worker processes (pooled between stages: ``worker_pool``) run the tasks.
+    """Local worker processes (pooled between stages: ``worker_pool``) run the tasks, as a
+    backend of the remote protocol (:class:`LocalProcesses`), driven by the engine's
+    ``remote.RemoteCore``.
 
     Args:
       worker_init_fn: ``fn(worker_index, worker_count)``, run first in each worker.
       mp_context: a start method name; None picks one (``transport.start_method``).
       per_worker_buffer_size: elements each worker may have in flight whatever their size;
-        beyond them, only what fits in ``process_lane.WORKER_BYTES_IN_FLIGHT`` bytes per
-        worker (``ProcessCore.bound``).
+        beyond them, only what fits in ``remote.WORKER_BYTES_IN_FLIGHT`` bytes per worker
+        (``RemoteCore.bound``).
     """
 
     worker_init_fn: Callable[[int, int], Any] | None = None
@@ -349,11 +283,12 @@ class ProcessBackend:
     remote: ClassVar[bool] = True
 
     def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
-        return ProcessCore(
+        return RemoteCore(
             feed,
             counters,
             policy,
-            worker_init_fn=self.worker_init_fn,
-            mp_context=self.mp_context,
-            per_worker_buffer_size=self.per_worker_buffer_size,
+            LocalProcesses(self.mp_context),
+            self.worker_init_fn,
+            self.per_worker_buffer_size,
+            Executor.PROCESSES,
         )

@@ -75,13 +75,16 @@ class TaskReply:
     ``values``: one per position, up to a failure; ``error``: the failure after them
     (the worker's exception with its frames: ``remote_traceback.RemoteError``), or None;
     ``exit_code``: set when the element function called ``sys.exit`` (the worker goes on);
-    ``side``: what a read counted on the worker (per-op statistics), or None.
+    ``side``: what a read counted on the worker (per-op statistics), or None; ``nbytes``:
+    what the reply took in transit, where the backend knows it (0: the engine measures the
+    values).
     """
 
     values: list[Any]
     error: remote_traceback.RemoteError | None = None
     exit_code: Any = None
     side: Any = None
+    nbytes: int = 0
 
 
 class WorkerLost(RuntimeError):
@@ -92,6 +95,13 @@ class WorkerLost(RuntimeError):
     def __init__(self, message: str, *, replaceable: bool) -> None:
         super().__init__(message)
         self.replaceable = replaceable
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a backend may raise it in a worker
+        return (_worker_lost, (type(self), str(self), self.replaceable))
+
+
+def _worker_lost(kind: type[WorkerLost], message: str, replaceable: bool) -> WorkerLost:
+    return kind(message, replaceable=replaceable)
 
 
 class WorkersLostError(RuntimeError):
@@ -105,13 +115,15 @@ class WorkersLostError(RuntimeError):
 class StageWork:
     """What the workers of one stage need: ``payload`` (the stage's work) and ``init`` (its
     ``worker_init_fn``, or None), each cloudpickled (:mod:`sending`), the stage's ``name``
-    (for messages) and a ``key`` that tells it from other stages' (a worker serving several
-    keeps each loaded under it). Picklable: a backend may send it as it is."""
+    (for messages), a ``key`` that tells it from other stages' (a worker serving several
+    keeps each loaded under it), and the ``workers`` it starts with. Picklable: a backend
+    may send it as it is."""
 
     name: str
     payload: bytes
     init: bytes
     key: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    workers: int = 1  # the workers the stage starts with (``configure`` may change it)
 
     def load(self, slot: int, count: int) -> LoadedWork:
         """On a worker: runs ``worker_init_fn(slot, count)`` (if any), then unpickles the
@@ -214,6 +226,33 @@ class StageWorkers(Protocol):
         ...
 
 
+class StageWorkersBase:
+    """What a :class:`StageWorkers` may also say or do, with the defaults the engine
+    assumes when it does not (subclass it to inherit them):
+
+    - ``slots``: the most workers the stage may use (None: as many as it asks for);
+    - ``describe(slot)``: the worker, as an error's note names it;
+    - ``wait_reply(slot, future)``: a backend whose replies arrive where the waiting thread
+      can read them (a pipe) completes ``future`` here, in the calling thread, instead of
+      from a thread of its own;
+    - ``interrupt()``: the stage is closing: stop what is busy (the waits then end).
+    """
+
+    calls_in_flight = 1
+    slots: int | None = None
+    worker_name = "worker"
+
+    def describe(self, slot: int) -> str:
+        return f"{self.worker_name} {slot}"
+
+    def wait_reply(self, slot: int, future: concurrent.futures.Future[Any]) -> None:
+        """Waits for ``future`` (completed by the backend's own thread)."""
+        concurrent.futures.wait([future])
+
+    def interrupt(self) -> None:
+        """Nothing to stop: the calls in flight finish and are dropped."""
+
+
 @runtime_checkable
 class RemoteBackend(Protocol):
     """A backend whose workers run a stage's tasks: pass one as
@@ -248,14 +287,18 @@ def describe_protocol() -> str:
 
 
 def pickled_work(
-    feed: Feed, worker_init_fn: Callable[[int, int], Any] | None, name: str, workers: str
+    feed: Feed,
+    worker_init_fn: Callable[[int, int], Any] | None,
+    name: str,
+    workers: str,
+    count: int = 1,
 ) -> StageWork:
     """What a remote worker needs of stage ``name``, cloudpickled (:mod:`sending`): a range
     feed's read and fn, or a stream feed's fn; and ``worker_init_fn``. A pickling error is
     re-raised as itself (Grain's type), with a note naming the stage and the fix."""
     work = RangeFeed(feed.read, 0, 0, feed.fn) if isinstance(feed, RangeFeed) else feed.fn  # type: ignore[attr-defined]
     try:
-        return StageWork(name, sending.dumps(work), sending.dumps(worker_init_fn))
+        payload, init = sending.dumps(work), sending.dumps(worker_init_fn)
     except Exception as error:
         error.add_note(
             f"gristmill: the pipeline of {name!r} cannot be sent to {workers}: {error}. Its "
@@ -264,6 +307,7 @@ def pickled_work(
             "and connections lazily in the worker"
         )
         raise
+    return StageWork(name, payload, init, workers=count)
 
 
 def capped_bound(policy: ChunkPolicy, per_worker_buffer_size: int, element_bytes: int) -> int:
@@ -385,8 +429,12 @@ class RemoteCore(Core):
             self._replied.notify_all()
 
     def stop_executor(self) -> None:
-        """At close (``closed`` set): the proxies waiting for a reply return."""
+        """At close (``closed`` set): the proxies waiting for a reply return (the
+        backend stops what is busy, where it can: ``interrupt``)."""
         self.wake()
+        interrupt = getattr(self._workers, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
 
     def bound(self) -> int:
         """Elements in flight (claimed, on a worker, travelling, or finished and not yet
@@ -400,10 +448,13 @@ class RemoteCore(Core):
         its elements is alive). Lock held."""
         return max(1, self.bound() // max(self.policy.workers, 1))
 
-    def _measured(self, values: list[Any]) -> None:
-        if not values:
+    def _measured(self, values: list[Any], size: int, transit: int) -> None:
+        """Records the bytes per element of a reply: what it took in transit where the
+        backend says (``TaskReply.nbytes``), else its values' bytes."""
+        if not values and not transit:
             return
-        per_element = -(-sum(nbytes(value) for value in values) // len(values))
+        total = transit or sum(nbytes(value) for value in values)
+        per_element = -(-total // max(len(values) if not transit else size, 1))
         if per_element > self._element_bytes:
             with self.lock:
                 self._element_bytes = max(self._element_bytes, per_element)
@@ -414,7 +465,8 @@ class RemoteCore(Core):
         held."""
         if self._started:
             return
-        work = pickled_work(self.feed, self._worker_init_fn, name, repr(self._backend))
+        where = str(getattr(self._backend, "workers_name", repr(self._backend)))
+        work = pickled_work(self.feed, self._worker_init_fn, name, where, max(1, count))
         self._workers = self._backend.open(work, self.wake)
         self._started = True
         self._name = name
@@ -423,8 +475,10 @@ class RemoteCore(Core):
         runtime.add_core(self)
 
     def _start_missing(self) -> None:
-        """Starts a proxy for each wanted slot that has none. Lock held."""
-        for slot in range(self._wanted):
+        """Starts a proxy for each wanted slot that has none (up to the backend's
+        ``slots``). Lock held."""
+        limit = getattr(self._workers, "slots", None)
+        for slot in range(self._wanted if limit is None else min(self._wanted, limit)):
             if slot in self._proxies:
                 continue
             thread = threading.Thread(
@@ -512,7 +566,7 @@ class RemoteCore(Core):
         while True:
             if call.failed is not None:
                 return closed if self.closed else Chunk(task.start, [], call.failed)
-            if not self._wait(call):
+            if not self._wait(workers, calls.slot, call):
                 return closed
             assert call.reply is not None
             try:
@@ -532,13 +586,17 @@ class RemoteCore(Core):
                 continue
             except Exception as error:  # the backend's own failure (shut down under us)
                 return closed if self.closed else Chunk(task.start, [], error)
-            return self._chunk(task, result, calls.slot)
+            return self._chunk(task, result, self._where(workers, calls.slot))
 
-    def _wait(self, call: _Call) -> bool:
-        """Waits for ``call``'s reply (woken by its future, or the close); False if the
-        stage closed."""
+    def _wait(self, workers: StageWorkers, slot: int, call: _Call) -> bool:
+        """Waits for ``call``'s reply (woken by its future, or the close; read by this
+        thread where the backend's replies come to it: ``wait_reply``); False if the stage
+        closed."""
         reply = call.reply
         assert reply is not None
+        wait_reply = getattr(workers, "wait_reply", None)
+        if wait_reply is not None and not reply.done():
+            wait_reply(slot, reply)
         with self.lock:
             self._replied.wait_for(lambda: reply.done() or self.closed)
             return not self.closed
@@ -554,8 +612,13 @@ class RemoteCore(Core):
         error: WorkersLostError = kind(message)
         return error
 
-    def _chunk(self, task: Task, reply: TaskReply, slot: int) -> Chunk:
-        where = f"{_worker_name(self._backend)} {slot}"
+    def _where(self, workers: StageWorkers, slot: int) -> str:
+        describe = getattr(workers, "describe", None)
+        return (
+            str(describe(slot)) if describe is not None else f"{_worker_name(self._backend)} {slot}"
+        )
+
+    def _chunk(self, task: Task, reply: TaskReply, where: str) -> Chunk:
         if reply.exit_code is not None:
             return Chunk(
                 task.start,
@@ -565,7 +628,7 @@ class RemoteCore(Core):
                     "worker is kept, the stage stops"
                 ),
             )
-        self._measured(reply.values)
+        self._measured(reply.values, task.size, reply.nbytes)
         if reply.side is not None:  # what the worker's read counted: per-op statistics
             merge = getattr(self.feed, "merge_side_counts", None)
             if merge is not None:
@@ -577,11 +640,11 @@ class RemoteCore(Core):
         return task.chunk(reply.values, error)
 
     def after_threads_joined(self) -> None:
-        """Lets the backend drop what its workers hold of the stage."""
+        """Lets the backend release its workers (it knows which are idle) and drop what
+        they hold of the stage."""
         with self.lock:
-            done = all(not thread.is_alive() for thread in self._proxies.values())
             workers = self._workers
-        if done and workers is not None:
+        if workers is not None:
             workers.close()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 
 HANDOFF_S = 30e-6
 """Measured cost of one thread hand-off on CPython 3.11 (2-core VM), with margin."""
@@ -115,7 +116,7 @@ class ChunkPolicy:
         self._call_waits: collections.deque[float] = collections.deque(maxlen=_WINDOW)
         self.handoff_s = handoff_s if call_s is None else handoff_s + call_s
         """What one hand-off to the executor costs (a worker process costs ~10x a thread);
-        with ``call_s``, the mean of the calls' measured waits once there are some."""
+        with ``call_s``, the median of the calls' measured waits once there are some."""
         self.cost_sized_offload = cost_sized_offload
         """With ``always_offload``: size tasks from the measured cost (a process pool) rather
         than a fixed quarter of the buffer (an event loop)."""
@@ -154,15 +155,18 @@ class ChunkPolicy:
         idle machine the ``call_s`` round trip, but on a machine whose cores the workers
         keep busy each of the several thread wake-ups of a round trip (the pool's, the
         stage's, the worker's) waits for a core, and a call costs several times more
-        (``pipeline_process_transform`` in benchmarks/README.md). The mean, not the
-        minimum: every call pays its wait, so the mean is what the calls' size amortises.
+        (``pipeline_process_transform`` in benchmarks/README.md). The median of the last
+        ``_WINDOW`` waits, not their minimum (every call pays its wait: the typical one is
+        what the calls' size amortises) nor their mean (a rare long wait, the caller's
+        process descheduled for another's time slice, is no per-call cost that larger
+        calls would save).
         """
         if elements:
             self._costs.append(seconds / elements)
         if worker_wait_s is not None and self.call_s is not None:
             waits = self._call_waits
             waits.append(worker_wait_s)
-            self.handoff_s = self._thread_handoff_s + sum(waits) / len(waits)
+            self.handoff_s = self._thread_handoff_s + statistics.median(waits)
 
     @property
     def cost(self) -> float | None:

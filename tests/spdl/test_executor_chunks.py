@@ -6,6 +6,7 @@ fail and how failures count are those of one call per item."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import multiprocessing
 import threading
@@ -48,15 +49,23 @@ class CountingThreads(Counting, concurrent.futures.ThreadPoolExecutor):
     pass
 
 
+@contextlib.contextmanager
+def started(kind, threads, processes):
+    """A pool of 2 (``threads`` or ``processes``, by ``kind``) whose workers started here,
+    not from a pipeline thread, with no call counted."""
+    if kind == "threads":
+        executor = threads(2)
+    else:
+        executor = processes(2, mp_context=multiprocessing.get_context("fork"))
+    with executor:
+        executor.submit(int).result()
+        executor.calls = 0
+        yield executor
+
+
 @pytest.fixture(params=["processes", "threads"])
 def pool(request):
-    if request.param == "threads":
-        executor = CountingThreads(2)
-    else:
-        executor = CountingProcesses(2, mp_context=multiprocessing.get_context("fork"))
-    with executor:
-        executor.submit(int).result()  # forks the workers here, not from a pipeline thread
-        executor.calls = 0
+    with started(request.param, CountingThreads, CountingProcesses) as executor:
         yield executor
 
 
@@ -187,13 +196,7 @@ def test_calls_grow_to_amortise_the_wait_the_workers_measure(kind):
     # few items, the workers idle most of the time. The wait measured in the workers
     # sizes the calls instead.
     n = 400
-    if kind == "threads":
-        executor = SlowHandoffThreads(2)
-    else:
-        executor = SlowHandoffProcesses(2, mp_context=multiprocessing.get_context("fork"))
-    with executor:
-        executor.submit(int).result()  # starts the workers here, not from a pipeline thread
-        executor.calls = 0
+    with started(kind, SlowHandoffThreads, SlowHandoffProcesses) as executor:
         pipeline = (
             PipelineBuilder()
             .add_source(range(n))

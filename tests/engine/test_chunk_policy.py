@@ -34,3 +34,24 @@ def test_the_first_round_of_tasks_holds_one_element_each():
     assert policy.thread_chunk() == 4  # 64 hand-offs of 30 us a 2 ms round: a quarter of the GIL
     policy.configure(8, 500)
     assert policy.thread_chunk() == 1
+
+
+def test_calls_to_an_executor_amortise_the_wait_its_workers_measure():
+    # A call costs 0.3 ms besides its work until measured: 0.5 ms items go 14 a call. A
+    # worker that then waits 2 ms between its calls (busy cores) gets calls of 2 ms / 5 %
+    # of work: 82 items; back to 0.3 ms waits, back to 14.
+    policy = ChunkPolicy(2, 4, call_s=0.3e-3)
+    policy.record(10, 5e-3)
+    assert policy.thread_chunk() == 14
+    for _ in range(16):
+        policy.record(80, 40e-3, worker_wait_s=2e-3)
+    assert policy.thread_chunk() == 82  # (30 us + 2 ms) / (5 % of 0.5 ms), rounded up
+    for _ in range(16):
+        policy.record(14, 7e-3, worker_wait_s=0.3e-3)
+    assert policy.thread_chunk() == 14
+
+
+def test_a_stage_without_calls_ignores_worker_waits():
+    policy = ChunkPolicy(2, 4)
+    policy.record(10, 5e-3, worker_wait_s=2e-3)
+    assert policy.handoff_s == ChunkPolicy(2, 4).handoff_s

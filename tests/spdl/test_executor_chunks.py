@@ -6,8 +6,11 @@ fail and how failures count are those of one call per item."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import functools
 import multiprocessing
 import threading
+import time
 
 import pytest
 
@@ -46,15 +49,23 @@ class CountingThreads(Counting, concurrent.futures.ThreadPoolExecutor):
     pass
 
 
+@contextlib.contextmanager
+def started(kind, threads, processes):
+    """A pool of 2 (``threads`` or ``processes``, by ``kind``) whose workers started here,
+    not from a pipeline thread, with no call counted."""
+    if kind == "threads":
+        executor = threads(2)
+    else:
+        executor = processes(2, mp_context=multiprocessing.get_context("fork"))
+    with executor:
+        executor.submit(int).result()
+        executor.calls = 0
+        yield executor
+
+
 @pytest.fixture(params=["processes", "threads"])
 def pool(request):
-    if request.param == "threads":
-        executor = CountingThreads(2)
-    else:
-        executor = CountingProcesses(2, mp_context=multiprocessing.get_context("fork"))
-    with executor:
-        executor.submit(int).result()  # forks the workers here, not from a pipeline thread
-        executor.calls = 0
+    with started(request.param, CountingThreads, CountingProcesses) as executor:
         yield executor
 
 
@@ -145,3 +156,58 @@ def test_a_result_that_does_not_pickle_fails_its_item_only():
     assert got == [x + 1 for x in range(N) if x != 5]
     # the call that held item 5 is run again one item a call, so that only item 5 fails
     assert calls <= FEWER_CALLS + 256, f"{calls} calls for {N} items"
+
+
+HANDOFF_WAIT_S = 0.02
+"""What each call of a :class:`SlowHandoff` executor waits in its worker before it runs."""
+
+
+def _after_handoff(fn, /, *args, **kwargs):
+    time.sleep(HANDOFF_WAIT_S)
+    return fn(*args, **kwargs)
+
+
+class SlowHandoff(Counting):
+    """An executor whose every call waits in its worker before it runs: a round trip that
+    costs far more than the executor's kind suggests (worker processes on cores that other
+    work keeps busy, a remote executor)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(functools.partial(_after_handoff, fn), *args, **kwargs)
+
+
+class SlowHandoffProcesses(SlowHandoff, concurrent.futures.ProcessPoolExecutor):
+    pass
+
+
+class SlowHandoffThreads(SlowHandoff, concurrent.futures.ThreadPoolExecutor):
+    pass
+
+
+def half_ms_plus_one(x):
+    time.sleep(0.0005)
+    return x + 1
+
+
+@pytest.mark.parametrize("kind", ["processes", "threads"])
+def test_calls_grow_to_amortise_the_wait_the_workers_measure(kind):
+    # Sized from the executor's kind alone (a thread hand-off, ~30 us; a process round
+    # trip, ~300 us), a call would carry a few 0.5 ms items and wait 20 ms: one call per
+    # few items, the workers idle most of the time. The wait measured in the workers
+    # sizes the calls instead.
+    n = 400
+    with started(kind, SlowHandoffThreads, SlowHandoffProcesses) as executor:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(n))
+            .pipe(half_ms_plus_one, executor=executor, concurrency=2, output_order="input")
+            .add_sink(3)
+            .build(num_threads=2)
+        )
+        try:
+            got = list(pipeline)
+        finally:
+            pipeline.stop()
+        calls = executor.calls
+    assert got == [x + 1 for x in range(n)]
+    assert calls <= n // 20, f"{calls} calls for {n} items"

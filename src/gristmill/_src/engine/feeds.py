@@ -30,8 +30,8 @@ class Chunk:
 
     ``keys``, when a front end tracks what each element stands for (a pipeline's source
     positions), holds one key per value (a ``range`` for consecutive positions); stages
-    that map values one to one pass them on unchanged. ``work_s``, when the elements ran
-    in one call to another process, is what their work took there (the chunk policy sizes
+    that map values one to one pass them on unchanged. ``call``, when the elements ran
+    in one call to another process, is how that call went there (the chunk policy sizes
     tasks from it: the task's time here also holds the call's round trip).
     """
 
@@ -39,11 +39,26 @@ class Chunk:
     values: list[Any]
     error: BaseException | None = None
     keys: Sequence[Any] | None = None
-    work_s: float | None = None
+    call: CallTiming | None = None
 
     @property
     def error_index(self) -> int:
         return self.start + len(self.values)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallTiming:
+    """How one call that ran a task's elements elsewhere (a user's executor) went, measured
+    where it ran."""
+
+    work_s: float
+    """What the elements' work took there."""
+    worker_wait_s: float | None
+    """How long the worker that ran it had waited for it since its previous call: what
+    each call costs that worker besides its work (the round trip of a result and the next
+    call, through the threads of both processes). At most this call's own round trip (the
+    caller's time for it less ``work_s``), so a worker left idle because nothing was asked
+    of it (a consumer away) does not count. None for a worker's first call."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -153,26 +168,26 @@ def run_chunk(read: ReadFn, start: int, stop: int) -> Chunk:
     return Chunk(start, values)  # the failure did not repeat element-wise
 
 
-ChunkFn = Callable[[list[Any], list[Any]], float | None]
+ChunkFn = Callable[[list[Any], list[Any]], CallTiming | None]
 """``chunk_fn(inputs, outputs)`` appends one output per input to ``outputs`` (so that the
-outputs before a failure survive it); it returns what the work took where it ran, when
-that was one call to another process (``Chunk.work_s``), else None."""
+outputs before a failure survive it); it returns how the call went where the work ran,
+when that was one call to another process (``Chunk.call``), else None."""
 
 
 def apply(fn: Callable[[Any], Any], task: Task, chunk_fn: ChunkFn | None = None) -> Chunk:
     """``fn`` over the task's inputs, each called once (or ``chunk_fn`` over all of them);
     stops at the first failure."""
     values: list[Any] = []
-    work_s = None
+    call = None
     try:
         if chunk_fn is not None:
-            work_s = chunk_fn(task.inputs or [], values)
+            call = chunk_fn(task.inputs or [], values)
         else:
             values.extend(map(fn, task.inputs or ()))  # keeps the values before a failure
     except Exception as e:
         return task.chunk(values, e)
     chunk = task.chunk(values, task.upstream_error)
-    chunk.work_s = work_s
+    chunk.call = call
     return chunk
 
 

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.feeds import (
+    CallTiming,
     Chunk,
     FailedInput,
     Feed,
@@ -54,6 +55,15 @@ _JOIN_TIMEOUT_S = 1.0
 _ANY = -2  # `waiting_for` in completion order: any finished task wakes the consumer
 
 Claimed = tuple[int, int, Task]  # (generation, sequence number, task)
+
+
+def record_task(policy: ChunkPolicy, size: int, elapsed: float, call: CallTiming | None) -> None:
+    """Tells ``policy`` what a task of ``size`` elements took: ``elapsed`` here, or, when it
+    was one call that ran elsewhere, that call's work there and its worker's wait."""
+    if call is None:
+        policy.record(size, elapsed)
+    else:
+        policy.record(size, call.work_s, worker_wait_s=call.worker_wait_s)
 
 
 class RunnerClosedError(RuntimeError):
@@ -177,7 +187,7 @@ class Core:
         generation, seq, task = claimed
         with self.lock:
             self.counters.task_done(task.size, elapsed)
-            self.policy.record(task.size, elapsed if chunk.work_s is None else chunk.work_s)
+            record_task(self.policy, task.size, elapsed, chunk.call)
             if not self.closed and self.window.file(generation, seq, task, chunk):
                 # Blocked on output: computed results alone fill the buffer.
                 self.counters.set_full(
@@ -489,7 +499,7 @@ class ChunkRunner:
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
         counters.delivered(len(chunk.values), task.size)
-        self._policy.record(task.size, elapsed if chunk.work_s is None else chunk.work_s)
+        record_task(self._policy, task.size, elapsed, chunk.call)
         if probe:  # after the policy's first measurement: the guess consults it
             tuner.probed(cpu, elapsed)  # type: ignore[union-attr]
         if self._policy.threads_pay_after_warmup():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
+import statistics
 
 HANDOFF_S = 30e-6
 """Measured cost of one thread hand-off on CPython 3.11 (2-core VM), with margin."""
@@ -105,13 +106,17 @@ class ChunkPolicy:
         """Never inline: the work needs the executor (an event loop for async functions)."""
         self.call_s = call_s
         """Each task on the workers is one call to a user's executor that costs this much
-        besides its work (a ``ProcessPoolExecutor``'s round trip): tasks are sized to
-        amortise it as a hand-off, always on the workers (the work runs elsewhere: a
-        worker thread only waits for it), up to ``MAX_CALL_CHUNK`` elements, and the bound
-        on elements in flight grows with them (:meth:`bound`): ``buffer_size`` counts one
-        element a call. None: no such calls."""
+        besides its work (a ``ProcessPoolExecutor``'s round trip), until the calls measure
+        it (:meth:`record`'s ``worker_wait_s``): tasks are sized to amortise it as a
+        hand-off, always on the workers (the work runs elsewhere: a worker thread only
+        waits for it), up to ``MAX_CALL_CHUNK`` elements, and the bound on elements in
+        flight grows with them (:meth:`bound`): ``buffer_size`` counts one element a call.
+        None: no such calls."""
+        self._thread_handoff_s = handoff_s
+        self._call_waits: collections.deque[float] = collections.deque(maxlen=_WINDOW)
         self.handoff_s = handoff_s if call_s is None else handoff_s + call_s
-        """What one hand-off to the executor costs (a worker process costs ~10x a thread)."""
+        """What one hand-off to the executor costs (a worker process costs ~10x a thread);
+        with ``call_s``, the median of the calls' measured waits once there are some."""
         self.cost_sized_offload = cost_sized_offload
         """With ``always_offload``: size tasks from the measured cost (a process pool) rather
         than a fixed quarter of the buffer (an event loop)."""
@@ -142,9 +147,26 @@ class ChunkPolicy:
             cap = min(MAX_INLINE_CHUNK, buffer_size)
         self.inline_chunk_cap = max(1, cap)
 
-    def record(self, elements: int, seconds: float) -> None:
+    def record(self, elements: int, seconds: float, *, worker_wait_s: float | None = None) -> None:
+        """One task: ``elements`` took ``seconds`` of work; ``worker_wait_s`` (with
+        ``call_s``): how long the executor's worker that ran the call had waited for it.
+
+        That wait is what a call costs besides its work, measured where it is paid: on an
+        idle machine the ``call_s`` round trip, but on a machine whose cores the workers
+        keep busy each of the several thread wake-ups of a round trip (the pool's, the
+        stage's, the worker's) waits for a core, and a call costs several times more
+        (``pipeline_process_transform`` in benchmarks/README.md). The median of the last
+        ``_WINDOW`` waits, not their minimum (every call pays its wait: the typical one is
+        what the calls' size amortises) nor their mean (a rare long wait, the caller's
+        process descheduled for another's time slice, is no per-call cost that larger
+        calls would save).
+        """
         if elements:
             self._costs.append(seconds / elements)
+        if worker_wait_s is not None and self.call_s is not None:
+            waits = self._call_waits
+            waits.append(worker_wait_s)
+            self.handoff_s = self._thread_handoff_s + statistics.median(waits)
 
     @property
     def cost(self) -> float | None:

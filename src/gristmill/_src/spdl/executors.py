@@ -9,7 +9,9 @@ On a ``ProcessPoolExecutor`` or a ``ThreadPoolExecutor`` one call carries severa
 (:func:`call_cost_s`: ~300 µs between processes), which one item of a few milliseconds or
 less would not amortise (a worker would wait for its next item for longer than it works).
 The stage's chunk policy sizes the calls from the items' cost measured where they run
-(``ChunkPolicy.call_s``); each item still succeeds or fails alone, as in a call of its own.
+and from how long a worker waits between its calls (``ChunkPolicy.call_s``, then
+:class:`~gristmill._src.engine.feeds.CallTiming`); each item still succeeds or fails alone,
+as in a call of its own.
 On a ``ProcessPoolExecutor``:
 
 - a generator op's outputs are made into a list in the worker (nothing streams between
@@ -47,6 +49,7 @@ from typing import Any
 
 from gristmill._src.engine import exits, remote, remote_traceback
 from gristmill._src.engine.backends import PROCESS_HANDOFF_S
+from gristmill._src.engine.feeds import CallTiming
 from gristmill._src.engine.policy import HANDOFF_S
 from gristmill._src.engine.sending import ByValue
 
@@ -149,18 +152,27 @@ class ItemFailure:
     error: Exception
 
 
-def apply_chunk(target: Callable[[Any], Any], items: list[Any]) -> tuple[list[Any], float]:
+_worker = threading.local()  # in an executor's worker: when its last apply_chunk ended
+
+
+def apply_chunk(
+    target: Callable[[Any], Any], items: list[Any]
+) -> tuple[list[Any], float, float | None]:
     """In the executor's worker: ``target`` over ``items`` in one call. Returns a result or
     an :class:`ItemFailure` per item (an item's failure does not stop the ones after it,
-    as separate calls would not) and the seconds the calls took there."""
+    as separate calls would not), the seconds the calls took there, and the seconds this
+    worker (process or thread) had waited since its previous call ended (None for its
+    first)."""
     began = time.perf_counter()
+    previous_end: float | None = getattr(_worker, "ended", None)
     results: list[Any] = []
     for item in items:
         try:
             results.append(target(item))
         except Exception as error:
             results.append(ItemFailure(error))
-    return results, time.perf_counter() - began
+    _worker.ended = ended = time.perf_counter()
+    return results, ended - began, None if previous_end is None else began - previous_end
 
 
 def call_cost_s(executor: Any) -> float | None:
@@ -213,17 +225,18 @@ class ExecutorCall:
     def __call__(self, item: Any) -> Any:
         return self._result(self._target, item)
 
-    def map(self, items: list[Any]) -> tuple[list[Any], float | None]:
+    def map(self, items: list[Any]) -> tuple[list[Any], CallTiming | None]:
         """``op`` over ``items`` in one call: a result or an :class:`ItemFailure` (holding
-        the error that calling it alone raises) per item, and the seconds the calls took in
-        the worker (None when that is unknown).
+        the error that calling it alone raises) per item, and how the call went in the
+        worker (None when that is unknown).
 
         Raises:
           BrokenExecutorError: the executor cannot run calls (nothing of this call came
             back: which item its worker died on is unknown; the error says so).
         """
+        began = time.perf_counter()
         try:
-            results, work_s = self._result(self._chunk_target, items)
+            results, work_s, idle_s = self._result(self._chunk_target, items)
         except BrokenExecutorError as error:
             if len(items) > 1:
                 error.add_note(
@@ -236,10 +249,15 @@ class ExecutorCall:
             # The call failed as a whole, not an item (an item or a result that does not
             # pickle): one call per item, so that each fails, or not, as it would alone.
             return [self._outcome(item) for item in items], None
+        round_trip = time.perf_counter() - began - work_s
         for result in results:
             if type(result) is ItemFailure:
                 _from_worker(result.error)
-        return results, work_s
+        # The worker's wait counts up to this call's round trip: longer, it was idle
+        # because this stage asked nothing of it (its consumer was away), which larger
+        # calls would not save.
+        waited = None if idle_s is None else max(0.0, min(idle_s, round_trip))
+        return results, CallTiming(work_s, waited)
 
     def _outcome(self, item: Any) -> Any:
         try:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from gristmill._src.engine.feeds import ChunkFn
+from gristmill._src.engine.feeds import CallTiming, ChunkFn
 from gristmill._src.engine.markers import EPOCH_END, SKIP, Expand
 from gristmill._src.engine.stage_spec import OpKind
 from gristmill._src.spdl.executors import (
@@ -299,10 +299,10 @@ def _calls_function(
     """The task function that sends a task's plain values to the executor in one call."""
     call_many, marked = calls.map, _MARKED
 
-    def run_calls(inputs: list[Any], outputs: list[Any]) -> float | None:
+    def run_calls(inputs: list[Any], outputs: list[Any]) -> CallTiming | None:
         # the plain values in one call; markers and keyed items as `run` takes them
         values = [x for x in inputs if type(x) not in marked]
-        results, work_s = call_many(values) if values else ([], None)
+        results, timing = call_many(values) if values else ([], None)
         append, next_result = outputs.append, iter(results).__next__
         for x in inputs:
             if type(x) in marked:
@@ -312,7 +312,7 @@ def _calls_function(
             if type(result) is ItemFailure:
                 result = failed(result.error)
             append(SKIP if result is None else result)
-        return work_s
+        return timing
 
     return run_calls
 

@@ -76,6 +76,5 @@ def check_region_backend(target: Any) -> None:
         )
     if workers < 1:
         raise ValueError(
-            f"num_workers of a region backend must be >= 1, got {workers} "
-            f"({type(target).__name__})"
+            f"num_workers of a region backend must be >= 1, got {workers} ({type(target).__name__})"
         )

@@ -44,8 +44,8 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.remote_traceback import RemoteError, note_origin
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl import region_worker
-from gristmill._src.spdl.region_protocol import is_region_backend
 from gristmill._src.spdl.merged import MergedOutput
+from gristmill._src.spdl.region_protocol import is_region_backend
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
 from gristmill._src.spdl.tracking import Batch, DeliveredOutputs, Keyed, path_of
 

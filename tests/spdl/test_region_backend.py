@@ -232,3 +232,37 @@ def test_to_refuses_what_runs_no_region_and_names_what_to_implement(target):
 def test_a_region_backend_with_bad_num_workers_is_refused_at_to(workers, error, match):
     with pytest.raises(error, match=match):
         PipelineBuilder().add_source(range(3)).to(ThreadRegions(workers))
+
+
+def test_continuous_epochs_through_a_backend_of_ones_own_do_not_mix():
+    backend = ThreadRegions(2)
+    builder = PipelineBuilder().add_source(range(10), continuous=True).to(backend)
+    pipeline = builder.pipe(square).to(defs.MAIN_PROCESS).add_sink(3).build(num_threads=2)
+    with pipeline.auto_stop():
+        epochs = [sorted(pipeline.get_iterator()) for _ in range(3)]
+    assert epochs == [[x * x for x in range(10)]] * 3
+
+
+@pytest.mark.parametrize("cut", [0, 7])
+def test_a_state_taken_on_a_backend_of_ones_own_resumes_with_exactly_the_rest(cut):
+    first = build(ThreadRegions(2), n=40)
+    head = [first.get_item(timeout=30) for _ in range(cut)]
+    state = first.get_state()
+    first.stop()
+    second = build(PROCESSES, n=40)
+    second.set_state(state)  # taken on the backend's threads, restored on processes
+    with second.auto_stop():
+        assert sorted(head + list(second)) == [x * x for x in range(40)]
+
+
+def test_stages_that_do_not_pickle_fail_the_region_and_open_nothing():
+    backend = ThreadRegions(2)
+    lock = threading.Lock()
+    pipeline = build(backend, op=lambda x: (lock, x)[1])
+    with pytest.raises(PipelineFailure) as info, pipeline.auto_stop():
+        list(pipeline)
+    (error,) = info.value.exceptions
+    assert isinstance(error, TypeError)
+    assert "could not send the stages of" in str(error)
+    assert "ThreadRegions" in str(error)
+    assert backend.jobs == []

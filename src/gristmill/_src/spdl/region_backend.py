@@ -70,24 +70,19 @@ _WAKE = object()  # closing the region: the collector returns
 
 
 class RegionReplies:
-    """Where a backend puts what a region's workers send (callable from any thread)."""
+    """Where a backend puts what a region's workers send (callable from any thread); the
+    region's collector takes them from ``inbox`` in order."""
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    def __init__(self, inbox: queue.SimpleQueue[Any]) -> None:
+        self._inbox = inbox
 
     def put(self, index: int, message: Any) -> None:
         """A message worker ``index``'s job sent (each worker's in the order it sent them)."""
-        self._queue.put((index, message))
+        self._inbox.put((index, message))
 
     def lost(self, index: int, error: BaseException) -> None:
         """Worker ``index`` is gone before its job returned: the region fails, naming it."""
-        self._queue.put((index, _Lost(error)))
-
-    def _wake(self) -> None:
-        self._queue.put(_WAKE)
-
-    def _get(self) -> Any:
-        return self._queue.get()
+        self._inbox.put((index, _Lost(error)))
 
 
 class BackendWorkers:
@@ -100,9 +95,8 @@ class BackendWorkers:
         self._name = name
         self.count = backend.num_workers
         self.worker_kind = str(getattr(backend, "worker_name", "region worker"))
-        self._replies = RegionReplies()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (index, message), _WAKE
         self._channels: RegionChannels | None = None
-        self._closed = False
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Opens the region on the backend; TypeError if its stages do not pickle."""
@@ -120,7 +114,7 @@ class BackendWorkers:
         job = RegionJob(
             self._name, self.count, payload, max_failures, interval, delivered, buffer_size
         )
-        self._channels = self._backend.open_region(job, self._replies)
+        self._channels = self._backend.open_region(job, RegionReplies(self._inbox))
 
     def send(self, index: int, message: Any) -> bool:
         """Hands worker ``index`` a message; False if the backend could not."""
@@ -136,7 +130,7 @@ class BackendWorkers:
         """The collector: hands each worker's messages, or its loss, to ``region`` until
         every worker finished or the region closed."""
         while region.watched():
-            got = self._replies._get()
+            got = self._inbox.get()
             if got is _WAKE:
                 return
             index, message = got
@@ -157,7 +151,7 @@ class BackendWorkers:
     def stop_busy(self, clean: set[int]) -> None:
         """At close: wakes the collector and closes the channels (a job still running
         reads EOFError and ends)."""
-        self._replies._wake()
+        self._inbox.put(_WAKE)
         channels, self._channels = self._channels, None
         if channels is not None:
             channels.close()

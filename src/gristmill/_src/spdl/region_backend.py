@@ -27,6 +27,20 @@ if TYPE_CHECKING:
     from gristmill._src.spdl.regions import RegionStream
 
 
+def pickled_stages(span: tuple[Any, ...], name: str, workers: str) -> bytes:
+    """A region's work for workers that start no initializer of gristmill's (a backend's):
+    ``(span, None, ())`` cloudpickled; TypeError naming the region, the workers and the fix."""
+    try:
+        return sending.dumps((span, None, ()))
+    except Exception as error:
+        raise TypeError(
+            f"could not send the stages of {name} to {workers}: {error}. They are pickled "
+            "(with cloudpickle: lambdas and local functions are fine): keep locks, open "
+            "files, generators and other unpicklable objects out of their ops, creating "
+            "them in the op on first use"
+        ) from error
+
+
 @dataclasses.dataclass(frozen=True)
 class RegionJob:
     """What each worker of a region runs: picklable, so a backend may send it as it is.
@@ -101,16 +115,7 @@ class BackendWorkers:
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Opens the region on the backend; TypeError if its stages do not pickle."""
         max_failures, interval, delivered, buffer_size = options
-        try:
-            payload = sending.dumps((span, None, ()))
-        except Exception as error:
-            raise TypeError(
-                f"could not send the stages of {self._name} to the workers of "
-                f"{type(self._backend).__name__}: {error}. They are pickled (with "
-                "cloudpickle: lambdas and local functions are fine): keep locks, open files, "
-                "generators and other unpicklable objects out of their ops, creating them in "
-                "the op on first use"
-            ) from error
+        payload = pickled_stages(span, self._name, f"the workers of {type(self._backend).__name__}")
         job = RegionJob(
             self._name, self.count, payload, max_failures, interval, delivered, buffer_size
         )

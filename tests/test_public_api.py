@@ -82,6 +82,10 @@ EXPECTED = {
     "gristmill.ray": ["RayBackend", "ActorsLostError", "BackendShutDownError"],
     "gristmill.backends": [
         "LoadedWork",
+        "RegionBackend",
+        "RegionChannels",
+        "RegionJob",
+        "RegionReplies",
         "RemoteBackend",
         "StageWork",
         "StageWorkers",

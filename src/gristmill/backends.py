@@ -7,6 +7,11 @@ backend=...)``, ``DataLoader(..., backend=...)`` and, in the SPDL dialect,
 what is in flight and the retries; a backend only opens workers for a stage's
 :class:`StageWork` and runs each :class:`TaskRequest` there with :func:`run_task`, answering
 through a ``concurrent.futures.Future`` (:class:`WorkerLost` when a worker is gone).
+
+The region half: a backend that runs SPDL ``to(backend)`` regions implements
+:class:`RegionBackend`: it starts a region's :class:`RegionJob` on each of its workers with a
+duplex channel, carries what the region sends (:class:`RegionChannels`) and puts what the
+workers send in the region's :class:`RegionReplies`.
 """
 
 from gristmill._src.engine.remote import (
@@ -22,10 +27,16 @@ from gristmill._src.engine.remote import (
     run_task,
 )
 from gristmill._src.public import export as _export
+from gristmill._src.spdl.region_backend import RegionJob, RegionReplies
+from gristmill._src.spdl.region_protocol import RegionBackend, RegionChannels
 
 _export(
     "gristmill.backends",
     LoadedWork,
+    RegionBackend,
+    RegionChannels,
+    RegionJob,
+    RegionReplies,
     RemoteBackend,
     StageWork,
     StageWorkers,
@@ -39,6 +50,10 @@ _export(
 
 __all__ = [
     "LoadedWork",
+    "RegionBackend",
+    "RegionChannels",
+    "RegionJob",
+    "RegionReplies",
     "RemoteBackend",
     "StageWork",
     "StageWorkers",

@@ -56,9 +56,10 @@ class PoolActor:
 
     # -- to() regions (called in the REGION_GROUP / PULL_GROUP concurrency groups) ----------
 
-    def region_open(self, key: str, work: bytes, index: int, options: tuple[Any, ...]) -> None:
-        """Starts this actor's job of region ``key`` (``region_jobs``)."""
-        self._regions.open(key, index, work, options)
+    def region_open(self, key: str, job: Any, index: int) -> None:
+        """Starts this actor's job of region ``key``: worker ``index``'s
+        ``gristmill.backends.RegionJob`` (``region_jobs``)."""
+        self._regions.open(key, index, job)
 
     def region_push(self, key: str, number: int, message: tuple[Any, ...]) -> None:
         self._regions.push(key, number, message)

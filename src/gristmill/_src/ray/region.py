@@ -27,10 +27,10 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from gristmill._src.engine import sending
 from gristmill._src.ray import import_ray, start_notice
 from gristmill._src.ray.pool import on_reply
 from gristmill._src.ray.region_jobs import PULL_GROUP, REGION_GROUP
+from gristmill._src.spdl.region_backend import RegionJob, pickled_stages
 
 if TYPE_CHECKING:
     from gristmill._src.ray.backend import RayBackend
@@ -64,31 +64,21 @@ class RayWorkers:
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
         """Puts the stages in the object store and opens the region's job on every actor."""
         max_failures, interval, delivered, buffer_size = options
-        try:
-            payload = sending.dumps((span, None, ()))
-        except Exception as error:
-            raise TypeError(
-                f"could not send the stages of {self._name} to the Ray actors: {error}. "
-                "They are pickled (with cloudpickle: lambdas and local functions are fine): "
-                "keep locks, open files, generators and other unpicklable objects out of "
-                "their ops, creating them in the op on first use"
-            ) from error
+        payload = pickled_stages(span, self._name, "the Ray actors")
+        job = RegionJob(
+            self._name, self.count, payload, max_failures, interval, delivered, buffer_size
+        )
         self._era = self._pool.era
         self._pool.start_region(self._name)
         with self._woken:
             self._counted = True
         self._pool.watch(self)
         with self._pool.calling(self._era, self._name, starting=True) as ray:
-            work = ray.put(payload)
+            work = ray.put(job)
             for slot in range(self.count):
                 self._pool.acquire(slot, self._holder)
                 actor, _ = self._pool.current(slot)
-                self._call(actor.region_open).remote(
-                    self._key,
-                    work,
-                    slot,
-                    (max_failures, self._name, interval, delivered, buffer_size),
-                )
+                self._call(actor.region_open).remote(self._key, work, slot)
                 self._actors.append(actor)
 
     @staticmethod

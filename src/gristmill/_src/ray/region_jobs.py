@@ -1,7 +1,8 @@
 """``to(RayBackend)`` regions on an actor: each region's span runs as a job of its own.
 
-A region job is ``region_worker.run_region`` — the very job a region's worker process runs —
-on a thread of the actor, speaking over a :class:`QueueConn` instead of a pipe: the region's
+A region job is ``RegionJob.run`` (``region_worker.run_region``, the very job a region's
+worker process runs, as a backend of one's own runs it: ``gristmill.backends.RegionJob``) on
+a thread of the actor, speaking over a :class:`QueueConn` instead of a pipe: the region's
 main process *pushes* its messages into the job's inbox (``region_push``) and *pulls* what
 the job sent (``region_pull``, which returns once the job sent something, or ended). The
 actor runs these calls in concurrency groups of their own, beside the stage tasks (``run``,
@@ -18,7 +19,6 @@ import threading
 from typing import Any
 
 from gristmill._src.engine import messages
-from gristmill._src.spdl import region_worker
 
 REGION_GROUP = "gristmill-region"
 """The actor's concurrency group for a region's opens, pushes and closes."""
@@ -99,17 +99,16 @@ class RegionJobs:
                 conn = self._jobs[key] = QueueConn()
             return conn
 
-    def open(self, key: str, index: int, work: bytes, options: tuple[Any, ...]) -> None:
-        """Starts worker ``index``'s job of region ``key`` (``options``: ``(max_failures,
-        name, report_stats_interval, delivered, buffer_size)``)."""
+    def open(self, key: str, index: int, job: Any) -> None:
+        """Starts worker ``index``'s job of region ``key``: ``job.run(index, conn)`` (a
+        ``gristmill.backends.RegionJob``, as a backend of one's own runs it)."""
         conn = self._conn(key)
         if conn is None:  # closed already
             return
-        max_failures, name, interval, delivered, buffer_size = options
         thread = threading.Thread(
-            target=region_worker.run_region,
-            args=(conn, index, work, max_failures, name, None, interval, delivered, buffer_size),
-            name=f"gristmill[{name}]-region-{index}",
+            target=job.run,
+            args=(index, conn),
+            name=f"gristmill[{job.name}]-region-{index}",
             daemon=True,
         )
         thread.start()

@@ -19,6 +19,11 @@ from gristmill._src.engine.stage_spec import OpKind, function_kind
 from gristmill._src.engine.tuner import available_cores
 from gristmill._src.spdl import config_repr
 from gristmill._src.spdl.executors import check_executor, runs_regions
+from gristmill._src.spdl.region_protocol import (
+    check_region_backend,
+    describe_region_protocol,
+    is_region_backend,
+)
 
 OUTPUT_ORDERS = ("completion", "input")
 
@@ -439,9 +444,11 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
     if not isinstance(target, (ExecutorConfig, _MainProcess)) and not runs_regions(target):
         raise TypeError(
             "`to()` target must be a ProcessPoolExecutorConfig, InterpreterPoolExecutorConfig, "
-            "or MAIN_PROCESS. "  # SPDL's words (a gristmill.ray.RayBackend is taken too)
-            f"Got: {type(target).__name__}."
+            "or MAIN_PROCESS. "  # SPDL's words; a backend of the region protocol is taken too
+            f"Got: {type(target).__name__}. {describe_region_protocol()}"
         )
+    if is_region_backend(target):
+        check_region_backend(target)
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
         raise ValueError(f"`buffer_size` must be an integer >= 1. Found: {buffer_size!r}")
     workers = getattr(target, "max_workers", None)

@@ -52,6 +52,7 @@ from gristmill._src.engine.backends import PROCESS_HANDOFF_S
 from gristmill._src.engine.feeds import CallTiming
 from gristmill._src.engine.policy import HANDOFF_S
 from gristmill._src.engine.sending import ByValue
+from gristmill._src.spdl import region_protocol
 
 logger = logging.getLogger("gristmill.pipeline")
 STOP_GRACE_S = 1.0  # how long stop() waits for calls already running on a user's executor
@@ -107,8 +108,11 @@ def is_remote_backend(executor: Any) -> bool:
 
 
 def runs_regions(target: Any) -> bool:
-    """Whether ``to(target)`` can run a region on ``target``'s workers: a remote backend
-    that also implements ``region_workers(name)`` (a ``gristmill.ray.RayBackend``)."""
+    """Whether ``to(target)`` can run a region on ``target``'s workers: a backend of the
+    region protocol (``gristmill.backends.RegionBackend``), or a remote backend that
+    implements ``region_workers(name)`` (a ``gristmill.ray.RayBackend``)."""
+    if region_protocol.is_region_backend(target):
+        return True
     return is_remote_backend(target) and callable(getattr(target, "region_workers", None))
 
 

@@ -2,7 +2,9 @@
 
 The workers are a *transport* of the region's choosing: ``to(ProcessPoolExecutorConfig)``
 runs them as pooled worker processes (:mod:`region_processes`), ``to(RayBackend(...))`` as
-jobs on the backend's Ray actors (``gristmill._src.ray.region``). Both run
+jobs on the backend's Ray actors (``gristmill._src.ray.region``), ``to(backend)`` for a
+backend of one's own (``region_protocol.RegionBackend``) as jobs on its workers
+(:mod:`region_backend`). All run
 ``region_worker.run_region`` on each worker (``engine.messages`` has the messages) and
 hand the region each message a worker sends, or its death.
 
@@ -42,8 +44,8 @@ from gristmill._src.engine.ordered import RunnerClosedError
 from gristmill._src.engine.remote_traceback import RemoteError, note_origin
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.spdl import region_worker
-from gristmill._src.spdl.executors import runs_regions
 from gristmill._src.spdl.merged import MergedOutput
+from gristmill._src.spdl.region_protocol import is_region_backend
 from gristmill._src.spdl.region_worker import QUEUE_DEPTH, pickled
 from gristmill._src.spdl.tracking import Batch, DeliveredOutputs, Keyed, path_of
 
@@ -90,8 +92,12 @@ class RegionWorkers(Protocol):
 
 def region_workers(target: Any, name: str) -> RegionWorkers:
     """The transport for ``to(target)``."""
-    if runs_regions(target):
+    if callable(getattr(target, "region_workers", None)):  # a RayBackend
         return target.region_workers(name)  # type: ignore[no-any-return]
+    if is_region_backend(target):  # a backend of one's own
+        from gristmill._src.spdl.region_backend import BackendWorkers
+
+        return BackendWorkers(target, name)
     from gristmill._src.spdl.region_processes import ProcessWorkers
 
     return ProcessWorkers(target, name)

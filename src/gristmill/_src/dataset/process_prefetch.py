@@ -219,6 +219,7 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
             buffer_size=self._buffer_size,
             timeout=None,
             daemon=True,
+            owner="a ProcessPrefetchIterDataset",
         )
         self._worker = worker
         self._finalizer = reaper.watch(self, worker)

@@ -99,7 +99,6 @@ class WorkerHandle:
             # items' large arrays travel in shared memory named after the workers' prefix
             lambda _, work: (work, buffer_size, workers.shm_prefix),
             owner=owner,
-            what="fn and its initializers",
             unpicklable="as_argument",
         )
         self._workers = workers

@@ -122,8 +122,9 @@ def test_remove_frames_filtering_moves_gristmill_worker_frames_to_the_cause(wher
 
 def test_a_worker_that_exits_is_reported_with_its_exit_code():
     ds = gm.MapDataset.range(4).to_iter_dataset().map(lambda _: sys.exit(7))
-    with pytest.raises(RuntimeError, match="terminated unexpectedly with exit code 7"):
+    with pytest.raises(RuntimeError, match="terminated unexpectedly with exit code 7") as info:
         list(ProcessPrefetchIterDataset(ds, buffer_size=1))
+    assert type(info.value).__name__ == "WorkerDiedError"  # the transport's, as every stage's
 
 
 def test_an_unpicklable_dataset_is_named_before_a_worker_starts():

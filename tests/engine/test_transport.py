@@ -15,7 +15,7 @@ import signal
 import pytest
 
 import gristmill as gm
-from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
+from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs, iterate_in_subprocess
 
 pytestmark = pytest.mark.usefixtures("no_children_left")
 
@@ -63,12 +63,23 @@ def region_failure():
     return error
 
 
+def killed_at_3_items():
+    return map(killed_at_3, range(8))
+
+
+def streamed_iterable_failure():
+    with pytest.raises(RuntimeError) as info:
+        list(iterate_in_subprocess(killed_at_3_items))
+    return info.value
+
+
 FAILURES = {"mp_prefetch": mp_prefetch_failure, "DataLoader": data_loader_failure}
 FAILURES["to_region"] = region_failure
+FAILURES["iterate_in_subprocess"] = streamed_iterable_failure
 
 
 @pytest.mark.parametrize("stage", sorted(FAILURES))
-def test_a_worker_killed_mid_task_reads_the_same_from_a_process_stage_and_a_region(stage):
+def test_a_worker_killed_mid_task_reads_the_same_from_every_kind_of_stage(stage):
     error = FAILURES[stage]()
     message = str(error)
     assert type(error).__name__ == "WorkerDiedError", repr(error)
@@ -174,3 +185,41 @@ def test_the_worker_protocols_travel_as_message_classes_not_tuples_or_strings(mo
     assert untyped_messages(path) == []
     if module != "ray/region.py":  # which forwards the region's messages as they are
         assert "messages." in path.read_text()  # it speaks in engine/messages.py's classes
+
+
+# -- one place waits on worker processes -------------------------------------------------------
+
+
+def functions_that_wait(path: pathlib.Path) -> list[str]:
+    """The functions of ``path`` that call ``multiprocessing.connection.wait`` (by any
+    name: ``connection.wait``, ``wait`` imported from it) or wait on a process sentinel."""
+    tree = ast.parse(path.read_text())
+    imported = any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "multiprocessing.connection"
+        and any(alias.name == "wait" for alias in node.names)
+        for node in ast.walk(tree)
+    )
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if not isinstance(node, ast.Call):
+                continue
+            called = ast.unparse(node.func)
+            waits = called == "connection.wait" or (called == "wait" and imported)
+            if waits or (called.endswith("wait") and "sentinel" in ast.unparse(node)):
+                found.append(f"{path.relative_to(SRC)}:{function.name}")
+                break
+    return found
+
+
+def test_only_the_transport_waits_on_worker_processes():
+    waiting = sorted(found for path in SRC.rglob("*.py") for found in functions_that_wait(path))
+    parents = [f for f in waiting if f.startswith(WORKER_SIDE)]
+    assert sorted(set(waiting) - set(parents)) == ["engine/transport.py:receive"]
+
+
+# the worker's side: these wait on their pipe and their parent's sentinel, not on workers
+WORKER_SIDE = ("engine/parent_watch.py", "engine/iterable_job.py")

@@ -33,7 +33,7 @@ from gristmill._src.dataset.worker_slicing import WorkerSliceIterDataset, mark_i
 from gristmill._src.engine import exits, main_guard, reaper, remote_traceback, sending
 from gristmill._src.engine.iterable_handle import WorkerHandle
 from gristmill._src.engine.iterable_protocol import Failed, Item, Iterate, Message
-from gristmill._src.engine.transport import worker_context
+from gristmill._src.engine.transport import WorkerDiedError, worker_context
 
 
 def _check_buffer_size(buffer_size: Any) -> int:
@@ -219,6 +219,7 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
             buffer_size=self._buffer_size,
             timeout=None,
             daemon=True,
+            owner="a ProcessPrefetchIterDataset",
         )
         self._worker = worker
         self._finalizer = reaper.watch(self, worker)
@@ -336,10 +337,11 @@ class ProcessPrefetchDatasetIterator(DatasetIterator[Any]):
 
 
 def _terminated(code: int) -> RuntimeError:
+    """Grain's words for a worker that ended, as the transport's type (every stage's)."""
     unguarded = main_guard.error_for_exit(code)
     if unguarded is not None:
         return unguarded
-    return RuntimeError(
+    return WorkerDiedError(
         f"Worker process was terminated unexpectedly with {exits.describe(code)}. Search the logs "
         "above for the source of the crash."
     )

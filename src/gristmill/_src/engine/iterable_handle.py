@@ -1,14 +1,16 @@
 """The parent's handle on a streamed iterable's worker process.
 
 The worker (``iterate_in_subprocess``'s, Grain's process prefetch's) is a pooled worker
-process (:mod:`worker_pool`: the workers of every process stage), leased for the handle's
-kind — its start method and whether it is daemonic — and sent the job
-:func:`iterable_job.run_iterable`. The handle sends it the typed commands of
-:mod:`iterable_protocol`, reads its messages, turns a dead, silent or confused worker into
-exceptions (a :class:`~iterable_protocol.Failed` message is the caller's to word), and
-releases it.
-It never polls: it waits on the pipe and the process's sentinel together, so a crashed
-worker is noticed at once, and the inactivity ``timeout`` is the wait's own.
+process reached through the one local transport (:class:`transport.LocalWorkers`, as every
+process stage's and region's): leased for the handle's kind — its start method and whether
+it is daemonic — and started on the job :func:`iterable_job.run_iterable`. The handle sends
+it the typed commands of :mod:`iterable_protocol` (their compact bytes), reads its messages,
+turns a dead, silent or confused worker into exceptions (a
+:class:`~iterable_protocol.Failed` message is the caller's to word), and releases it.
+It never polls: the transport's receive waits on the pipe and the process's sentinel
+together, so a crashed worker is noticed at once (reported as the transport's
+:class:`~transport.WorkerDiedError`, as a process stage's), and the inactivity ``timeout``
+is the wait's own.
 
 Released (:meth:`WorkerHandle.shutdown`), a worker whose job ended cleanly — nothing in
 flight (``fn()`` returned and every pass started was read to its end), and its stop
@@ -19,15 +21,12 @@ was interrupted or died is stopped without being asked (its pipe may be full).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing.context
-import pickle
 import threading
 import time
-from multiprocessing.connection import wait
 from typing import Any
 
-from gristmill._src.engine import exits, main_guard, runtime, shm, worker_pool
+from gristmill._src.engine import exits, runtime, sending, shm
 from gristmill._src.engine.iterable_job import run_iterable
 from gristmill._src.engine.iterable_protocol import (
     CREDIT_BYTES,
@@ -45,9 +44,8 @@ from gristmill._src.engine.iterable_protocol import (
     decode_message,
     encode_command,
 )
-from gristmill._src.engine.transport import job_message, pooled_worker_main
+from gristmill._src.engine.transport import LocalWorkers, WorkerDiedError, WorkerLost
 
-_GRACE_S = 1.0  # how long a worker that ended may take to show its exit code
 # how long an idle worker may take to answer a stop (it closes what fn() returned first: a
 # warm pipeline, pools made in the worker) before it is stopped instead of pooled
 _ANSWER_S = 3.0
@@ -70,22 +68,41 @@ class IterableClosedError(RuntimeError):
 
 
 class WorkerHandle:
-    """The parent's handle on one worker process: its pipe, the pass being read, release."""
+    """The parent's handle on one worker process: its pipe, the pass being read, release.
+
+    Args:
+        context: the multiprocessing context that starts a new worker.
+        payload: ``(fn, initializers)`` as :class:`sending.ForChild`: cloudpickled to a
+            pooled worker, or given to a new one as a process argument where it pickles
+            only while a process starts (objects shared through inheritance).
+        buffer_size: the items the worker may send unread.
+        timeout: how long a receive waits for the worker (None: for ever).
+        daemon: whether the worker is daemonic.
+        owner: what errors call the iterable (``iterate_in_subprocess(fn)``).
+    """
 
     def __init__(
         self,
         context: multiprocessing.context.BaseContext,
-        payload: Any,
+        payload: sending.ForChild,
         *,
         buffer_size: int,
         timeout: float | None,
         daemon: bool,
+        owner: str = "a streamed iterable",
     ) -> None:
-        self._shm_prefix = shm.prefix_for(self)  # items' large arrays: shared memory
-        self._worker = _lease(context, payload, buffer_size, self._shm_prefix, daemon=daemon)
-        self._conn = self._worker.conn
-        self._process = self._worker.process
-        self.pid = int(self._process.pid or 0)
+        workers = LocalWorkers(context, kind="worker process", daemon=daemon)
+        workers.start(
+            1,
+            run_iterable,
+            payload,
+            # items' large arrays travel in shared memory named after the workers' prefix
+            lambda _, work: (work, buffer_size, workers.shm_prefix),
+            owner=owner,
+            unpicklable="as_argument",
+        )
+        self._workers = workers
+        self.pid = workers.pid(0)
         self._timeout = timeout
         self.generation = 0  # the pass being read (0: waiting for fn())
         self.closed_reason: str | None = None
@@ -100,11 +117,7 @@ class WorkerHandle:
     @property
     def exitcode(self) -> int | None:
         """The worker's exit code; None while it runs."""
-        try:
-            code: int | None = self._process.exitcode
-        except ValueError:  # closed after it was reaped: it ran to an end we reported
-            return None
-        return code
+        return self._workers.exitcode(0)
 
     def send(self, command: Command) -> None:
         """Sends the worker a command; nothing once it was released (its pipe may serve
@@ -122,8 +135,8 @@ class WorkerHandle:
 
     def _write(self, command: bytes) -> None:
         # a dead worker is reported by the next receive
-        with self._send_lock, contextlib.suppress(OSError, ValueError, TypeError):
-            self._conn.send_bytes(command)
+        with self._send_lock:
+            self._workers.send_bytes(0, command)
 
     def receive(self, generation: int, activity: str) -> Message:
         """The next message of pass ``generation`` (0: the worker's start); messages of an
@@ -164,7 +177,10 @@ class WorkerHandle:
             self._pass_open = False
 
     def _receive_one(self, activity: str) -> Message:
-        if not wait([self._conn, self._process.sentinel], self._timeout):
+        received = self._workers.receive([0], self._timeout, raw=True)
+        if received is None and self.closed_reason is not None:  # stopped under the wait
+            raise self._closed_while_waiting(activity)
+        if received is None:
             timeout = self._timeout
             error = WorkerTimeoutError(
                 f"The worker subprocess did not produce any data for {timeout} seconds "
@@ -173,14 +189,11 @@ class WorkerHandle:
             )
             self.shutdown(f"no item for {timeout} seconds", graceful=False)
             raise error
-        try:
-            raw = self._conn.recv_bytes() if self._conn.poll() else None
-        except (EOFError, ConnectionResetError):  # a killed worker's socket may be reset
-            raw = None
-        if raw is None:  # the process ended and left nothing more to read
+        raw = received[1]
+        if isinstance(raw, WorkerLost):  # it ended and left nothing more to read
             if self.closed_reason is not None:  # stopped by another thread: no crash
                 raise self._closed_while_waiting(activity)
-            raise self._died(activity)
+            raise self._died(raw, activity)
         self._write(CREDIT_BYTES)
         try:
             wire = shm.loads(raw)
@@ -209,21 +222,20 @@ class WorkerHandle:
             )
         return message
 
-    def _died(self, activity: str) -> RuntimeError:
-        self._process.join(_GRACE_S)
-        code = self._process.exitcode
-        unguarded = main_guard.error_for_exit(code)
-        if unguarded is not None:
+    def _died(self, notice: WorkerLost, activity: str) -> RuntimeError:
+        """The transport's error for the dead worker (a :class:`WorkerDiedError`, as a
+        process stage's), with what it was doing and that the iterable is closed."""
+        code = self.exitcode
+        if not isinstance(notice.error, WorkerDiedError):  # the main guard's own error
             self.shutdown("its script has no __main__ guard")
-            return unguarded
-        how = exits.status(code)
-        self.shutdown(f"it died: {how}")
-        hint = exits.cause(code) or "it crashed or was killed (out of memory?)"
+            return notice.error
+        self.shutdown(f"it died: {exits.status(code)}")
+        hint = "" if exits.cause(code) else "; it crashed or was killed (out of memory?)"
         if self.generation == 0 and (code is None or code > 0):  # not a signal
             hint += ", or could not unpickle fn or an initializer (see its traceback above)"
-        return RuntimeError(
-            f"The worker subprocess (pid {self.pid}) died ({how}) while {activity}: "
-            f"{hint}. This iterable is closed: create a new one to start again"
+        return WorkerDiedError(
+            f"{notice.error}; it was {activity}{hint}. This iterable is closed: create a new "
+            "one to start again"
         )
 
     def _closed_while_waiting(self, activity: str) -> IterableClosedError:
@@ -253,21 +265,17 @@ class WorkerHandle:
                 self.closed_reason = reason
             else:  # finishing a shutdown that Ctrl-C cut short (reaper.Watch.close)
                 graceful = False
-            worker = self._worker
-            try:
-                idle = self._ready and not self._pass_open and not self._failed
-                if graceful and idle and self._stopped_cleanly():
-                    self._released = True  # first: a worker pooled twice serves two jobs
-                    worker_pool.give_back(worker)
-                elif graceful and not self._failed:
-                    self._write(STOP_BYTES)  # its job ends once its current item is made
-                    worker_pool.stop(worker)
-                else:
-                    worker_pool.stop(worker, ask=False)
-                self._released = True
-                runtime.discard_handle(self)
-            finally:
-                shm.unlink_leftovers(self._shm_prefix)  # items sent and never read
+            idle = self._ready and not self._pass_open and not self._failed
+            if graceful and idle and self._stopped_cleanly():
+                self._workers.release([0])  # back to the pool
+            elif graceful and not self._failed:
+                self._write(STOP_BYTES)  # its job ends once its current item is made
+                self._workers.release([])
+            else:
+                self._workers.release([], ask=False)
+            # the transport unlinked the segments of items sent and never read
+            self._released = True
+            runtime.discard_handle(self)
 
     def _stopped_cleanly(self) -> bool:
         """Ends the job of an idle worker: whether it answered the stop within a grace
@@ -276,42 +284,15 @@ class WorkerHandle:
         deadline = time.monotonic() + _ANSWER_S
         try:
             while (left := deadline - time.monotonic()) > 0:
-                if not wait([self._conn, self._process.sentinel], left) or not self._conn.poll():
+                received = self._workers.receive([0], left, raw=True)
+                if received is None or isinstance(received[1], WorkerLost):
                     return False  # it is stuck, or it ended
-                message = decode_message(shm.loads(self._conn.recv_bytes()))
+                message = decode_message(shm.loads(received[1]))
                 if isinstance(message, Stopped):
                     return bool(message.reusable)
-        except Exception:  # a broken pipe, a message that does not unpickle
+        except Exception:  # a message that does not unpickle or decode
             return False
         return False
-
-
-def _lease(
-    context: multiprocessing.context.BaseContext,
-    payload: Any,
-    buffer_size: int,
-    shm_prefix: str | None,
-    *,
-    daemon: bool,
-) -> worker_pool.PooledWorker:
-    """A worker of this kind running the iterable's job: an idle pooled one sent
-    ``payload`` cloudpickled, or — when it pickles only while a process starts (a
-    ``multiprocessing.Value`` or lock shared through inheritance) or not at all under
-    ``fork`` — a new one given the job as a process argument (the pickling error of a
-    payload that cannot travel at all comes from starting it)."""
-    try:
-        pickled: bytes | None = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        pickled = None
-    if pickled is None:
-        first = job_message(run_iterable, payload, buffer_size, shm_prefix)
-        [worker] = worker_pool.lease(context, 1, pooled_worker_main, daemon=daemon, first=first)
-        return worker
-    [worker] = worker_pool.lease(context, 1, pooled_worker_main, daemon=daemon)
-    # one that died while idle: the first receive reports it
-    with contextlib.suppress(OSError):
-        worker.conn.send(job_message(run_iterable, pickled, buffer_size, shm_prefix))
-    return worker
 
 
 _PASS_MESSAGES = (Ready, Item, PassEnd, Failed)

@@ -2,14 +2,19 @@
 
 Every stage that runs work in local worker processes — a process stage of ``mp_prefetch`` /
 ``DataLoader`` (``process_lane``), a ``to(ProcessPoolExecutorConfig)`` region
-(``spdl.region_processes``) — reaches them through a :class:`LocalWorkers`:
+(``spdl.region_processes``), a streamed iterable (``iterable_handle``: ``iterate_in_subprocess``,
+Grain's process prefetch) — reaches them through a :class:`LocalWorkers`, the one place that
+waits on worker processes:
 
 - *lease*: ``count`` pooled workers (:mod:`worker_pool`: idle ones an earlier stage left,
   else new ones), started with the requested start method, else forked where that is safe
   (``main_guard.fork_is_safe``) and from the fork server otherwise (:func:`worker_context`);
 - *start*: each is sent one :class:`messages.StartJob` with the stage's work, cloudpickled;
   work that does not pickle is inherited instead by workers forked for it, where the workers
-  are forked (else a TypeError says what to keep out of it);
+  are forked (else a TypeError says what to keep out of it), or — for a streamed iterable,
+  whose work may hold objects that pickle only while a process starts (a
+  ``multiprocessing.Value`` shared through inheritance) — given to new workers as a process
+  argument;
 - *send* and *receive* the job's messages (:mod:`messages`), receiving from several workers
   at once: one blocking wait on their pipes and process sentinels, no polling;
 - a worker's death is reported once, as :class:`WorkerLost`, built by :func:`lost_error`
@@ -25,9 +30,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import multiprocessing.context
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing import connection
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from gristmill._src.engine import (
     exits,
@@ -155,9 +161,12 @@ class LocalWorkers:
 
     Args:
       mp_context: a start method name; None forks where that is safe when the workers
-        start, else uses the fork server (and pooled workers of any method serve).
+        start, else uses the fork server (and pooled workers of any method serve); or a
+        multiprocessing context, used as it is.
       preload: the modules the fork server imports for the workers (their job's).
       kind: what a worker is called in errors.
+      daemon: whether the workers are daemonic (a non-daemonic worker's job may start
+        processes of its own); pooled workers serve only requests of the same flag.
 
     Raises:
       ValueError: ``mp_context`` is not a start method of this platform.
@@ -165,17 +174,24 @@ class LocalWorkers:
 
     def __init__(
         self,
-        mp_context: str | None,
+        mp_context: str | multiprocessing.context.BaseContext | None,
         preload: Sequence[str] = (),
         *,
         kind: str = "worker process",
+        daemon: bool = True,
     ) -> None:
         self.owner = "this stage"  # named by start()
         self.kind = kind
-        self._requested = mp_context
-        self._context: Any = worker_context(mp_context, [__name__, *preload])
+        self._daemon = daemon
+        self._context: Any
+        if isinstance(mp_context, multiprocessing.context.BaseContext):
+            self._context = mp_context
+            self._requested: str | None = mp_context.get_start_method()
+        else:
+            self._context = worker_context(mp_context, [__name__, *preload])
+            self._requested = mp_context
         # pooled workers of either method serve a stage that named none
-        self._method = "auto" if mp_context is None else self._context.get_start_method()
+        self._method = "auto" if self._requested is None else self._context.get_start_method()
         # segments of these workers are named `<prefix>-…`; what is left at release goes
         self.shm_prefix = shm.prefix_for(self)
         self._workers: list[worker_pool.PooledWorker] = []
@@ -189,6 +205,14 @@ class LocalWorkers:
     def pid(self, index: int) -> int:
         return int(self._workers[index].process.pid)
 
+    def exitcode(self, index: int) -> int | None:
+        """Worker ``index``'s exit code; None while it runs (or once it was closed)."""
+        try:
+            code: int | None = self._workers[index].process.exitcode
+        except ValueError:  # closed after it was reaped
+            return None
+        return code
+
     def prefix(self, suffix: str) -> str | None:
         """A segment prefix of these workers' (``<prefix>-<suffix>``; None: no /dev/shm)."""
         return None if self.shm_prefix is None else f"{self.shm_prefix}-{suffix}"
@@ -198,21 +222,26 @@ class LocalWorkers:
         count: int,
         job: Job,
         work: Any,
-        args: Callable[[int, bytes | Inherited], tuple[Any, ...]],
+        args: Callable[[int, Any], tuple[Any, ...]],
         *,
         owner: str,
         what: str = "the stage's work",
+        unpicklable: Literal["inherit", "as_argument"] = "inherit",
     ) -> None:
         """Leases ``count`` workers for ``owner`` (a stage's name, as errors name it) and
         sends worker ``i`` ``StartJob(job, args(i, work'))``, ``work'`` being ``work``
-        cloudpickled (``bytes`` are sent as they are), or where it
-        does not pickle and the workers are forked, :class:`Inherited` by workers forked
-        now (the job reads it with :func:`unpacked`). A worker that died while idle is
-        reported by :meth:`receive`.
+        cloudpickled (``bytes`` are sent as they are). Where it does not pickle:
+        ``unpicklable="inherit"``: if the workers are forked, :class:`Inherited` by workers
+        forked now (the job reads it with :func:`unpacked`); ``"as_argument"``: new workers
+        are started with ``StartJob(job, args(i, work))`` as a process argument (pickled
+        while the process starts, so objects shared through inheritance travel; not at all
+        when it is forked). A worker that died while idle is reported by :meth:`receive`.
 
         Raises:
           TypeError: ``work`` does not pickle and the workers are not forked; the message
             names ``what`` and the fix.
+          Exception: with ``"as_argument"``, the pickling error of work that cannot travel
+            even as a process argument.
         """
         self.owner = owner
         context = self._context
@@ -223,6 +252,9 @@ class LocalWorkers:
         try:
             payload = work if isinstance(work, bytes) else sending.dumps(work)
         except Exception as error:
+            if unpicklable == "as_argument":
+                self._start_by_argument(context, count, job, work, args)
+                return
             method = context.get_start_method()
             if method != "fork":
                 raise TypeError(
@@ -236,13 +268,27 @@ class LocalWorkers:
             INHERITED[payload.key] = work
         try:
             self._workers = worker_pool.lease(
-                context, count, pooled_worker_main, self._method, daemon=True, fresh=fresh
+                context, count, pooled_worker_main, self._method, daemon=self._daemon, fresh=fresh
             )
         finally:
             if isinstance(payload, Inherited):
                 INHERITED.pop(payload.key, None)
         for index in range(count):
             self.send(index, messages.StartJob(job, args(index, payload)))
+
+    def _start_by_argument(
+        self,
+        context: Any,
+        count: int,
+        job: Job,
+        work: Any,
+        args: Callable[[int, Any], tuple[Any, ...]],
+    ) -> None:
+        for index in range(count):  # one by one: each worker's first job is its own
+            first = messages.StartJob(job, args(index, work))
+            self._workers += worker_pool.lease(
+                context, 1, pooled_worker_main, self._method, daemon=self._daemon, first=first
+            )
 
     def send(self, index: int, message: Any) -> bool:
         """Sends worker ``index`` ``message``; False if it died or was stopped."""
@@ -252,13 +298,23 @@ class LocalWorkers:
             return False
         return True
 
+    def send_bytes(self, index: int, data: bytes) -> bool:
+        """Sends worker ``index`` ``data`` as they are (a job's own encoding); False if it
+        died or was stopped."""
+        try:
+            self._workers[index].conn.send_bytes(data)
+        except (OSError, ValueError, TypeError):
+            return False
+        return True
+
     def receive(
-        self, indices: Iterable[int], timeout: float | None = None
+        self, indices: Iterable[int], timeout: float | None = None, *, raw: bool = False
     ) -> tuple[int, Any] | None:
         """The next message of one of the workers ``indices``, as ``(index, message)``, or
         ``(index, WorkerLost)`` for one that ended (after what it sent before was read; at
         once if asked again). Blocks on their pipes and sentinels together. None
-        after ``timeout`` seconds, or if the workers were stopped under the wait."""
+        after ``timeout`` seconds, or if the workers were stopped under the wait.
+        ``raw``: the message's bytes, as the worker sent them (a job's own encoding)."""
         owners: dict[Any, int] = {}  # each worker's pipe and sentinel -> its index
         for index in indices:
             if index in self._lost:
@@ -275,23 +331,23 @@ class LocalWorkers:
         for waitable in ready:  # a message first: what a dead worker sent comes before it
             index = owners[waitable]
             if waitable is self._workers[index].conn:
-                return self._read(index)
+                return self._read(index, raw)
         if not ready:
             return None
         ended = owners[ready[0]]  # only sentinels are ready
         conn = self._workers[ended].conn
         try:
             if conn.poll():
-                return self._read(ended)
+                return self._read(ended, raw)
         except (OSError, ValueError, TypeError):
             if conn.closed:
                 return None
         return ended, self._notice(ended)
 
-    def _read(self, index: int) -> tuple[int, Any] | None:
+    def _read(self, index: int, raw: bool) -> tuple[int, Any] | None:
         conn = self._workers[index].conn
         try:
-            return index, conn.recv()
+            return index, conn.recv_bytes() if raw else conn.recv()
         except (EOFError, OSError, TypeError, ValueError):
             if conn.closed:  # stop() under us
                 return None
@@ -318,11 +374,11 @@ class LocalWorkers:
         for index in indices:
             worker_pool.stop(self._workers[index], ask=ask)
 
-    def release(self, clean: Iterable[int], *, farewell: Any = None) -> None:
+    def release(self, clean: Iterable[int], *, farewell: Any = None, ask: bool = True) -> None:
         """Gives the ``clean`` workers (idle, their job over or ended by ``farewell``, sent
-        first) back to the pool, stops the others, and unlinks the segments left under
-        :attr:`shm_prefix`. A worker is released once (a release an interrupt cut short
-        may run again)."""
+        first) back to the pool, stops the others (asked first unless ``ask=False``), and
+        unlinks the segments left under :attr:`shm_prefix`. A worker is released once (a
+        release an interrupt cut short may run again)."""
         clean = set(clean)
         for index, worker in enumerate(self._workers):
             if index in self._released:
@@ -333,7 +389,7 @@ class LocalWorkers:
             if usable and (farewell is None or self.send(index, farewell)):
                 worker_pool.give_back(worker)
                 continue
-            worker_pool.stop(worker)
+            worker_pool.stop(worker, ask=ask)
         shm.unlink_leftovers(self.shm_prefix)
 
 

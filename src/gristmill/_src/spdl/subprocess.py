@@ -251,6 +251,7 @@ def launch(
             buffer_size=buffer_size,
             timeout=timeout,
             daemon=daemon,
+            owner=name,
         )
     except Exception as error:
         unpicklable = _unpicklable(context, fn, what, initializers, error)

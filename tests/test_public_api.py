@@ -89,6 +89,7 @@ EXPECTED = {
         "RemoteBackend",
         "StageWork",
         "StageWorkers",
+        "StageWorkersBase",
         "TaskReply",
         "TaskRequest",
         "WorkerLost",

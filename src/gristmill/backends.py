@@ -14,7 +14,7 @@ duplex channel, carries what the region sends (:class:`RegionChannels`) and puts
 workers send in the region's :class:`RegionReplies`.
 """
 
-from gristmill._src.engine.remote import (
+from gristmill._src.engine.remote_protocol import (
     LoadedWork,
     RemoteBackend,
     StageWork,

@@ -13,7 +13,7 @@ from gristmill._src.core.options import MultiprocessingOrder, check_order
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.thread_prefetch import GrainPrefetch, ThreadPrefetchIterDataset
-from gristmill._src.engine import remote
+from gristmill._src.engine import remote, remote_protocol
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S
 from gristmill._src.engine.tuner import available_cores
 
@@ -172,10 +172,10 @@ def _check_backend(backend: Any, options: Any, mp_context: str | None) -> Any:
     """``backend`` (a remote backend) or None; clear errors for what cannot go with it."""
     if backend is None:
         return None
-    if not remote.is_remote_backend(backend):
+    if not remote_protocol.is_remote_backend(backend):
         raise TypeError(
             f"backend must be a remote backend or None, got {backend!r}: "
-            f"{remote.describe_protocol()}; e.g. "
+            f"{remote_protocol.describe_protocol()}; e.g. "
             "mp_prefetch(options, backend=gristmill.ray.RayBackend(num_actors=2))"
         )
     if options.order is MultiprocessingOrder.GRAIN_PER_WORKER:

@@ -44,8 +44,8 @@ from gristmill._src.engine.backends import PROCESS_HANDOFF_S, Executor
 from gristmill._src.engine.feeds import Feed, RangeFeed, Task, apply
 from gristmill._src.engine.ordered import Core
 from gristmill._src.engine.policy import ChunkPolicy
-from gristmill._src.engine.remote import (
-    RemoteCore,
+from gristmill._src.engine.remote import RemoteCore
+from gristmill._src.engine.remote_protocol import (
     StageWork,
     StageWorkersBase,
     TaskReply,

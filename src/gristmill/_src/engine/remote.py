@@ -23,7 +23,9 @@ order, to it — tasks are pure, and the window files one result per task, so no
 delivered twice or skipped — up to :data:`MAX_ATTEMPTS` lost workers per task; otherwise
 the task fails with that error.
 
-``docs/backends.md`` adds a backend in a page: a ``concurrent.futures`` executor's workers.
+The protocol itself is :mod:`remote_protocol` (public: ``gristmill.backends``); a pipe
+stage's calls on a backend are :mod:`remote_calls`'s. ``docs/backends.md`` adds a backend in
+a page: a ``concurrent.futures`` executor's workers.
 """
 
 from __future__ import annotations
@@ -33,254 +35,33 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from gristmill._src.engine import remote_traceback, runtime, sending
 from gristmill._src.engine.backends import Executor
-from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task, apply
+from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
 from gristmill._src.engine.ordered import Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
+from gristmill._src.engine.remote_protocol import (
+    MAX_ATTEMPTS,
+    RemoteBackend,
+    StageWork,
+    StageWorkers,
+    TaskReply,
+    TaskRequest,
+    WorkerLost,
+    WorkersLostError,
+    worker_name,
+)
 from gristmill._src.engine.stats import StageCounters
 from gristmill._src.engine.tuner import nbytes
-
-MAX_ATTEMPTS = 4
-"""Workers one task may lose (each replaced) before the stage fails."""
 
 WORKER_BYTES_IN_FLIGHT = 16 << 20
 """Bytes of results a worker may have in flight beyond its ``per_worker_buffer_size``
 elements (:meth:`RemoteCore.bound`). Cheap elements need tasks of many of them for a round
 trip to pay, so the window must hold more than a few; large ones fill memory first: 16 MiB
 holds a task of ~100 224x224x3 images per worker and 4 elements of 4 MiB."""
-
-
-# -- the messages -------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TaskRequest:
-    """One task: positions ``[start, start + size)`` of the stage's input; ``inputs``, their
-    values, for a stage fed by another (None for a read stage, which reads them itself)."""
-
-    start: int
-    size: int
-    inputs: list[Any] | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TaskReply:
-    """A task's result, as :func:`run_task` makes it on the worker.
-
-    ``values``: one per position, up to a failure; ``error``: the failure after them
-    (the worker's exception with its frames: ``remote_traceback.RemoteError``), or None;
-    ``exit_code``: set when the element function called ``sys.exit`` (the worker goes on);
-    ``side``: what a read counted on the worker (per-op statistics), or None; ``nbytes``:
-    what the reply took in transit, where the backend knows it (0: the engine measures the
-    values).
-    """
-
-    values: list[Any]
-    error: remote_traceback.RemoteError | None = None
-    exit_code: Any = None
-    side: Any = None
-    nbytes: int = 0
-
-
-class WorkerLost(RuntimeError):
-    """The worker that ran a task is gone (killed, its machine lost), as a task's future
-    reports it. ``replaceable``: the backend can give the slot a new worker
-    (:meth:`StageWorkers.replace`), and the task may be sent again."""
-
-    def __init__(self, message: str, *, replaceable: bool) -> None:
-        super().__init__(message)
-        self.replaceable = replaceable
-
-    def __reduce__(self) -> tuple[Any, ...]:  # a backend may raise it in a worker
-        return (_worker_lost, (type(self), str(self), self.replaceable))
-
-
-def _worker_lost(kind: type[WorkerLost], message: str, replaceable: bool) -> WorkerLost:
-    return kind(message, replaceable=replaceable)
-
-
-class WorkersLostError(RuntimeError):
-    """A task lost its worker :data:`MAX_ATTEMPTS` times (each replaced in turn)."""
-
-
-# -- the work, on the worker --------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class StageWork:
-    """What the workers of one stage need: ``payload`` (the stage's work) and ``init`` (its
-    ``worker_init_fn``, or None), each cloudpickled (:mod:`sending`), the stage's ``name``
-    (for messages), a ``key`` that tells it from other stages' (a worker serving several
-    keeps each loaded under it), and the ``workers`` it starts with. Picklable: a backend
-    may send it as it is."""
-
-    name: str
-    payload: bytes
-    init: bytes
-    key: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
-    workers: int = 1  # the workers the stage starts with (``configure`` may change it)
-
-    def load(self, slot: int, count: int) -> LoadedWork:
-        """On a worker: runs ``worker_init_fn(slot, count)`` (if any), then unpickles the
-        work. A failure is kept and reported as the error of every task."""
-        try:
-            init = sending.loads(self.init)
-            if init is not None:
-                init(slot, count)
-            return LoadedWork(sending.loads(self.payload), None)
-        except BaseException as error:
-            return LoadedWork(None, error)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedWork:
-    """A stage's work loaded on a worker (or the error loading it raised)."""
-
-    job: Any
-    failed: BaseException | None
-
-    def run(self, request: TaskRequest) -> TaskReply:
-        """Runs one task: see :func:`run_task`."""
-        if self.failed is not None:
-            return _failure(self.failed, [])
-        job = self.job
-        try:
-            if isinstance(job, RangeFeed):
-                chunk: Chunk = job.run(Task(request.start, request.size))
-            else:
-                chunk = apply(job, Task(request.start, request.size, request.inputs))
-        except SystemExit as error:  # sys.exit() in a transformation: reported, not obeyed
-            return TaskReply([], exit_code=error.code)
-        except BaseException as error:  # run() returns failures; this is a bug
-            return _failure(error, [])
-        if chunk.error is not None:
-            return _failure(chunk.error, chunk.values)
-        side = job.side_counts() if isinstance(job, RangeFeed) else None
-        return TaskReply(chunk.values, side=side)
-
-
-def run_task(work: LoadedWork, request: TaskRequest) -> TaskReply:
-    """On a worker: the reply to ``request`` (a failure is a value: the values before it
-    and the exception with its frames and chained exceptions, which a pickled exception
-    would lose)."""
-    return work.run(request)
-
-
-_LOADED: collections.OrderedDict[str, LoadedWork] = collections.OrderedDict()
-_LOADED_LOCK = threading.Lock()
-LOADED_STAGES = 8
-"""Stages' work a worker process keeps loaded for :func:`load_and_run` (the most recently
-used ones): a pool's workers serve one stage at a time, or a few (a trainer's ranks)."""
-
-
-def load_and_run(work: StageWork, slot: int, count: int, request: TaskRequest) -> TaskReply:
-    """On a worker that keeps no per-stage state of its own (a ``concurrent.futures``
-    executor's process): :func:`run_task` with ``work`` loaded once per process (its
-    ``worker_init_fn(slot, count)`` run by the first task that loads it there)."""
-    with _LOADED_LOCK:
-        loaded = _LOADED.get(work.key)
-        if loaded is None:
-            loaded = _LOADED[work.key] = work.load(slot, count)
-            while len(_LOADED) > LOADED_STAGES:
-                _LOADED.popitem(last=False)
-        else:
-            _LOADED.move_to_end(work.key)
-    return run_task(loaded, request)
-
-
-def _failure(error: BaseException, values: list[Any]) -> TaskReply:
-    return TaskReply(list(values), remote_traceback.RemoteError.of(error))
-
-
-# -- the protocol a backend implements ----------------------------------------------------
-
-
-class StageWorkers(Protocol):
-    """One stage's workers on a backend (what :meth:`RemoteBackend.open` returns)."""
-
-    calls_in_flight: int
-    """Calls the core keeps on one worker: 2 lets it start the next task while the reply
-    of the one before travels back."""
-
-    def submit(self, slot: int, count: int, request: TaskRequest) -> concurrent.futures.Future[Any]:
-        """Runs ``request`` on slot ``slot``'s worker (of ``count`` in use; its work loaded
-        first if it has not got it). The future's result is the :class:`TaskReply`; its
-        exception, :class:`WorkerLost` if the worker is gone, or the backend's own error."""
-        ...
-
-    def replace(self, slot: int) -> None:
-        """Gives slot ``slot`` a new worker (after a replaceable :class:`WorkerLost`)."""
-        ...
-
-    def release(self, slot: int) -> None:
-        """The stage uses slot ``slot`` no more (its proxy ended)."""
-        ...
-
-    def close(self) -> None:
-        """The stage ended: drop what the workers hold of it (they may serve others)."""
-        ...
-
-
-class StageWorkersBase:
-    """What a :class:`StageWorkers` may also say or do, with the defaults the engine
-    assumes when it does not (subclass it to inherit them):
-
-    - ``slots``: the most workers the stage may use (None: as many as it asks for);
-    - ``describe(slot)``: the worker, as an error's note names it;
-    - ``wait_reply(slot, future)``: a backend whose replies arrive where the waiting thread
-      can read them (a pipe) completes ``future`` here, in the calling thread, instead of
-      from a thread of its own;
-    - ``interrupt()``: the stage is closing: stop what is busy (the waits then end).
-    """
-
-    calls_in_flight = 1
-    slots: int | None = None
-    worker_name = "worker"
-
-    def describe(self, slot: int) -> str:
-        return f"{self.worker_name} {slot}"
-
-    def wait_reply(self, slot: int, future: concurrent.futures.Future[Any]) -> None:
-        """Waits for ``future`` (completed by the backend's own thread)."""
-        concurrent.futures.wait([future])
-
-    def interrupt(self) -> None:
-        """Nothing to stop: the calls in flight finish and are dropped."""
-
-
-@runtime_checkable
-class RemoteBackend(Protocol):
-    """A backend whose workers run a stage's tasks: pass one as
-    ``mp_prefetch(options, backend=...)`` or ``DataLoader(..., backend=...)``."""
-
-    @property
-    def handoff_s(self) -> float:
-        """What handing one task to a worker and its reply back costs (seconds); the chunk
-        policy sizes tasks so that it stays small beside their work."""
-        ...
-
-    @property
-    def num_workers(self) -> int:
-        """The workers a stage uses at first (``configure(workers=...)`` may change it)."""
-        ...
-
-    def open(self, work: StageWork, wake: Callable[[], None]) -> StageWorkers:
-        """Workers for one stage's ``work``. ``wake()`` must be called if the backend shuts
-        down under the stage (its pending futures should then fail)."""
-        ...
-
-
-def describe_protocol() -> str:
-    """What a backend must have, for error messages."""
-    return (
-        "an object with `num_workers`, `handoff_s` and `open(work, wake)` "
-        "(gristmill.experimental.RemoteBackend), e.g. gristmill.ray.RayBackend(num_actors=2)"
-    )
 
 
 # -- the engine's side --------------------------------------------------------------------
@@ -615,7 +396,7 @@ class RemoteCore(Core):
     def _where(self, workers: StageWorkers, slot: int) -> str:
         describe = getattr(workers, "describe", None)
         return (
-            str(describe(slot)) if describe is not None else f"{_worker_name(self._backend)} {slot}"
+            str(describe(slot)) if describe is not None else f"{worker_name(self._backend)} {slot}"
         )
 
     def _chunk(self, task: Task, reply: TaskReply, where: str) -> Chunk:
@@ -646,105 +427,3 @@ class RemoteCore(Core):
             workers = self._workers
         if workers is not None:
             workers.close()
-
-
-def _worker_name(backend: Any) -> str:
-    return str(getattr(backend, "worker_name", "worker"))
-
-
-class RemoteCalls:
-    """``pipe(op, executor=backend)``: a pipeline stage's op called on a remote backend's
-    workers, one item per call.
-
-    SPDL runs a ``pipe`` on an executor one item per call (``run_in_executor``), the stage's
-    ``concurrency`` bounding the calls in flight; this gives a :class:`RemoteBackend` that
-    shape: ``submit(target, item)`` returns a finished ``concurrent.futures.Future`` (the
-    stage's thread waits in ``submit``, where it would wait on the future), so the stage
-    machinery (failure budgets, hooks, ``stop()``) is the one every executor uses. The op
-    is cloudpickled once and loaded by each worker as a stage's work; a call goes to the
-    slot with the fewest calls in flight; a call whose worker is lost is sent again to the
-    slot's replacement where the backend has one (the op over the same item gives the same
-    value), up to :data:`MAX_ATTEMPTS` times.
-    """
-
-    runs_in_processes = False  # the op travels by value already: no `located` wrapper
-
-    def __init__(self, backend: RemoteBackend, target: Callable[[Any], Any], stage: str) -> None:
-        self.backend = backend
-        self._stage = stage
-        # the pickler's error here, at build time
-        self._work = StageWork(stage, sending.dumps(target), sending.dumps(None))
-        self._lock = threading.Lock()
-        self._workers: StageWorkers | None = None
-        self._in_flight = [0] * max(1, backend.num_workers)
-        self._used: set[int] = set()
-
-    def __repr__(self) -> str:
-        return f"{self.backend!r} (stage {self._stage})"
-
-    def submit(self, fn: Callable[[Any], Any], item: Any) -> concurrent.futures.Future[Any]:
-        """Calls the op (``fn`` is the target this was made for) on ``item`` on a worker and
-        returns its finished future."""
-        del fn  # already on the workers
-        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._lock:
-            slot = min(range(len(self._in_flight)), key=self._in_flight.__getitem__)
-            self._in_flight[slot] += 1
-            self._used.add(slot)
-            if self._workers is None:
-                self._workers = self.backend.open(self._work, lambda: None)
-            workers = self._workers
-        try:
-            result.set_result(self._call(workers, slot, item))
-        except BaseException as error:
-            result.set_exception(error)
-        finally:
-            with self._lock:
-                self._in_flight[slot] -= 1
-        return result
-
-    def _call(self, workers: StageWorkers, slot: int, item: Any) -> Any:
-        count = len(self._in_flight)
-        last: BaseException | None = None
-        for _ in range(MAX_ATTEMPTS):
-            future = workers.submit(slot, count, TaskRequest(0, 1, [item]))
-            try:
-                reply: TaskReply = future.result()  # the backend fails it at its shutdown
-            except WorkerLost as error:
-                if not error.replaceable:
-                    raise
-                last = error
-                workers.replace(slot)
-                continue
-            where = f"{_worker_name(self.backend)} {slot}"
-            if reply.exit_code is not None:
-                raise RuntimeError(
-                    f"a transformation called sys.exit({reply.exit_code!r}) on {where}: the "
-                    "worker is kept, the stage stops"
-                )
-            if reply.error is None:
-                return reply.values[0]
-            failure = reply.error.rebuilt()  # raised here: the worker's frames
-            remote_traceback.note_origin(failure, where)
-            raise failure
-        kind = getattr(self.backend, "lost_error", WorkersLostError)
-        raise kind(
-            f"a call of pipeline stage {self._stage} lost its worker {MAX_ATTEMPTS} times "
-            f"(each replaced in turn); the last error: {last}"
-        )
-
-    def close(self) -> None:
-        """At ``Pipeline.stop()``: the workers drop the op."""
-        with self._lock:
-            workers, used = self._workers, sorted(self._used)
-            self._workers, self._used = None, set()
-        if workers is not None:
-            for slot in used:
-                workers.release(slot)
-            workers.close()
-
-
-def is_remote_backend(target: Any) -> bool:
-    """Whether ``target`` implements :class:`RemoteBackend` (a class, not an instance, is
-    not one)."""
-    return not isinstance(target, type) and isinstance(target, RemoteBackend)

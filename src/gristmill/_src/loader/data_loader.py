@@ -41,7 +41,7 @@ from gristmill._src.core.records import Record, RecordMetadata
 from gristmill._src.core.state import to_grain_state
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
-from gristmill._src.engine import remote
+from gristmill._src.engine import remote_protocol
 from gristmill._src.engine.plan import Plan
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S, PeriodicReporter
 from gristmill._src.engine.stats import PipelineStatistics
@@ -432,10 +432,10 @@ class DataLoaderIterator:
 
 def _backend_worker_count(backend: Any, worker_count: int) -> int:
     """The worker count of a loader on ``backend``'s workers: ``backend.num_workers``."""
-    if not remote.is_remote_backend(backend):
+    if not remote_protocol.is_remote_backend(backend):
         raise TypeError(
             f"backend must be a remote backend or None, got {backend!r}: "
-            f"{remote.describe_protocol()}; e.g. "
+            f"{remote_protocol.describe_protocol()}; e.g. "
             "DataLoader(..., backend=gristmill.ray.RayBackend(num_actors=2))"
         )
     num_workers = backend.num_workers

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gristmill._src.engine.remote import StageWork, TaskReply, TaskRequest, run_task
+from gristmill._src.engine.remote_protocol import StageWork, TaskReply, TaskRequest, run_task
 from gristmill._src.engine.remote_traceback import RemoteError
 from gristmill._src.ray.region_jobs import RegionJobs
 

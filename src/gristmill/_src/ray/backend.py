@@ -31,13 +31,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from gristmill._src.core import validation
 from gristmill._src.engine.backends import Executor
-from gristmill._src.engine.remote import (
-    RemoteCalls,
-    RemoteStage,
-    StageWork,
-    TaskRequest,
-    WorkerLost,
-)
+from gristmill._src.engine.remote import RemoteStage
+from gristmill._src.engine.remote_calls import RemoteCalls
+from gristmill._src.engine.remote_protocol import StageWork, TaskRequest, WorkerLost
 from gristmill._src.ray import import_ray, start_notice
 from gristmill._src.ray.pool import ActorPool, shut_down_error
 from gristmill._src.ray.replies import ActorsLostError

@@ -3,7 +3,7 @@ backend's actors and the pipe calls on them: both are ``engine/remote.py``'s).""
 
 from __future__ import annotations
 
-from gristmill._src.engine.remote import MAX_ATTEMPTS, WorkersLostError
+from gristmill._src.engine.remote_protocol import MAX_ATTEMPTS, WorkersLostError
 
 __all__ = ["MAX_ATTEMPTS", "ActorsLostError"]
 

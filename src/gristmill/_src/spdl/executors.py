@@ -47,7 +47,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from gristmill._src.engine import exits, remote, remote_traceback
+from gristmill._src.engine import exits, remote_calls, remote_protocol, remote_traceback
 from gristmill._src.engine.backends import PROCESS_HANDOFF_S
 from gristmill._src.engine.feeds import CallTiming
 from gristmill._src.engine.policy import HANDOFF_S
@@ -104,7 +104,7 @@ def worker_deaths(executor: Any, processes: dict[int, Any] | None) -> str:
 def is_remote_backend(executor: Any) -> bool:
     """Whether ``executor`` is a backend of the public remote protocol (a
     ``gristmill.ray.RayBackend``, or a user's: ``engine/remote.RemoteBackend``)."""
-    return remote.is_remote_backend(executor)
+    return remote_protocol.is_remote_backend(executor)
 
 
 def runs_regions(target: Any) -> bool:
@@ -125,7 +125,7 @@ def check_executor(executor: Any) -> None:
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise TypeError(
             f"`executor` must be a concurrent.futures.Executor (an object with submit()) or "
-            f"a remote backend ({remote.describe_protocol()}), got {executor!r}"
+            f"a remote backend ({remote_protocol.describe_protocol()}), got {executor!r}"
         )
 
 
@@ -308,7 +308,7 @@ class ExecutorCall:
         running ones, and warns (one log line) if one still runs. A remote backend's
         workers drop the op."""
         close = getattr(self.executor, "close", None)
-        if isinstance(self.executor, remote.RemoteCalls) and close is not None:
+        if isinstance(self.executor, remote_calls.RemoteCalls) and close is not None:
             close()
         pending = list(self._pending)
         for future in pending:
@@ -336,7 +336,7 @@ def on_executor(
     """``op`` as a blocking call on ``executor`` (a list of outputs for a generator op)."""
     target: Callable[[Any], Any] = functools.partial(materialize, op) if generator else op
     if is_remote_backend(executor):  # the op goes to the workers once; one call per item
-        return ExecutorCall(target, remote.RemoteCalls(executor, target, stage), stage)
+        return ExecutorCall(target, remote_calls.RemoteCalls(executor, target, stage), stage)
     if _runs_in_processes(executor):
         # A process pool pickles each call with plain pickle: the op goes by value
         # (cloudpickled once), so lambdas and local functions run there too.

@@ -377,19 +377,22 @@ class LocalWorkers:
     def release(self, clean: Iterable[int], *, farewell: Any = None, ask: bool = True) -> None:
         """Gives the ``clean`` workers (idle, their job over or ended by ``farewell``, sent
         first) back to the pool, stops the others (asked first unless ``ask=False``), and
-        unlinks the segments left under :attr:`shm_prefix`. A worker is released once (a
-        release an interrupt cut short may run again)."""
+        unlinks the segments left under :attr:`shm_prefix`. A worker is released once; a
+        release an interrupt cut short may run again, and stops what it had not stopped."""
         clean = set(clean)
         for index, worker in enumerate(self._workers):
             if index in self._released:
                 continue
-            # counted first: a worker pooled twice could serve two stages at once
-            self._released.add(index)
             usable = index in clean and index not in self._lost and worker.usable()
             if usable and (farewell is None or self.send(index, farewell)):
+                # counted first: a worker pooled twice could serve two stages at once
+                self._released.add(index)
                 worker_pool.give_back(worker)
                 continue
+            # counted once stopped: a stop that Ctrl-C cut short is made again by the run of
+            # this release that finishes it (the reaper's)
             worker_pool.stop(worker, ask=ask)
+            self._released.add(index)
         shm.unlink_leftovers(self.shm_prefix)
 
 

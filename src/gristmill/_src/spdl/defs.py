@@ -442,11 +442,12 @@ def Placement(target: Any, buffer_size: int = 1) -> PlacementConfig:  # noqa: N8
             "single stage on a custom executor, pass it to `pipe(executor=...)` instead."
         )
     if not isinstance(target, (ExecutorConfig, _MainProcess)) and not runs_regions(target):
-        raise TypeError(
+        error = TypeError(
             "`to()` target must be a ProcessPoolExecutorConfig, InterpreterPoolExecutorConfig, "
-            "or MAIN_PROCESS. "  # SPDL's words; a backend of the region protocol is taken too
-            f"Got: {type(target).__name__}. {describe_region_protocol()}"
+            f"or MAIN_PROCESS. Got: {type(target).__name__}."  # SPDL's words, exactly
         )
+        error.add_note(describe_region_protocol())  # a backend of the protocol is taken too
+        raise error
     if is_region_backend(target):
         check_region_backend(target)
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:

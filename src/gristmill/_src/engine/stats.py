@@ -267,7 +267,19 @@ class StageCounters:
         self._threads_since = self._started
         self._capacity_s = 0.0  # thread-seconds until `_threads_since`
 
+    def _first_task(self, seconds: float) -> None:
+        """The stage's clock (its wall time and its threads' capacity) starts when its first
+        task began, not when the stage was made: an iterator made some time before its first
+        ``next()`` (a script, or ``gristmill profile``, setting up in between) was not idle
+        then, and a loaded machine would stretch that gap."""
+        began = time.perf_counter() - seconds
+        if began > self._started:
+            self._started = self._threads_since = began
+            self._capacity_s = 0.0
+
     def task_done(self, elements: int, seconds: float) -> None:
+        if not self.tasks:
+            self._first_task(seconds)
         self.tasks += 1
         self.elements_in += elements
         self.busy_s += seconds
@@ -276,6 +288,8 @@ class StageCounters:
     def input_taken(self, elements: int, seconds: float) -> None:
         """A stage whose own work is taking its input (a sink, a prefetch buffer) took
         ``elements`` in ``seconds``: counted as a wait for input, not as work."""
+        if not self.tasks:
+            self._first_task(seconds)
         self.tasks += 1
         self.elements_in += elements
         self.input_wait_s += seconds

@@ -298,6 +298,26 @@ def test_a_script_with_a_sigterm_handler_leaves_at_once_and_leaves_nothing(scrip
     assert exit_s < _GONE_BOUND_S
 
 
+_IN_FLIGHT_TRIES = 3
+_IN_FLIGHT_WAIT_S = 30.0  # for a segment once the script stalled (the setup, not a measure)
+
+
+def _stalled_with_segments_in_flight(script, backend):
+    """A script stalled (holding the GIL) with segments in flight. The parent's readers can
+    take every output before the script stalls (the workers then hold no credit to send
+    more), leaving nothing in flight to kill: such a run is killed and started again."""
+    for _ in range(_IN_FLIGHT_TRIES):
+        run = script(backend, "inflight")
+        _wait_for(lambda: (run.out / "ready").exists(), "the script to stall")
+        deadline = time.monotonic() + _IN_FLIGHT_WAIT_S
+        while not _segments(run.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _segments(run.pid):
+            return run
+        run.kill_all()
+    pytest.fail(f"no segment in flight in {_IN_FLIGHT_TRIES} runs of the script")
+
+
 def _kill_when_in_flight(run):
     _wait_for(lambda: (run.out / "ready").exists(), "the script to stall")
     _wait_for(lambda: _segments(run.pid), "a segment in flight")
@@ -313,7 +333,7 @@ def _kill_when_in_flight(run):
 def test_a_killed_run_s_segments_are_removed_by_its_workers_or_the_next_run(
     script, backend, tmp_path
 ):
-    run = script(backend, "inflight")
+    run = _stalled_with_segments_in_flight(script, backend)
     in_flight, killed = _kill_when_in_flight(run)
     _wait_for(lambda: not run.alive(), "the workers to end", timeout=_GONE_BOUND_S)
     workers_gone_s = time.monotonic() - killed

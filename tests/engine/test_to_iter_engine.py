@@ -126,15 +126,21 @@ def test_error_traceback_includes_the_user_function():
     assert any(entry.name == "fn" for entry in info.traceback)
 
 
-def test_close_is_idempotent_and_stops_threads_within_a_second():
-    it = iter(M.range(10_000).map(slow).to_iter_dataset(gm.ReadOptions(8, 64)))
+def test_close_is_idempotent_and_stops_threads_without_reading_on():
+    calls = itertools.count()
+
+    def counted(x):
+        next(calls)
+        return slow(x)
+
+    it = iter(M.range(10_000).map(counted).to_iter_dataset(gm.ReadOptions(8, 64)))
     next(it), next(it)  # the first element is measured inline; then the threads start
     assert gristmill_threads()
-    start = time.monotonic()
     it.close()
     it.close()
-    assert time.monotonic() - start < 1.0
     assert not gristmill_threads()
+    # What ran is bounded by the buffer and the workers, not by the dataset's 10,000.
+    assert next(calls) <= 2 + 64 + 8
     with pytest.raises(ValueError, match="closed iterator"):
         next(it)
 

@@ -91,3 +91,46 @@ def test_the_autotune_benchmark_runs_and_sums_up_its_runs():
     assert sum("    control ReadOptions(" in line for line in lines) == 2
     assert sum("    chosen ReadOptions(" in line for line in lines) == 2
     assert sum(line.startswith("    tuned run, rate per window: [") for line in lines) == 2
+
+
+ISSUE_35_SCRIPTS = {
+    # script: lines its --quick run must print (the figures are not asserted: the machine
+    # is shared; the targets' marks are, one per target)
+    "tuner_six.py": [
+        "2 ms I/O waits",
+        "GIL-bound Python decode",
+        "GIL-free zlib decode",
+        "mixture of 64 unequal sources",
+        "heavy-tailed waits",
+        "GIL-bound 0.5 ms, needs processes",
+    ],
+    "many_sources.py": ["defaults ", "1 thread, buffer 16 each", "defaults: threads "],
+    "budgets.py": [
+        "  no budget ",
+        "  TuningBudget(cpu_cores=1) ",
+        "  under a budget of 1: ",
+        "  defaults ",
+        "  TuningBudget(ram_bytes=64 MiB) ",
+        "  under 64 MiB: ",
+    ],
+}
+
+
+@pytest.mark.parametrize("script", sorted(ISSUE_35_SCRIPTS))
+def test_an_issue_35_script_prints_its_rows_in_quick_mode(script):
+    result = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--quick", "--timeout", "600"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    for start in ISSUE_35_SCRIPTS[script]:
+        rows = [line for line in lines if line.startswith(start)]
+        assert len(rows) == 1, (start, result.stdout)
+    if script == "tuner_six.py":
+        # each row: tuned/best, 90 % within 5 s, tuned >= defaults
+        rows = [line for line in lines if line.startswith(tuple(ISSUE_35_SCRIPTS[script]))]
+        assert all(sum(line.count(m) for m in "✓✗") == 3 for line in rows), result.stdout

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import threading
 import time
 import weakref
@@ -135,8 +134,7 @@ def main() -> None:
     if args.quick:
         args.seconds = args.bytes_seconds = 2.0
     tm.watchdog(args.timeout)
-    cores = len(os.sched_getaffinity(0))
-    print(f"(a) cores: AUTOTUNE'd zlib decode, {args.seconds:g} s a run, {cores} cores")
+    print(f"(a) cores: AUTOTUNE'd zlib decode, {args.seconds:g} s a run; {tm.machine()}")
     print(
         "  no core budget API (process-wide): the budget of 1 is one plan's "
         "experimental.TuningBudget(cpu_cores=1)"
@@ -145,7 +143,10 @@ def main() -> None:
     budgeted = cores_used(1.0, args.seconds)
     print(f"  under a budget of 1: {budgeted:.2f} cores (target <= 1.1) {tm.mark(budgeted <= 1.1)}")
     args.seconds = args.bytes_seconds
-    print(f"(b) bytes: 8 MiB elements, a consumer taking 20 ms each, {args.seconds:g} s a run")
+    print(
+        f"(b) bytes: 8 MiB elements, a consumer taking 20 ms each, {args.seconds:g} s a run; "
+        f"{tm.machine()}"
+    )
     print(
         "  no byte budget API (process-wide): the budget of 64 MiB is one plan's "
         "experimental.TuningBudget(ram_bytes=64 MiB)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import math
+import os
 import random
 import threading
 import time
@@ -73,6 +74,8 @@ class Trace:
     each window's end."""
 
     marks: list[tuple[float, int]]
+    first_s: float
+    """Seconds from the making of the iterator to its first element."""
 
     def rate_from(self, start_s: float) -> float:
         """Elements per second from the first mark at or after ``start_s`` to the end."""
@@ -103,7 +106,7 @@ def read_for(
     marks, count, mark_at = [(0.0, 0)], 0, window
     try:
         next(it)
-        count = 1
+        count, first_s = 1, time.perf_counter() - started
         if after_first is not None:
             after_first(it)
         while (now := time.perf_counter() - started) < seconds:
@@ -116,7 +119,7 @@ def read_for(
         settings = [s.settings() for s in it.plan().stages if s.tunable]
     finally:
         it.close()
-    return Trace(marks), settings
+    return Trace(marks, first_s), settings
 
 
 def autotune_every_stage(it: Any, budget: Any = None) -> None:
@@ -186,6 +189,13 @@ def watchdog(seconds: float) -> None:
     """Bounds the whole script: past ``seconds`` it prints every thread's stack and exits
     (a hung pipeline must not hang a benchmark run)."""
     faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def machine() -> str:
+    """The cores this process may use and the load average now (the VM is shared: every
+    figure is to be read next to it)."""
+    loads = " ".join(f"{load:.1f}" for load in os.getloadavg())
+    return f"{len(os.sched_getaffinity(0))} cores, load average {loads}"
 
 
 def mark(ok: bool) -> str:

@@ -210,6 +210,7 @@ def main() -> None:
             row = measure(p, args)
             rows.setdefault(p.name, []).append(row)
             show(row)
+        print(f"  ({tm.machine()})", flush=True)
     if args.runs > 1:
         print(f"median over {args.runs} runs: defaults/best, tuned/best, 90 % at (s)")
         for name, runs in rows.items():

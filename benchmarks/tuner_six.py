@@ -9,8 +9,9 @@ its iterator (start-up included):
   ``--from`` (5 s) to ``--seconds`` (9 s).
 - **sweep**: fixed settings (threads x processes x buffer: ``6t/500b 2p`` is
   ``ReadOptions(num_threads=6, prefetch_buffer_size=500)`` before ``mp_prefetch`` with 2
-  workers), each read for ``--warm`` (1 s) and then measured for ``--hand`` (1.5 s); best is
-  the highest (one noisy measurement each: the best is biased upwards, not down).
+  workers), each read for ``--warm`` (1 s) and then measured for ``--hand`` (1.5 s), once
+  before the defaults and tuned runs and once after them (the VM's speed drifts over
+  minutes); a setting's rate is the mean of the two, best the highest of those.
 - **tuned**: every option given as ``gristmill.AUTOTUNE`` (``ReadOptions`` threads and
   buffer; ``MultiprocessingOptions.num_workers``) and ``it.plan().autotune()`` after the
   first element (every stage handed to the tuner: today's documented way). Rate from
@@ -27,7 +28,7 @@ the tuner's (each distinct stage setting, ``64x`` for a mixture's sources), with
 targets marked ✓/✗ (tuned/best ≥ 0.9, 90 % within 5 s, tuned ≥ defaults); ``--runs N``
 ends with the medians. ``--quick`` (< 60 s): short runs, one swept setting: a smoke test.
 
-Run: ``python benchmarks/tuner_six.py --runs 1`` (about 4 minutes on 2 cores).
+Run: ``python benchmarks/tuner_six.py --runs 1`` (about 6 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -143,18 +144,28 @@ class Row:
     chosen: str
 
 
-def measure(p: Pipeline, args: argparse.Namespace) -> Row:
-    swept = []
+def sweep(p: Pipeline, args: argparse.Namespace) -> list[float]:
+    """Each swept setting's rate from ``--warm`` s to ``--warm`` + ``--hand`` s."""
+    rates = []
     for setting in p.sweep[: 1 if args.quick else None]:
         trace, _ = tm.read_for(lambda: iter(p.build(setting)), args.warm + args.hand)
-        swept.append((trace.rate_from(args.warm), setting))
+        rates.append(trace.rate_from(args.warm))
         tm.shutdown_idle_workers()
+    return rates
+
+
+def measure(p: Pipeline, args: argparse.Namespace) -> Row:
+    """The sweep, the defaults, the tuned run and the sweep again (this VM's speed drifts
+    over minutes: the two sweeps bracket the runs, and a setting's rate is their mean)."""
+    before = sweep(p, args)
     defaults, _ = tm.read_for(lambda: iter(p.build(DEFAULT)), args.seconds)
     tm.shutdown_idle_workers()
     tuned, chosen = tm.read_for(
         lambda: iter(p.build(TUNED)), args.seconds, after_first=tm.autotune_every_stage
     )
     tm.shutdown_idle_workers()
+    after = before if args.quick else sweep(p, args)
+    swept = [((a + b) / 2, s) for a, b, s in zip(before, after, p.sweep, strict=False)]
     best, best_setting = max(swept, key=lambda pair: pair[0])
     return Row(
         p.name,

@@ -26,7 +26,8 @@ best setting is worker processes (``mp_prefetch``).
 Prints one row per pipeline and run: defaults/best, tuned/best, 90 % at, the best setting and
 the tuner's (each distinct stage setting, ``64x`` for a mixture's sources), with issue 35's
 targets marked ✓/✗ (tuned/best ≥ 0.9, 90 % within 5 s, tuned ≥ defaults); ``--runs N``
-ends with the medians. ``--quick`` (< 60 s): short runs, one swept setting: a smoke test.
+ends with the medians. ``--quick``: short runs, one swept setting: a smoke test (23 s at a
+load average of 2, 55 s at 13).
 
 Run: ``python benchmarks/tuner_six.py --runs 1`` (about 6 minutes on 2 cores).
 """
@@ -184,8 +185,14 @@ HEADER = (
 )
 
 
+def ratio(rate: float, best: float) -> float:
+    """``rate / best``; nan where no swept setting delivered within its window (a --quick
+    sweep shorter than the pipeline's start-up)."""
+    return rate / best if best > 0 else math.nan
+
+
 def show(row: Row) -> None:
-    d, t = row.defaults / row.best, row.tuned / row.best
+    d, t = ratio(row.defaults, row.best), ratio(row.tuned, row.best)
     at = "never" if math.isinf(row.reached_s) else f"{row.reached_s:.1f} s"
     print(
         f"{row.name:<34} {row.best:>8,.0f} {d:>14.2f} {t:>9.2f} {tm.mark(t >= 0.9)} "
@@ -225,8 +232,8 @@ def main() -> None:
     if args.runs > 1:
         print(f"median over {args.runs} runs: defaults/best, tuned/best, 90 % at (s)")
         for name, runs in rows.items():
-            d = statistics.median(r.defaults / r.best for r in runs)
-            t = statistics.median(r.tuned / r.best for r in runs)
+            d = statistics.median(ratio(r.defaults, r.best) for r in runs)
+            t = statistics.median(ratio(r.tuned, r.best) for r in runs)
             at = statistics.median(r.reached_s for r in runs)
             print(
                 f"{name:<34} {d:>5.2f} {t:>5.2f} {tm.mark(t >= 0.9)} {at:>6.1f} "

@@ -29,7 +29,7 @@ targets marked ✓/✗ (tuned/best ≥ 0.9, 90 % within 5 s, tuned ≥ defaults)
 ends with the medians. ``--quick``: short runs, one swept setting: a smoke test (23 s at a
 load average of 2, 55 s at 13).
 
-Run: ``python benchmarks/tuner_six.py --runs 1`` (about 6 minutes on 2 cores).
+Run: ``python benchmarks/tuner_six.py --runs 1`` (about 4 minutes on 2 cores, with both sweeps).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 
 import gristmill as gm
 from gristmill._src.engine.backends import Executor, OutputOrder
-from gristmill._src.engine.plan import Role
+from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.stage_spec import (
     INLINE,
     OpKind,
@@ -216,6 +216,15 @@ def test_bad_stage_settings_name_the_setting_and_the_value():
         StageSettings(workers=1, buffer_size=4, output_order="input")
     with pytest.raises(TypeError, match=r"kind must be an OpKind, got 'map'"):
         StageOp(kind="map", fn=square)
+    with pytest.raises(ValueError, match=r"tunable must be a tuple of settings among"):
+        StageSettings(workers=1, buffer_size=4, tunable=("threads",))
+    with pytest.raises(ValueError, match=r"window_size must be >= 1, got 0"):
+        StageSettings(workers=0, buffer_size=0, window_size=0)
+    sink = StageSpec(
+        name="sink", role=Role.SINK, ops=(), settings=StageSettings(workers=0, buffer_size=3)
+    )
+    with pytest.raises(TypeError, match=r"stage 'sink': its spec says .* may change"):
+        PlannedStage(sink, object())  # a piece with no knobs cannot be tunable
     inline = StageSpec(name="f", role=Role.MAP, ops=(), settings=INLINE)
     with pytest.raises(ValueError, match=r"stage 'f' has settings with no backend \(INLINE\)"):
         build_stage(inline, feed=None)
@@ -309,7 +318,8 @@ def test_every_stage_of_a_pipeline_has_a_spec_with_its_role_kinds_and_settings()
     assert {stage.role for stage in (source, aggregate, paths, region, sink)}.isdisjoint(
         {stage.role for stage in plan.stages if stage.tunable}
     )
-    assert split.tunable and split.spec.settings.tunable == ("workers", "buffer_size")
+    assert split.tunable
+    assert split.spec.settings.tunable == ("workers", "buffer_size")
 
 
 def test_a_pipeline_plan_prints_every_stage_with_its_settings():
@@ -385,7 +395,8 @@ def test_an_auto_pipe_is_tuned_from_the_options_in_its_spec():
         assert sorted(pipeline) == [x * x for x in range(40)]
     stage = pipeline.plan().stages[1]
     tuning = stage.spec.settings.tuning
-    assert tuning is not None and (tuning.workers, tuning.buffer) == (True, False)
+    assert tuning is not None
+    assert (tuning.workers, tuning.buffer) == (True, False)
     assert tuning.max_workers == 2  # the pipeline's threads
     assert tuning.freeze({"workers": 3}) == "pipe(..., concurrency=3)"
     assert stage.name in pipeline.plan().changes()  # build_stage started its tuner
@@ -423,7 +434,7 @@ def test_every_stage_of_a_dataset_pipeline_has_a_spec_with_its_role_kinds_and_se
             ("aggregate", []),
             ("prefetch", []),
         ]
-        opening, reading, read, *_, mix, shuffle, batch, prefetch = plan.stages
+        opening, reading, read, *_, shuffle, batch, prefetch = plan.stages
         assert reading.spec.settings.cycle_length == 2
         assert reading.spec.settings.buffer_size == 4  # each open iterator's buffer
         assert (read.spec.settings.workers, read.spec.settings.buffer_size) == (2, 5)
@@ -482,6 +493,10 @@ def test_an_mp_prefetch_read_has_a_spec_with_its_worker_processes_and_autotune_o
 # -- no stage without a spec ---------------------------------------------------------------
 
 
+def _is_a_role(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "Role"
+
+
 def test_no_planned_stage_is_made_without_a_spec_in_the_package():
     """A ``PlannedStage(...)`` call names its spec first (or as ``spec=``), never None."""
     found, calls = [], 0
@@ -495,8 +510,9 @@ def test_no_planned_stage_is_made_without_a_spec_in_the_package():
             calls += 1
             spec = node.args[0] if node.args else None
             spec = spec or next((k.value for k in node.keywords if k.arg == "spec"), None)
-            names_a_string = isinstance(spec, ast.Constant)  # a name, not a spec: the old form
-            if spec is None or names_a_string or len(node.args) > 3:
+            # the old form, PlannedStage(name, role, piece, spec=None): a spec left out
+            old_form = len(node.args) > 2 or any(_is_a_role(arg) for arg in node.args)
+            if spec is None or isinstance(spec, ast.Constant) or old_form:
                 found.append(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}")
     assert calls >= 10  # every dialect's stages are made here
     assert found == []

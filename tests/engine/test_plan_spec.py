@@ -322,17 +322,18 @@ def test_every_stage_of_a_pipeline_has_a_spec_with_its_role_kinds_and_settings()
     assert split.spec.settings.tunable == ("workers", "buffer_size")
 
 
-def test_a_pipeline_plan_prints_every_stage_with_its_settings():
-    pipeline = (
-        PipelineBuilder()
-        .add_source(range(8))
-        .pipe(square, concurrency=2)
-        .aggregate(4)
-        .add_sink(7)
-        .build(num_threads=2)
-    )
+def batched_squares():
+    """A pipeline run to its end: source, a pipe, an aggregate and a sink of 7."""
+    builder = PipelineBuilder().add_source(range(8)).pipe(square, concurrency=2).aggregate(4)
+    pipeline = builder.add_sink(7).build(num_threads=2)
     with pipeline.auto_stop():
-        list(pipeline)
+        got = list(pipeline)  # the pipe's outputs in completion order
+    assert sorted(x for batch in got for x in batch) == [x * x for x in range(8)]
+    return pipeline
+
+
+def test_a_pipeline_plan_prints_every_stage_with_its_settings():
+    pipeline = batched_squares()
     lines = str(pipeline.plan()).splitlines()
     names = [stage.name for stage in pipeline.plan().stages]
     assert lines == [
@@ -344,16 +345,7 @@ def test_a_pipeline_plan_prints_every_stage_with_its_settings():
 
 
 def test_describe_lists_every_stage_as_plain_data_and_settings_stays_what_apply_takes():
-    pipeline = (
-        PipelineBuilder()
-        .add_source(range(8))
-        .pipe(square, concurrency=2)
-        .aggregate(4)
-        .add_sink(7)
-        .build(num_threads=2)
-    )
-    with pipeline.auto_stop():
-        list(pipeline)
+    pipeline = batched_squares()
     plan = pipeline.plan()
     described = json.loads(json.dumps(plan.describe()))  # plain data, for programs
     assert [d["role"] for d in described] == ["source", "map", "aggregate", "sink"]

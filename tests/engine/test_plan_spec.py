@@ -1,19 +1,22 @@
-"""One plan: both dialects lower the stages that run element functions to frozen stage
-descriptions (``engine/stage_spec.py``), each op's kind an enum classified once, and every
-such stage in ``plan()`` carries the description it was built from."""
+"""One plan: both dialects lower their stages to frozen stage descriptions
+(``engine/stage_spec.py``), each op's kind an enum classified once, and every stage in
+``plan()`` — a runner or not — carries the description it was built from, with every setting
+it has and which of them may change while it runs."""
 
 import ast
 import asyncio
 import dataclasses
+import json
 import pathlib
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import gristmill as gm
 from gristmill._src.engine.backends import Executor, OutputOrder
-from gristmill._src.engine.plan import Role
+from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.stage_spec import (
     INLINE,
     OpKind,
@@ -23,7 +26,7 @@ from gristmill._src.engine.stage_spec import (
     build_stage,
     function_kind,
 )
-from gristmill.pipeline import PipelineBuilder
+from gristmill.pipeline import PipelineBuilder, defs
 
 SUPPORT = Path(__file__).parents[1] / "support"
 if str(SUPPORT) not in sys.path:
@@ -55,6 +58,10 @@ def is_even(x):
     return x % 2 == 0
 
 
+def parity(x):
+    return x % 2
+
+
 def four_pipes():
     return (
         PipelineBuilder()
@@ -75,7 +82,7 @@ def test_a_pipeline_plan_describes_each_pipe_stage_with_its_op_kind_and_settings
     assert sorted(got) == sorted(-(x * x + 1) for x in range(12) for _ in range(2))
     plan = pipeline.plan()
     source, *pipes, sink = plan.stages
-    assert (source.spec, sink.spec) == (None, None)  # no element function of the user's
+    assert (source.spec.ops, sink.spec.ops) == ((), ())  # no element function of the user's
     specs = [stage.spec for stage in pipes]
     assert [spec.kind for spec in specs] == [
         OpKind.SYNC,
@@ -113,7 +120,7 @@ def test_a_dataset_plan_describes_the_fused_map_and_filter_ops_and_their_setting
     it = iter(gm.experimental.multithread_prefetch(chain, num_threads=3, buffer_size=8))
     assert list(it) == list(chain)  # the fused stage gives the chain's elements
     read, prefetch = it.plan().stages
-    assert prefetch.spec is None
+    assert prefetch.spec.ops == ()  # a prefetch thread runs no function of the user's
     spec = read.spec
     assert spec.role.value == "read"
     assert [op.kind for op in spec.ops] == [OpKind.MAP, OpKind.FILTER]
@@ -154,7 +161,7 @@ def test_a_stream_stage_on_worker_processes_is_described_as_its_fused_ops():
     it = iter(chain.mp_prefetch(gm.MultiprocessingOptions(num_workers=1)))
     try:
         assert list(it) == list(chain)
-        (spec,) = [stage.spec for stage in it.plan().stages if stage.spec is not None]
+        (spec,) = [stage.spec for stage in it.plan().stages if stage.spec.ops]
         assert [op.kind for op in spec.ops] == [OpKind.FILTER, OpKind.MAP]
         assert spec.settings.executor is Executor.PROCESSES
         assert spec.settings.workers == 1
@@ -209,6 +216,15 @@ def test_bad_stage_settings_name_the_setting_and_the_value():
         StageSettings(workers=1, buffer_size=4, output_order="input")
     with pytest.raises(TypeError, match=r"kind must be an OpKind, got 'map'"):
         StageOp(kind="map", fn=square)
+    with pytest.raises(ValueError, match=r"tunable must be a tuple of settings among"):
+        StageSettings(workers=1, buffer_size=4, tunable=("threads",))
+    with pytest.raises(ValueError, match=r"window_size must be >= 1, got 0"):
+        StageSettings(workers=0, buffer_size=0, window_size=0)
+    sink = StageSpec(
+        name="sink", role=Role.SINK, ops=(), settings=StageSettings(workers=0, buffer_size=3)
+    )
+    with pytest.raises(TypeError, match=r"stage 'sink': its spec says .* may change"):
+        PlannedStage(sink, object())  # a piece with no knobs cannot be tunable
     inline = StageSpec(name="f", role=Role.MAP, ops=(), settings=INLINE)
     with pytest.raises(ValueError, match=r"stage 'f' has settings with no backend \(INLINE\)"):
         build_stage(inline, feed=None)
@@ -243,4 +259,252 @@ def test_no_op_kind_is_compared_as_a_string_in_the_package():
             strings = set().union(*(_kind_strings(side) for side in sides))
             if strings and any(_names_a_kind(side) for side in sides):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+
+
+# -- every stage has a spec: the SPDL dialect ---------------------------------------------
+
+
+def by_role(plan):
+    return [(stage.role.value, [op.kind.value for op in stage.spec.ops]) for stage in plan.stages]
+
+
+def every_spdl_stage():
+    return (
+        PipelineBuilder()
+        .add_source(range(24))
+        .pipe(square, concurrency=2)
+        .aggregate(4)
+        .disaggregate()
+        .path_variants(parity, [[defs.Pipe(fns.times_ten)], [defs.Pipe(twice)]])
+        .to(defs.ProcessPoolExecutorConfig(max_workers=2), buffer_size=3)
+        .pipe(fns.times_ten)
+        .to(defs.MAIN_PROCESS)
+        .add_sink(7)
+        .build(num_threads=2)
+    )
+
+
+def test_every_stage_of_a_pipeline_has_a_spec_with_its_role_kinds_and_settings():
+    pipeline = every_spdl_stage()
+    with pipeline.auto_stop():
+        got = list(pipeline)
+    assert len(got) == 36  # 12 even ones once, 12 odd ones twice
+    plan = pipeline.plan()
+    assert by_role(plan) == [
+        ("source", []),
+        ("map", ["sync"]),
+        ("aggregate", []),
+        ("split", []),
+        ("map", ["sync"]),  # path 0
+        ("map", ["gen"]),  # path 1
+        ("paths", []),
+        ("region", []),
+        ("sink", []),
+    ]
+    source, pipe, aggregate, split, *_paths, paths, region, sink = plan.stages
+    settings = {stage.role: stage.spec.settings for stage in plan.stages}
+    assert settings[Role.SINK].buffer_size == 7  # the buffer the user gave add_sink
+    assert settings[Role.AGGREGATE].batch_size == 4  # aggregate(4)
+    assert (settings[Role.SOURCE].workers, settings[Role.SOURCE].buffer_size) == (1, 64)
+    region_settings = settings[Role.REGION]
+    assert (region_settings.workers, region_settings.buffer_size) == (2, 3)  # max_workers, to()
+    assert region_settings.executor is Executor.PROCESSES
+    assert pipe.spec.settings.workers == 2
+    # which settings may change while it runs: a runner's (pipes, the split), nobody else's
+    assert [stage.name for stage in plan.stages if stage.spec.settings.tunable] == list(
+        plan.settings()
+    )
+    assert {stage.role for stage in (source, aggregate, paths, region, sink)}.isdisjoint(
+        {stage.role for stage in plan.stages if stage.tunable}
+    )
+    assert split.tunable
+    assert split.spec.settings.tunable == ("workers", "buffer_size")
+
+
+def batched_squares():
+    """A pipeline run to its end: source, a pipe, an aggregate and a sink of 7."""
+    builder = PipelineBuilder().add_source(range(8)).pipe(square, concurrency=2).aggregate(4)
+    pipeline = builder.add_sink(7).build(num_threads=2)
+    with pipeline.auto_stop():
+        got = list(pipeline)  # the pipe's outputs in completion order
+    assert sorted(x for batch in got for x in batch) == [x * x for x in range(8)]
+    return pipeline
+
+
+def test_a_pipeline_plan_prints_every_stage_with_its_settings():
+    pipeline = batched_squares()
+    lines = str(pipeline.plan()).splitlines()
+    names = [stage.name for stage in pipeline.plan().stages]
+    assert lines == [
+        f"    source  {names[0]}  (fixed: workers=1, buffer_size=64)",
+        f"       map  {names[1]}  [sync]  (workers=2, buffer_size=4)",
+        f" aggregate  {names[2]}  (fixed: batch_size=4)",
+        f"      sink  {names[3]}  (fixed: buffer_size=7)",
+    ]
+
+
+def test_describe_lists_every_stage_as_plain_data_and_settings_stays_what_apply_takes():
+    pipeline = batched_squares()
+    plan = pipeline.plan()
+    described = json.loads(json.dumps(plan.describe()))  # plain data, for programs
+    assert [d["role"] for d in described] == ["source", "map", "aggregate", "sink"]
+    assert described[1]["kinds"] == ["sync"]
+    assert described[1]["tunable"] == ["workers", "buffer_size"]
+    assert described[3] == {
+        "name": plan.stages[3].name,
+        "role": "sink",
+        "kinds": [],
+        "tunable": [],
+        "settings": {"workers": 0, "buffer_size": 7, "executor": "inline"},
+    }
+    plan.configure(plan.stages[1].name, workers=1)  # a tunable stage shows its live value
+    assert plan.describe()[1]["settings"]["workers"] == 1
+    assert plan.settings() == {plan.stages[1].name: {"workers": 1, "buffer_size": 4}}
+    plan.apply(plan.settings())
+
+
+def test_configuring_a_stage_with_read_only_settings_is_a_clear_error():
+    pipeline = PipelineBuilder().add_source(range(4)).add_sink(7).build(num_threads=1)
+    with pipeline.auto_stop():
+        list(pipeline)
+    plan = pipeline.plan()
+    sink = plan.stages[-1].name
+    with pytest.raises(ValueError, match=rf"stage '{sink}' \(sink\) has no workers or buffer"):
+        plan.configure(sink, buffer_size=3)
+    assert plan.stages[-1].spec.settings.buffer_size == 7
+
+
+def test_an_auto_pipe_is_tuned_from_the_options_in_its_spec():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(40))
+        .pipe(square, concurrency="auto")
+        .add_sink(3)
+        .build(num_threads=2)
+    )
+    with pipeline.auto_stop():
+        assert sorted(pipeline) == [x * x for x in range(40)]
+    stage = pipeline.plan().stages[1]
+    tuning = stage.spec.settings.tuning
+    assert tuning is not None
+    assert (tuning.workers, tuning.buffer) == (True, False)
+    assert tuning.max_workers == 2  # the pipeline's threads
+    assert tuning.freeze({"workers": 3}) == "pipe(..., concurrency=3)"
+    assert stage.name in pipeline.plan().changes()  # build_stage started its tuner
+
+
+# -- every stage has a spec: the dataset dialect -------------------------------------------
+
+
+def test_every_stage_of_a_dataset_pipeline_has_a_spec_with_its_role_kinds_and_settings():
+    def source(i):
+        return gm.MapDataset.range(i * 100, i * 100 + 12).to_iter_dataset(
+            gm.ReadOptions(num_threads=2, prefetch_buffer_size=5)
+        )
+
+    left = gm.experimental.InterleaveIterDataset(
+        gm.MapDataset.range(3).map(source), cycle_length=2, iter_buffer_size=4
+    )
+    right = source(7).map(square).filter(is_even)
+    chain = gm.IterDataset.mix([left, right], [1.0, 1.0])
+    chain = gm.experimental.WindowShuffleIterDataset(chain, window_size=6, seed=1)
+    chain = chain.batch(3, drop_remainder=True)
+    chain = gm.experimental.ThreadPrefetchIterDataset(chain, prefetch_buffer_size=9)
+    it = iter(chain)
+    try:
+        assert list(it)  # batches of 3 until the shorter source of the mix ends
+        plan = it.plan()
+        assert by_role(plan) == [
+            ("interleave", []),  # opening iterators ahead
+            ("interleave", []),  # reading the open ones
+            ("read", []),
+            ("map", ["map"]),
+            ("map", ["filter"]),
+            ("mix", []),
+            ("shuffle", []),
+            ("aggregate", []),
+            ("prefetch", []),
+        ]
+        opening, reading, read, *_, shuffle, batch, prefetch = plan.stages
+        assert reading.spec.settings.cycle_length == 2
+        assert reading.spec.settings.buffer_size == 4  # each open iterator's buffer
+        assert (read.spec.settings.workers, read.spec.settings.buffer_size) == (2, 5)
+        assert shuffle.spec.settings.window_size == 6
+        assert batch.spec.settings.batch_size == 3
+        assert (prefetch.spec.settings.workers, prefetch.spec.settings.buffer_size) == (1, 9)
+        assert prefetch.spec.settings.executor is Executor.THREADS
+        assert [s.tunable for s in plan.stages] == [True, False, True] + [False] * 6
+        assert list(plan.settings()) == [opening.name, read.name]
+    finally:
+        it.close()
+
+
+def test_packing_rebatch_and_flat_map_stages_have_specs():
+    rows = gm.MapDataset.source([{"t": np.arange(n % 3 + 1, dtype=np.int32)} for n in range(9)])
+    chain = gm.experimental.FirstFitPackIterDataset(
+        rows.to_iter_dataset(), length_struct={"t": 4}, num_packing_bins=2, shuffle_bins=False
+    )
+    it = iter(gm.experimental.RebatchIterDataset(chain.batch(2), batch_size=3))
+    assert list(it)
+    assert by_role(it.plan()) == [
+        ("read", []),
+        ("aggregate", []),  # packing
+        ("aggregate", []),  # batch(2)
+        ("aggregate", []),  # rebatch(3)
+    ]
+    assert [s.spec.settings.batch_size for s in it.plan().stages[2:]] == [2, 3]
+    it.close()
+    it = iter(
+        gm.experimental.FlatMapIterDataset(gm.MapDataset.range(4).to_iter_dataset(), fns.OddTwice())
+    )
+    assert list(it) == [0, 1, 101, 2, 3, 103]
+    # flat_map: any number of outputs for one input, in its iterator's next()
+    assert by_role(it.plan()) == [("read", []), ("map", ["gen"])]
+    assert it.plan().stages[1].spec.settings.executor is Executor.INLINE
+    it.close()
+
+
+def test_an_mp_prefetch_read_has_a_spec_with_its_worker_processes_and_autotune_options():
+    chain = gm.MapDataset.range(20).map(fns.times_ten).to_iter_dataset()
+    it = iter(chain.mp_prefetch(gm.MultiprocessingOptions(num_workers=gm.AUTOTUNE)))
+    try:
+        assert list(it) == [x * 10 for x in range(20)]
+        (read,) = [stage for stage in it.plan().stages if stage.role is Role.READ]
+        settings = read.spec.settings
+        assert settings.executor is Executor.PROCESSES
+        assert settings.workers >= 1
+        assert settings.tuning is not None  # num_workers=AUTOTUNE: tuned from the start
+        assert settings.tuning.freeze({"workers": 2, "buffer_size": 8}) == (
+            "MultiprocessingOptions(num_workers=2) (buffer 8)"
+        )
+    finally:
+        it.close()
+
+
+# -- no stage without a spec ---------------------------------------------------------------
+
+
+def _is_a_role(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "Role"
+
+
+def test_no_planned_stage_is_made_without_a_spec_in_the_package():
+    """A ``PlannedStage(...)`` call names its spec first (or as ``spec=``), never None."""
+    found, calls = [], 0
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if "PlannedStage(" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "PlannedStage"):
+                continue
+            calls += 1
+            spec = node.args[0] if node.args else None
+            spec = spec or next((k.value for k in node.keywords if k.arg == "spec"), None)
+            # the old form, PlannedStage(name, role, piece, spec=None): a spec left out
+            old_form = len(node.args) > 2 or any(_is_a_role(arg) for arg in node.args)
+            if spec is None or isinstance(spec, ast.Constant) or old_form:
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}")
+    assert calls >= 10  # every dialect's stages are made here
     assert found == []

@@ -50,6 +50,7 @@ from gristmill._src.dataset.iter_support import (
 )
 from gristmill._src.dataset.op_clock import OpRow, timed_less_pulls
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import fixed_spec
 
 _FRESH = (-1, -1)  # remainder_slices of a feature when no element is partly placed
 
@@ -444,7 +445,7 @@ class _ConcatSplitIterator(ForwardingIterator):
 
     def plan(self) -> Plan:
         return Plan.joined(
-            [super().plan()], PlannedStage(self._row.name, Role.AGGREGATE, self._row)
+            [super().plan()], PlannedStage(fixed_spec(self._row.name, Role.AGGREGATE), self._row)
         )
 
     def _describe(self) -> str:

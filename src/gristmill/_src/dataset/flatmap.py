@@ -28,6 +28,7 @@ from gristmill._src.dataset.iter_support import (
 )
 from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import INLINE, OpKind, StageOp, StageSpec
 
 
 def _no_element_spec(owner: str) -> NotImplementedError:
@@ -164,7 +165,10 @@ class _FlatMapIterator(ForwardingIterator):
         return output
 
     def plan(self) -> Plan:
-        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
+        # its op gives any number of outputs for one input, in turn (run inline, here)
+        op = StageOp(kind=OpKind.GEN, fn=self._flat_map, label=self._row.name)
+        spec = StageSpec(name=self._row.name, role=Role.MAP, ops=(op,), settings=INLINE)
+        return Plan.joined([super().plan()], PlannedStage(spec, self._row))
 
     def _describe(self) -> str:
         return f"flat_map({transforms.qualified_name(self._flat_map)})"

@@ -39,6 +39,7 @@ from gristmill._src.engine import reaper
 from gristmill._src.engine.feeds import Chunk, ReadFn
 from gristmill._src.engine.ordered import OrderedChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import StageSettings, StageSpec, fixed_spec
 from gristmill._src.engine.stats import StageStatistics
 from gristmill._src.engine.verdict import PASS_THROUGH_ROLES
 
@@ -333,12 +334,13 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
 
     def _get_runner(self) -> OrderedChunkRunner:
         if self._runner is None:
+            opening = self._opening_spec().settings
             self._runner = OrderedChunkRunner(
                 _opener(self._datasets, self._iter_buffer_size, self._ahead, self._ctx),
                 self._position,
                 self._count,
-                workers=self._make_iter_threads,
-                buffer_size=self._make_iter_buffer_size,
+                workers=opening.workers,
+                buffer_size=opening.buffer_size,
                 name=_STAGE_NAME,
             )
             # Dropping this iterator closes what was opened ahead for it (off the GC's thread).
@@ -535,10 +537,29 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
     def plan(self) -> Plan:
         """The stage that opens iterators ahead (none when they are opened on demand), then
         the row of reading them (their own stages are not listed: they come and go)."""
-        reading = PlannedStage(self._row.name, Role.INTERLEAVE, self._reading)
+        spec = fixed_spec(
+            self._row.name,
+            Role.INTERLEAVE,
+            # each open iterator reads ahead by up to this many elements (its own stages)
+            buffer_size=self._iter_buffer_size,
+            cycle_length=self._cycle_length,
+        )
+        reading = PlannedStage(spec, self._reading)
         if self._runner is None:
             return Plan([reading])
-        return Plan([PlannedStage(self._runner.name, Role.INTERLEAVE, self._runner), reading])
+        return Plan([PlannedStage(self._opening_spec(), self._runner), reading])
+
+    def _opening_spec(self) -> StageSpec:
+        """The stage that opens the next iterators ahead: its threads and buffer are its
+        runner's (tunable, like any runner's)."""
+        return StageSpec(
+            name=_STAGE_NAME,
+            role=Role.INTERLEAVE,
+            ops=(),
+            settings=StageSettings(
+                workers=self._make_iter_threads, buffer_size=self._make_iter_buffer_size
+            ),
+        )
 
     def close(self) -> None:
         if self._closed:

@@ -27,6 +27,7 @@ from gristmill._src.dataset.iter_base import (
 )
 from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import fixed_spec
 
 _STATE_KEYS = ("parents", "index", "stop")
 
@@ -171,7 +172,8 @@ class MixedDatasetIterator(DatasetIterator[Any]):
         return element
 
     def plan(self) -> Plan:
-        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MIX, self._row))
+        own = PlannedStage(fixed_spec(self._row.name, Role.MIX), self._row)
+        return Plan.joined([super().plan()], own)
 
     def _describe(self) -> str:
         if self._names is None:

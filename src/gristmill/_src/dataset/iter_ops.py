@@ -19,7 +19,7 @@ from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, bulk_
 from gristmill._src.dataset.op_clock import OpRow, call_sampled
 from gristmill._src.dataset.shuffle import resolve_seed
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
-from gristmill._src.engine.stage_spec import INLINE, OpKind, StageOp, StageSpec
+from gristmill._src.engine.stage_spec import INLINE, OpKind, StageOp, StageSpec, fixed_spec
 
 _U64 = 2**64
 
@@ -37,7 +37,7 @@ def _state_key(state: Any, key: str, owner: str) -> Any:
 def _inline_stage(row: OpRow, op: StageOp) -> PlannedStage:
     """An op run in its iterator's ``next()`` as a plan stage: its row, and its spec."""
     spec = StageSpec(name=row.name, role=Role.MAP, ops=(op,), settings=INLINE)
-    return PlannedStage(row.name, Role.MAP, row, spec=spec)
+    return PlannedStage(spec, row)
 
 
 class _OneParentIterator(DatasetIterator[Any]):
@@ -227,7 +227,8 @@ class _CountingIterator(DatasetIterator[Any]):
         return call_sampled(self._row, self._apply, count, element)
 
     def plan(self) -> Plan:
-        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.MAP, self._row))
+        op = StageOp(kind=OpKind.MAP, fn=self._apply, label=self._row.name)
+        return Plan.joined([super().plan()], _inline_stage(self._row, op))
 
     def get_state(self) -> dict[str, Any]:
         return self._export_state({"parent": self._parent.get_state(), self._key: self._count})
@@ -338,7 +339,11 @@ class _BatchIterator(_OneParentIterator):
 
     def plan(self) -> Plan:
         return Plan.joined(
-            [super().plan()], PlannedStage(self._row.name, Role.AGGREGATE, self._row)
+            [super().plan()],
+            PlannedStage(
+                fixed_spec(self._row.name, Role.AGGREGATE, batch_size=self._batch_size),
+                self._row,
+            ),
         )
 
     def _describe(self) -> str:

@@ -27,6 +27,7 @@ from gristmill._src.dataset.iter_support import (
 )
 from gristmill._src.dataset.op_clock import OpRow, timed_less_pulls
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import fixed_spec
 
 _NOTHING: Any = object()  # no element waits to open the next round
 
@@ -289,7 +290,7 @@ class _PackIterator(ForwardingIterator):
 
     def plan(self) -> Plan:
         return Plan.joined(
-            [super().plan()], PlannedStage(self._row.name, Role.AGGREGATE, self._row)
+            [super().plan()], PlannedStage(fixed_spec(self._row.name, Role.AGGREGATE), self._row)
         )
 
     def _describe(self) -> str:

@@ -21,6 +21,7 @@ from gristmill._src.dataset.iter_support import (
 )
 from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import fixed_spec
 
 _OWNER = "RebatchIterDataset"
 
@@ -150,7 +151,11 @@ class _RebatchIterator(ForwardingIterator):
 
     def plan(self) -> Plan:
         return Plan.joined(
-            [super().plan()], PlannedStage(self._op_row.name, Role.AGGREGATE, self._op_row)
+            [super().plan()],
+            PlannedStage(
+                fixed_spec(self._op_row.name, Role.AGGREGATE, batch_size=self._batch_size),
+                self._op_row,
+            ),
         )
 
     def _describe(self) -> str:

@@ -12,9 +12,11 @@ from typing import Any
 
 from gristmill._src.core import specs, validation
 from gristmill._src.dataset.iter_base import ConsumerGuard, DatasetIterator, IterDataset
+from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.producer import BackgroundProducer
 from gristmill._src.engine.reporting import PeriodicReporter
+from gristmill._src.engine.stage_spec import fixed_spec
 from gristmill._src.engine.stats import StageCounters
 
 
@@ -235,7 +237,14 @@ class ThreadPrefetchDatasetIterator(DatasetIterator[Any]):
 
     def plan(self) -> Plan:
         """The parent's stages, then this prefetch thread's."""
-        own = PlannedStage(self._counters.name, Role.PREFETCH, self._counters)
+        spec = fixed_spec(
+            self._counters.name,
+            Role.PREFETCH,
+            workers=1,  # its one thread
+            buffer_size=self._buffer_size,
+            backend=Executor.THREADS,
+        )
+        own = PlannedStage(spec, self._counters)
         return Plan.joined([super().plan()], own)
 
     def close(self) -> None:

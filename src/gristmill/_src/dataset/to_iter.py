@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import operator
 import time
@@ -32,7 +33,14 @@ from gristmill._src.engine.feeds import RangeFeed
 from gristmill._src.engine.ordered import THREADS, Chunk, ChunkRunner
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
 from gristmill._src.engine.reporting import PeriodicReporter
-from gristmill._src.engine.stage_spec import OpKind, StageOp, StageSettings, StageSpec, build_stage
+from gristmill._src.engine.stage_spec import (
+    AutotuneOptions,
+    OpKind,
+    StageOp,
+    StageSettings,
+    StageSpec,
+    build_stage,
+)
 from gristmill._src.engine.stats import StageStatistics
 from gristmill._src.engine.tuner import available_cores
 
@@ -321,7 +329,6 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             )
             runner, planned = build_stage(self._spec(), feed)
             self._runner, self._planned = runner, planned
-            self._autotune(runner)
             # Bound to the runner, not to this iterator: no reference cycle, so dropping the
             # iterator frees it (and stops its threads) at once, without the cyclic GC.
             clock = self._clock
@@ -340,13 +347,14 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                 workers=workers,
                 buffer_size=buffer_size,
                 backend=THREADS if processes is None else processes.backend,
+                tuning=self._tuning(buffer_size),
             ),
         )
 
-    def _autotune(self, runner: ChunkRunner) -> None:
-        """Hands the knobs the user left to the autotuner: an in-process read's threads and
+    def _tuning(self, buffer_size: int) -> AutotuneOptions | None:
+        """The knobs the user left to the autotuner: an in-process read's threads and
         buffer, or the worker processes of ``num_workers=AUTOTUNE`` (as many as started, at
-        most) and their buffer."""
+        most) and their buffer. None: none (or a read of one element per ``next()``)."""
         options, processes = self._options, self._processes
         if processes is None:
             tune_workers = is_autotuned(options.num_threads)
@@ -355,13 +363,14 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         else:
             tune_workers = tune_buffer = processes.autotune
             freeze = "MultiprocessingOptions(num_workers={workers}) (buffer {buffer_size})"
-        if runner.knobs["buffer_size"] > 1 and (tune_workers or tune_buffer):
-            runner.autotune(
-                tune_workers=tune_workers,
-                tune_buffer=tune_buffer,
-                guess_down=options.num_threads is AUTOTUNE,
-                freeze=lambda knobs: freeze.format(**knobs),
-            )
+        if buffer_size <= 1 or not (tune_workers or tune_buffer):
+            return None
+        return AutotuneOptions(
+            workers=tune_workers,
+            buffer=tune_buffer,
+            guess_down=options.num_threads is AUTOTUNE,
+            freeze=functools.partial(_freeze, freeze),
+        )
 
     def __next__(self) -> Any:
         self._check_open()
@@ -601,6 +610,10 @@ def _read_plan(planned: PlannedStage, clock: OpClock | None) -> Plan:
         for key, name, batches in clock.nodes
     )
     return Plan([dataclasses.replace(planned, parts=nodes)])
+
+
+def _freeze(template: str, knobs: dict[str, int]) -> str:
+    return template.format(**knobs)
 
 
 def _start_knobs(options: ReadOptions) -> tuple[int, int]:

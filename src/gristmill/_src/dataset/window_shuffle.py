@@ -39,6 +39,7 @@ from gristmill._src.dataset.iter_support import (
 from gristmill._src.dataset.op_clock import OpRow
 from gristmill._src.dataset.shuffle import EpochPermutation
 from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.stage_spec import fixed_spec
 
 _U32 = 2**32
 # Below this size a window's permutation is a table over the cipher's smallest domain
@@ -261,7 +262,8 @@ class _WindowShuffleIterator(ForwardingIterator):
         return element
 
     def plan(self) -> Plan:
-        return Plan.joined([super().plan()], PlannedStage(self._row.name, Role.SHUFFLE, self._row))
+        spec = fixed_spec(self._row.name, Role.SHUFFLE, window_size=self._window_size)
+        return Plan.joined([super().plan()], PlannedStage(spec, self._row))
 
     def _describe(self) -> str:
         return f"window_shuffle(window_size={self._window_size}, seed={self._seed})"

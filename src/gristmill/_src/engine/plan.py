@@ -2,15 +2,17 @@
 settings are read and changed.
 
 Both dialects lower to the same engine pieces (runners, streams, producers) and record each
-piece they build as a :class:`PlannedStage` (its name, its :class:`Role` and the piece), in
-pipeline order: the SPDL dialect while ``build()`` lowers the configs
+piece they build as a :class:`PlannedStage` — the frozen ``StageSpec`` it was built from
+(``engine/stage_spec.py``: name, :class:`Role`, op kinds, every setting and which of them may
+change) and the piece — in pipeline order: the SPDL dialect while ``build()`` lowers the configs
 (``Pipeline.plan()``), the dataset dialect when ``iter()`` builds the iterator graph
 (``DatasetIterator.plan()``, each iterator adding the stages it runs after its parents').
 A stage's settings — its workers (threads, processes or actors) and buffer bound — live in
 its runner's policy and nowhere else; the plan is how they are listed (:meth:`Plan.settings`)
 and changed while running (:meth:`Plan.configure`: the next task uses them; the output and
 the checkpoint state never depend on them). Statistics are per planned stage too
-(:meth:`Plan.statistics`).
+(:meth:`Plan.statistics`). :meth:`Plan.describe` lists every stage, tunable or not, as
+plain data.
 """
 
 from __future__ import annotations
@@ -58,24 +60,45 @@ class Role(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PlannedStage:
-    """One stage of a plan: its name, its role and the engine piece that runs it."""
+    """One stage of a plan: the frozen description it was built from and the engine piece
+    that runs it.
 
-    name: str
-    role: Role
+    Raises:
+      TypeError: the spec says a setting may change while it runs but ``piece`` cannot
+        change any (it has no ``configure`` and ``knobs``).
+    """
+
+    spec: StageSpec
+    """What it was built from (``engine/stage_spec.py``): its name, role, op kinds (none for
+    a stage that runs no element function of the user's) and every setting it started with,
+    with the ones that may change while it runs (``spec.settings.tunable``)."""
     piece: Any
     """The runner, stream or counters behind the stage (engine internal)."""
     parts: tuple[Any, ...] = ()
     """Pieces with statistics only, one per op the stage runs fused (a read stage's
     MapDataset nodes): their rows are ``PipelineStatistics.ops``."""
-    spec: StageSpec | None = None
-    """The frozen description it was built from (``engine/stage_spec.py``: its op kinds and
-    its starting settings), for a stage that runs element functions; None for the others
-    (sources, sinks, aggregates, prefetch threads, ...)."""
+
+    def __post_init__(self) -> None:
+        live = hasattr(self.piece, "configure") and hasattr(self.piece, "knobs")
+        if self.spec.settings.tunable and not live:
+            raise TypeError(
+                f"stage {self.spec.name!r}: its spec says {self.spec.settings.tunable} may "
+                f"change while it runs, but its piece {type(self.piece).__name__} cannot "
+                "change them; describe it with tunable=() (engine/stage_spec.fixed_stage)"
+            )
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def role(self) -> Role:
+        return self.spec.role
 
     @property
     def tunable(self) -> bool:
-        """Whether its workers and buffer can change while it runs (a runner's can)."""
-        return hasattr(self.piece, "configure") and hasattr(self.piece, "knobs")
+        """Whether some of its settings can change while it runs (its spec says which)."""
+        return bool(self.spec.settings.tunable)
 
     def settings(self) -> dict[str, int]:
         """``{"workers": …, "buffer_size": …}`` for a tunable stage; ``{}`` otherwise. While
@@ -86,6 +109,19 @@ class PlannedStage:
         chosen = tuner.chosen if tuner is not None else None
         return chosen if chosen is not None else dict(self.piece.knobs)
 
+    def describe(self) -> dict[str, Any]:
+        """The stage as plain data: its name, role, op kinds, which settings may change and
+        every setting (a tunable one's live value: what :meth:`settings` shows)."""
+        shown = self.spec.settings.describe()
+        shown.update(self.settings())
+        return {
+            "name": self.name,
+            "role": self.role.value,
+            "kinds": [op.kind.value for op in self.spec.ops],
+            "tunable": list(self.spec.settings.tunable),
+            "settings": shown,
+        }
+
     def configure(self, *, workers: int | None = None, buffer_size: int | None = None) -> None:
         """Changes the stage's workers and/or buffer bound; the next task uses them."""
         if not self.tunable:
@@ -93,6 +129,12 @@ class PlannedStage:
                 f"stage {self.name!r} ({self.role.value}) has no workers or buffer to change; "
                 "configure a stage whose settings() are not empty"
             )
+        for knob, value in (("workers", workers), ("buffer_size", buffer_size)):
+            if value is not None and knob not in self.spec.settings.tunable:
+                raise ValueError(
+                    f"stage {self.name!r} ({self.role.value}) cannot change its {knob} while "
+                    f"it runs; it can change {list(self.spec.settings.tunable)}"
+                )
         _check_knob(workers, "workers", self.name, low=0)
         _check_knob(buffer_size, "buffer_size", self.name, low=1)
         self.piece.configure(workers=workers, buffer_size=buffer_size)
@@ -133,6 +175,12 @@ class Plan:
         """Every tunable stage's settings by name: what a tuner would freeze and a user
         paste back (``configure(name, **settings[name])``)."""
         return {stage.name: stage.settings() for stage in self._stages if stage.tunable}
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every stage as plain data, upstream first: name, role, op kinds, which settings
+        may change while it runs, and every setting it has (tunable ones live). For tools
+        (the autotuner, ``gristmill profile``); :meth:`settings` is what ``apply`` takes."""
+        return [stage.describe() for stage in self._stages]
 
     def configure(
         self, name: str, *, workers: int | None = None, buffer_size: int | None = None
@@ -193,17 +241,25 @@ class Plan:
         return len(self._stages)
 
     def __str__(self) -> str:
-        lines = []
-        for stage in self._stages:
-            knobs = ", ".join(f"{k}={v}" for k, v in stage.settings().items())
-            ops = stage.spec.ops if stage.spec is not None else ()
-            kinds = ", ".join(op.kind.value for op in ops)
-            lines.append(
-                f"{stage.role.value:>10}  {stage.name}"
-                + (f"  [{kinds}]" if kinds else "")
-                + (f"  ({knobs})" if knobs else "")
-            )
-        return "\n".join(lines)
+        """One line per stage: role, name, op kinds, then its settings — a tunable stage's
+        live ones in parentheses, another's (read-only, from its spec) after ``fixed:``."""
+        return "\n".join(_line(stage) for stage in self._stages)
+
+
+def _line(stage: PlannedStage) -> str:
+    kinds = ", ".join(op.kind.value for op in stage.spec.ops)
+    line = f"{stage.role.value:>10}  {stage.name}" + (f"  [{kinds}]" if kinds else "")
+    if stage.tunable:
+        knobs = stage.settings()
+        return line + "  (" + ", ".join(f"{k}={v}" for k, v in knobs.items()) + ")"
+    fixed = {
+        key: value
+        for key, value in stage.spec.settings.describe().items()
+        if isinstance(value, int) and value  # its counts; what is 0 (none) is left out
+    }
+    if fixed:
+        line += "  (fixed: " + ", ".join(f"{k}={v}" for k, v in fixed.items()) + ")"
+    return line
 
 
 def _check_knob(value: Any, name: str, stage: str, *, low: int) -> None:

@@ -3,9 +3,14 @@ a runner from one.
 
 Both dialects lower their stages that run element functions to a :class:`StageSpec` — its
 name, its :class:`~gristmill._src.engine.plan.Role`, its ops (each an :class:`OpKind` and a
-function) and its :class:`StageSettings` — and hand it to :func:`build_stage`, which builds
-the runner and the :class:`PlannedStage` that carries the spec. A function's kind is
+function) and its :class:`StageSettings`, the autotuner's options included — and hand it to
+:func:`build_stage`, which builds the runner (and starts its tuner) and the
+:class:`PlannedStage` that carries the spec. A function's kind is
 classified once (:func:`function_kind`) and travels as the enum from then on.
+
+Every other stage (a source, a sink, an aggregate, a prefetch thread, a shuffle window) is
+described too, by :func:`fixed_spec`: no ops, and the settings its piece was built with,
+read-only (``StageSettings.tunable`` says which settings of a stage may change).
 
 The spec is frozen: it records what the stage was built with. Once built, the settings the
 runner's policy holds are the live ones (``Plan.settings()``, ``Plan.configure()``, the
@@ -36,6 +41,7 @@ from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.feeds import FailedInput, Feed
 from gristmill._src.engine.ordered import THREADS, ChunkRunner
 from gristmill._src.engine.plan import PlannedStage, Role
+from gristmill._src.engine.tuner import TrialToken
 
 
 class OpKind(enum.Enum):
@@ -109,21 +115,62 @@ class StageOp:
         check_callable(self.fn, "fn", hint="the op's function")
 
 
+KNOBS = ("workers", "buffer_size")
+"""The settings that may change while a stage runs (``Plan.configure``, the autotuner): the
+others change what the stage outputs, or are fixed once it is built."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AutotuneOptions:
+    """How the autotuner starts on a stage (``engine/tuner.StageTuner``'s options): part of
+    the stage's description, so that :func:`build_stage` starts it, not the dialect."""
+
+    workers: bool = True
+    """Whether it changes the workers."""
+    buffer: bool = True
+    """Whether it changes the buffer bound."""
+    guess_down: bool = True
+    """Whether its first guess may lower the workers (``StageTuner.guess_down``)."""
+    max_workers: int | None = None
+    """The most workers it may give the stage (None: the tuner's own cap)."""
+    buffer_follows: Callable[[int], int] | None = None
+    """The buffer bound for a number of workers, where the buffer follows them."""
+    freeze: Callable[[dict[str, int]], str] | None = None
+    """How a user would write the chosen settings down (shown in its log lines)."""
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``ChunkRunner.autotune`` these stand for."""
+        return {
+            "tune_workers": self.workers,
+            "tune_buffer": self.buffer,
+            "guess_down": self.guess_down,
+            "max_workers": self.max_workers,
+            "buffer_follows": self.buffer_follows,
+            "freeze": self.freeze,
+        }
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StageSettings:
-    """How a stage starts: what its runner's ``ChunkPolicy`` is built with and then owns.
+    """How a stage starts: every setting it has, typed, and which of them may change while
+    it runs. A runner's (:func:`build_stage`) are what its ``ChunkPolicy`` is built with
+    and then owns; another stage's (a source, a sink, a prefetch thread, a shuffle window)
+    are what its piece was built with, read-only.
 
     Raises:
       TypeError, ValueError: a setting out of its range (named in the message).
     """
 
     workers: int
-    """Workers (threads, event-loop slots, processes or actors); 0: inline only."""
+    """Workers (threads, event-loop slots, processes or actors); 0: none, it runs in its
+    consumer's ``next()``."""
     buffer_size: int
-    """The bound on the elements computed ahead of the consumer (0: none, inline)."""
-    backend: Backend | None = THREADS
-    """Where the tasks run (``THREADS``, ``ASYNCIO``, a process or Ray backend); None: no
-    runner, the op runs in its consumer's own ``next()`` (:data:`INLINE`)."""
+    """The bound on the elements it holds ahead of its consumer (0: none)."""
+    backend: Backend | Executor | None = THREADS
+    """Where the tasks run: an engine backend (``THREADS``, ``ASYNCIO``, a process or Ray
+    backend), which :func:`build_stage` runs a runner on; an :class:`Executor` for a stage
+    whose workers are not a runner's (a ``to()`` region's processes, a prefetch thread);
+    None: in its consumer's own ``next()`` (:data:`INLINE`)."""
     output_order: OutputOrder = OutputOrder.INPUT
     inline_beyond_buffer: bool = False
     """Whether the consumer may run a task itself when the buffer holds no task for it."""
@@ -132,30 +179,73 @@ class StageSettings:
     serial probe."""
     call_s: float | None = None
     """What one call to the stage's own executor costs (a task is one call), if it has one."""
+    tunable: tuple[str, ...] = KNOBS
+    """Which of :data:`KNOBS` may change while it runs (``Plan.configure``, the autotuner);
+    ``()``: none, its settings are read-only."""
+    tuning: AutotuneOptions | None = None
+    """The autotuner's options, if it tunes the stage from the start (``AUTOTUNE``)."""
+    batch_size: int | None = None
+    """The elements per output of a stage that groups them (None: it groups none)."""
+    window_size: int | None = None
+    """The elements a shuffle stage reads before handing them on (None: no window)."""
+    cycle_length: int | None = None
+    """The iterators an interleave reads at once (None: not an interleave)."""
 
     def __post_init__(self) -> None:
         check_int_in_range(self.workers, "workers", low=0, fix="; e.g. workers=4")
         check_int_in_range(self.buffer_size, "buffer_size", low=0, fix="; e.g. buffer_size=16")
-        if self.backend is not None and not isinstance(
-            getattr(self.backend, "executor", None), Executor
-        ):
+        described = self.backend is None or isinstance(self.backend, Executor)
+        if not described and not isinstance(getattr(self.backend, "executor", None), Executor):
             raise TypeError(
                 f"backend must be an engine backend (THREADS, ASYNCIO, a process or Ray "
-                f"backend) or None (inline), got {self.backend!r}"
+                f"backend), an Executor or None (inline), got {self.backend!r}"
             )
         if not isinstance(self.output_order, OutputOrder):
             raise TypeError(
                 f"output_order must be an OutputOrder, got {self.output_order!r}; "
                 "convert a string with OutputOrder.of(value)"
             )
+        if not isinstance(self.tunable, tuple) or not set(self.tunable) <= set(KNOBS):
+            raise ValueError(
+                f"tunable must be a tuple of settings among {KNOBS}, got {self.tunable!r}; "
+                "e.g. tunable=('workers', 'buffer_size'), or () for read-only settings"
+            )
+        if self.tuning is not None and not self.tunable:
+            raise ValueError(
+                "tuning is given for a stage whose settings are read-only (tunable=()); "
+                "give tunable=('workers', 'buffer_size') or leave tuning out"
+            )
+        for name in ("batch_size", "window_size", "cycle_length"):
+            value = getattr(self, name)
+            if value is not None:
+                check_int_in_range(value, name, low=1, fix=f"; e.g. {name}=8, or None")
 
     @property
     def executor(self) -> Executor:
         """The kind of executor its tasks run on (``INLINE`` without a backend)."""
-        return Executor.INLINE if self.backend is None else self.backend.executor
+        if self.backend is None:
+            return Executor.INLINE
+        if isinstance(self.backend, Executor):
+            return self.backend
+        return self.backend.executor
+
+    def describe(self) -> dict[str, Any]:
+        """Its settings as plain data (the ones it has: an unset optional one is left out),
+        for people and programs: ``Plan.describe()``."""
+        shown: dict[str, Any] = {
+            "workers": self.workers,
+            "buffer_size": self.buffer_size,
+            "executor": self.executor.value,
+        }
+        if self.executor is not Executor.INLINE:
+            shown["output_order"] = self.output_order.value
+        for name in ("batch_size", "window_size", "cycle_length"):
+            if getattr(self, name) is not None:
+                shown[name] = getattr(self, name)
+        return shown
 
 
-INLINE = StageSettings(workers=0, buffer_size=0, backend=None)
+INLINE = StageSettings(workers=0, buffer_size=0, backend=None, tunable=())
 """The settings of an op run in its consumer's ``next()``, with no runner (a dataset ``map``
 or ``filter`` not fused into a read stage): nothing to tune."""
 
@@ -192,27 +282,32 @@ def build_stage(
     *,
     annotate_errors: bool = True,
     describe_input: Callable[[FailedInput], str | None] | None = None,
+    token: TrialToken | None = None,
 ) -> tuple[ChunkRunner, PlannedStage]:
     """The runner of ``spec`` over ``feed``, and its entry in the plan.
 
     Args:
-      spec: the stage's description; its settings are what the runner starts with.
+      spec: the stage's description; its settings are what the runner starts with (and its
+        ``tuning``, if any, how the autotuner starts on it).
       feed: what the runner takes tasks from (an index range or an upstream stream), with
         the dialect's element function for ``spec.ops`` applied in it.
       annotate_errors: whether an element's failure gets the stage and index noted on it.
       describe_input: how a failed input is named in that note.
+      token: the trial token the autotuner shares with the pipeline's other stages (one
+        trial at a time); None: its own.
 
     Returns:
-      The runner, and the :class:`PlannedStage` (name, role, runner, ``spec``).
+      The runner, and the :class:`PlannedStage` (``spec`` and the runner).
 
     Raises:
-      ValueError: ``spec`` has no backend (an inline op has no runner to build).
+      ValueError: ``spec`` has no engine backend (an inline op, or an ``Executor`` that
+        describes workers of another kind, has no runner to build).
     """
     settings = spec.settings
-    if settings.backend is None:
+    if settings.backend is None or isinstance(settings.backend, Executor):
         raise ValueError(
-            f"stage {spec.name!r} has settings with no backend (INLINE): it runs in its "
-            "consumer's next() and has no runner to build; give it a backend, e.g. THREADS"
+            f"stage {spec.name!r} has settings with no backend ({settings.executor.name}): "
+            "it has no runner to build; give it an engine backend, e.g. THREADS"
         )
     runner = ChunkRunner(
         feed,
@@ -227,4 +322,39 @@ def build_stage(
         threads_first=settings.threads_first,
         call_s=settings.call_s,
     )
-    return runner, PlannedStage(spec.name, spec.role, runner, spec=spec)
+    if settings.tuning is not None:
+        runner.autotune(token=token, **settings.tuning.options())
+    return runner, PlannedStage(spec, runner)
+
+
+def fixed_spec(
+    name: str,
+    role: Role,
+    *,
+    workers: int = 0,
+    buffer_size: int = 0,
+    backend: Backend | Executor | None = None,
+    **extra: Any,
+) -> StageSpec:
+    """The description of a stage that is not a runner (a source, a sink, an aggregate, a
+    prefetch thread, ...): no ops, and read-only settings, the ones its piece is built with.
+
+    Args:
+      name, role: the stage's.
+      workers, buffer_size, backend: its threads or processes, the elements it holds ahead
+        of its consumer, where they run (None: in its consumer's ``next()``).
+      extra: its other settings (``batch_size``, ``window_size``, ``cycle_length``).
+
+    Returns:
+      The :class:`StageSpec`, for ``PlannedStage(spec, piece)``.
+
+    Raises:
+      TypeError, ValueError: a setting out of its range.
+
+    >>> fixed_spec("sink", Role.SINK, buffer_size=3).settings.tunable
+    ()
+    """
+    settings = StageSettings(
+        workers=workers, buffer_size=buffer_size, backend=backend, tunable=(), **extra
+    )
+    return StageSpec(name=name, role=role, ops=(), settings=settings)

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequenc
 from typing import Any, Generic, TypeVar
 
 from gristmill._src.engine.asyncio_lane import new_event_loop
+from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import ChunkStream
 from gristmill._src.engine.plan import PlannedStage, Role
+from gristmill._src.engine.stage_spec import fixed_spec
 from gristmill._src.engine.streams import IteratorStream
 from gristmill._src.spdl import config, defs, fingerprint
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
@@ -95,6 +97,13 @@ def build_pipeline(
     upstream: ChunkStream
     if isinstance(cfg.src, defs.MergeConfig):
         _check_one_continuous_mode(cfg.src)
+        source_spec = fixed_spec(
+            str(src_info),
+            Role.SOURCE,
+            workers=len(cfg.src.pipeline_configs),  # a thread per merged pipeline
+            buffer_size=1,
+            backend=Executor.THREADS,
+        )
         upstream = MergeStream(
             cfg.src,
             lambda sub: build_pipeline(sub, num_threads=num_threads, max_failures=max_failures),
@@ -111,10 +120,13 @@ def build_pipeline(
         source = resumable = ResumableSource(source, continuous=continuous)
         # The source is read inline while cheap, else ahead on its own thread by up to 64
         # items; an async source (it waits on I/O) always has its own thread and loop.
+        source_spec = fixed_spec(
+            str(src_info), Role.SOURCE, workers=1, buffer_size=64, backend=Executor.THREADS
+        )
         upstream = IteratorStream(
             source,
-            buffer_size=64,
-            name=str(src_info),
+            buffer_size=source_spec.settings.buffer_size,
+            name=source_spec.name,
             inline=not is_async_source,
             key_offset=None if resumable is None else resumable.key_offset,
             epochs=continuous,
@@ -133,7 +145,7 @@ def build_pipeline(
         ordered=resumable is not None,
     )
     lowering.streams.append(upstream)
-    lowering.planned.append(PlannedStage(str(src_info), Role.SOURCE, upstream))
+    lowering.planned.append(PlannedStage(source_spec, upstream))
     # While stages map one to one, source positions travel as chunk keys (no per-item
     # wrapper); stages that need each item's key get Keyed items (tracking.KeyItems).
     upstream, chunk_keyed = lowering.stages(upstream, cfg.pipes, resumable is not None, stage_id)
@@ -143,12 +155,13 @@ def build_pipeline(
     if chunk_keyed:  # the caller resolves keys item by item
         upstream = KeyItems(upstream)
     sink_buffer = _check_positive(cfg.sink.buffer_size, "buffer_size")
+    name = f"{pipeline_id}"
     return Pipeline(
         cfg,
         upstream,
         lowering.streams,
-        sink_buffer,
-        name=f"{pipeline_id}",
+        fixed_spec(f"{name}:sink", Role.SINK, buffer_size=sink_buffer),
+        name=name,
         stage_hooks=lowering.stage_hooks,
         planned=lowering.planned,
         executor_calls=lowering.executor_calls,
@@ -184,7 +197,24 @@ class _MainLowering(Lowering):
             delivered=self.delivered,
         )
         self.last_runner = None
-        return self._observed(info, region, Role.REGION)
+        spec = fixed_spec(
+            str(info),
+            Role.REGION,
+            workers=region.workers,
+            buffer_size=placement.buffer_size,
+            backend=_region_executor(placement.target),
+        )
+        return self._observed(info, region, PlannedStage(spec, region))
+
+
+def _region_executor(target: Any) -> Executor:
+    """Where a ``to(target)`` region's workers run: processes, Ray actors or a backend of
+    the region protocol."""
+    if isinstance(target, defs.ProcessPoolExecutorConfig):
+        return Executor.PROCESSES
+    if callable(getattr(target, "region_workers", None)):  # a RayBackend
+        return Executor.RAY
+    return Executor.REMOTE
 
 
 T = TypeVar("T")

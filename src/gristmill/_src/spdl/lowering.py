@@ -19,10 +19,12 @@ from gristmill._src.engine.markers import EPOCH_END, SKIP
 from gristmill._src.engine.ordered import THREADS, ChunkRunner
 from gristmill._src.engine.plan import PlannedStage, Role
 from gristmill._src.engine.stage_spec import (
+    AutotuneOptions,
     StageOp,
     StageSettings,
     StageSpec,
     build_stage,
+    fixed_spec,
 )
 from gristmill._src.engine.tuner import TrialToken
 from gristmill._src.spdl import defs, ops
@@ -128,11 +130,9 @@ class Lowering:
             self.streams.append(upstream)
         return upstream, chunk_keyed
 
-    def _observed(self, info: StageInfo, stream: _S, planned: Role | PlannedStage) -> _S:
-        """``stream``, recorded in the plan (as ``planned``, or as a stage of that role), its
-        output boundary observed by the stats queues (if any)."""
-        if isinstance(planned, Role):
-            planned = PlannedStage(str(info), planned, stream)
+    def _observed(self, info: StageInfo, stream: _S, planned: PlannedStage) -> _S:
+        """``stream``, recorded in the plan as ``planned``, its output boundary observed by
+        the stats queues (if any)."""
         self.planned.append(planned)
         if self.queues is not None:
             self.queues.observe(info, stream_probe(stream))
@@ -194,20 +194,19 @@ class Lowering:
                 inline_beyond_buffer=True,
                 threads_first=True,  # concurrency was asked for: no serial probe first
                 call_s=staged.call_s,  # a task is one call to the stage's executor
+                tuning=_pipe_tuning(order, None if own_threads else self.num_threads)
+                if stage.autotune
+                else None,
             ),
         )
         feed = StreamFeed(upstream, staged.fn, barriers=self.continuous, chunk_fn=staged.chunk_fn)
         runner, planned = build_stage(
-            spec, feed, annotate_errors=False, describe_input=describe_failed_input
+            spec,
+            feed,
+            annotate_errors=False,
+            describe_input=describe_failed_input,
+            token=self.trial_token,
         )
-        if stage.autotune:
-            runner.autotune(
-                tune_buffer=False,
-                max_workers=None if own_threads else self.num_threads,
-                buffer_follows=lambda workers: _read_ahead(workers, order),
-                freeze=lambda knobs: f"pipe(..., concurrency={knobs['workers']})",
-                token=self.trial_token,
-            )
         self.last_runner = None if own_threads else runner
         return self._observed(info, runner, planned), chunk_keyed
 
@@ -219,17 +218,21 @@ class Lowering:
             return self._pipe(upstream, stage, chunk_keyed, sid)
         if isinstance(stage, defs.AggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
+            # an aggregate of n (Collate) groups n items; a custom Aggregator, what it decides
+            size = stage.op.n if isinstance(stage.op, defs.Collate) else None
+            spec = fixed_spec(str(info), Role.AGGREGATE, batch_size=size)
             aggregate = AggregateStream(
                 upstream,
                 copy.deepcopy(stage.op),
                 drop_last=stage.drop_last,
-                name=str(info),
+                name=spec.name,
                 epochs=continuous,
                 hooks=self._hooks(info),
                 delivered=self.delivered,
             )
             self.batch_keys = self.batch_keys or self.ordered
-            return self._observed(info, aggregate, Role.AGGREGATE), False  # Keyed values
+            planned = PlannedStage(spec, aggregate)
+            return self._observed(info, aggregate, planned), False  # Keyed values
         if isinstance(stage, defs.DisaggregateConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:
@@ -238,15 +241,19 @@ class Lowering:
             hooks = self._hooks(info)
             if hooks is not None:  # each input's split runs inside the task hooks
                 split = functools.partial(_hooked_split, hooks, split)
-            runner = ChunkRunner(
-                StreamFeed(upstream, split, barriers=continuous),
-                workers=0,  # inline in whoever pulls: a list split is cheap
-                buffer_size=16,
+            spec = StageSpec(
                 name=str(info),
-                annotate_errors=False,
-                inline_beyond_buffer=True,
+                role=Role.SPLIT,
+                ops=(),  # the split is ours, not a function of the user's
+                settings=StageSettings(
+                    workers=0,  # inline in whoever pulls: a list split is cheap
+                    buffer_size=16,
+                    inline_beyond_buffer=True,
+                ),
             )
-            return self._observed(info, runner, Role.SPLIT), False
+            feed = StreamFeed(upstream, split, barriers=continuous)
+            runner, planned = build_stage(spec, feed, annotate_errors=False)
+            return self._observed(info, runner, planned), False
         if isinstance(stage, defs.PathVariantsConfig):
             info = StageInfo(pipeline_id, sid, stage.name)
             if chunk_keyed:  # outputs arrive in completion order: each carries its keys
@@ -266,8 +273,25 @@ class Lowering:
                 name=str(info),
             )
             self.last_runner = None  # its paths' own stages end in a merge
-            return self._observed(info, variants, Role.PATHS), False
+            planned = PlannedStage(fixed_spec(str(info), Role.PATHS), variants)
+            return self._observed(info, variants, planned), False
         raise TypeError(f"unsupported stage config {stage!r}")
+
+
+def _pipe_tuning(order: OutputOrder, max_workers: int | None) -> AutotuneOptions:
+    """How the autotuner starts on a ``concurrency="auto"`` pipe: it changes the workers
+    (up to ``max_workers``: the pipeline's threads, for an op on them) and the read-ahead
+    follows them."""
+    return AutotuneOptions(
+        buffer=False,
+        max_workers=max_workers,
+        buffer_follows=functools.partial(_read_ahead, output_order=order),
+        freeze=_freeze_concurrency,
+    )
+
+
+def _freeze_concurrency(knobs: dict[str, int]) -> str:
+    return f"pipe(..., concurrency={knobs['workers']})"
 
 
 def _hooked_split(hooks: StageHooks, split: Callable[[Any], Any], item: Any) -> Any:

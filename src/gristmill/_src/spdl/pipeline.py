@@ -22,8 +22,9 @@ from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.feeds import ChunkStream
 from gristmill._src.engine.markers import EOF, EPOCH_END, SKIP
 from gristmill._src.engine.ordered import RunnerClosedError
-from gristmill._src.engine.plan import Plan, PlannedStage, Role
+from gristmill._src.engine.plan import Plan, PlannedStage
 from gristmill._src.engine.producer import BackgroundProducer
+from gristmill._src.engine.stage_spec import StageSpec
 from gristmill._src.engine.stats import PipelineStatistics, StageCounters
 from gristmill._src.engine.streams import iterate_chunks
 from gristmill._src.spdl import fingerprint
@@ -124,7 +125,7 @@ class Pipeline(Generic[T]):
         config: Any,
         last: ChunkStream,
         streams: list[Any],
-        sink_buffer: int,
+        sink: StageSpec,
         name: str,
         stage_hooks: list[Any] | None = None,
         resumable: ResumableSource | None = None,
@@ -139,11 +140,10 @@ class Pipeline(Generic[T]):
     ) -> None:
         self._config = config
         self._stages = stages if stages is not None else []  # see spdl/fingerprint.py
-        self._sink_buffer = sink_buffer
-        self._counters = StageCounters(f"{name}:sink", 1, sink_buffer)
-        self._plan = Plan(
-            [*(planned or ()), PlannedStage(f"{name}:sink", Role.SINK, self._counters)]
-        )
+        # the sink is built from its spec: its buffer is the spec's (what plan() shows)
+        sink_buffer = self._sink_buffer = sink.settings.buffer_size
+        self._counters = StageCounters(sink.name, 1, sink_buffer)
+        self._plan = Plan([*(planned or ()), PlannedStage(sink, self._counters)])
         self._pending: collections.deque[Any] = collections.deque()  # a taken chunk's rest
         self._taken = ItemCount()  # items taken from the sink (markers left out once seen)
         if queues is not None:

@@ -148,6 +148,11 @@ class RegionStream:
         self._closed = False
         self._released = False  # the workers were given back or stopped (once)
 
+    @property
+    def workers(self) -> int:
+        """Its workers (processes or actors), as many as the target gives (the plan's)."""
+        return self._count
+
     # -- start ---------------------------------------------------------------------------
 
     def _delivered_now(self) -> tuple[dict[Any, Any], dict[Any, Any], dict[Any, Any]] | None:

@@ -3,14 +3,15 @@
 :class:`BackendWorkers` is the region's transport (``regions.RegionWorkers``) over any
 backend that can start a :class:`RegionJob` on each of its workers with a duplex channel:
 the backend carries messages, the region (``regions.RegionStream``) does the rest. Each job
-is ``region_worker.run_region`` — the very job a region's worker process or Ray actor runs
-— so a region's output is the same on any backend. The job speaks the messages of
+is ``region_worker.run_region`` — the very job a region's worker process runs — so a
+region's output is the same on any backend (``RayBackend`` is one: ``ray/region.py``). The job speaks the messages of
 ``engine.messages``; a backend passes them through as they are (picklable, if they cross
 processes). Items cross pickled in band: the workers may be on other machines.
 
 One *collector* thread hands the region every message the backend put in the region's
 :class:`RegionReplies`, in order, and a worker's loss as the region's error, naming the
-worker; it waits on the replies' queue (no timeout), which closing the region wakes.
+worker (a ``WorkerDiedError``, the class of a region's dead worker process); it waits on
+the replies' queue (no timeout), which closing the region wakes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import queue
 from typing import TYPE_CHECKING, Any
 
 from gristmill._src.engine import sending
+from gristmill._src.engine.transport import WorkerDiedError
 from gristmill._src.spdl import region_worker
 from gristmill._src.spdl.region_protocol import RegionBackend, RegionChannels
 
@@ -145,7 +147,9 @@ class BackendWorkers:
                 region.received(index, message)
 
     def _lost_error(self, index: int, error: BaseException) -> RuntimeError:
-        lost = RuntimeError(
+        """The region's one error for a worker the backend lost (the transport's
+        ``WorkerDiedError``, as for a region's worker process that died), naming it."""
+        lost = WorkerDiedError(
             f"{self.worker_kind} {index} of {self._name} was lost while the region ran "
             f"({type(error).__name__}: {error}); a region's outputs are merged in arrival "
             "order, so its items cannot be run again: the region stops"

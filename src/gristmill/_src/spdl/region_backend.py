@@ -89,7 +89,7 @@ class RegionReplies:
     """Where a backend puts what a region's workers send (callable from any thread); the
     region's collector takes them from ``inbox`` in order."""
 
-    def __init__(self, inbox: queue.SimpleQueue[Any]) -> None:
+    def __init__(self, inbox: queue.Queue[Any]) -> None:
         self._inbox = inbox
 
     def put(self, index: int, message: Any) -> None:
@@ -111,7 +111,8 @@ class BackendWorkers:
         self._name = name
         self.count = backend.num_workers
         self.worker_kind = str(getattr(backend, "worker_name", "region worker"))
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (index, message), _WAKE
+        # (index, message), _WAKE; a Queue: its waits are Python frames a test can watch
+        self._inbox: queue.Queue[Any] = queue.Queue()
         self._channels: RegionChannels | None = None
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:

@@ -255,7 +255,7 @@ def region_drivers(path: pathlib.Path) -> list[str]:
 def test_a_region_has_one_driver_per_kind_of_worker_and_ray_has_none_of_its_own():
     # local processes (their sentinels) and any region backend (a RayBackend too, whose
     # actors' replies come through RegionReplies): no third collector, none in ray/
-    found = sorted(set(f for path in SRC.rglob("*.py") for f in region_drivers(path)))
+    found = sorted({f for path in SRC.rglob("*.py") for f in region_drivers(path)})
     assert found == [
         "spdl/region_backend.py:BackendWorkers.collect",
         "spdl/region_backend.py:collect",

@@ -224,8 +224,9 @@ def test_an_actor_killed_mid_region_fails_it_as_a_killed_worker_process_and_leav
     assert type(on_ray) is type(on_processes)
     assert type(on_ray).__name__ == "WorkerDiedError"
     ray_said, processes_said = LOST.match(str(on_ray)), LOST.match(str(on_processes))
-    assert ray_said and ray_said[1] == "Ray actor", str(on_ray)
-    assert processes_said and processes_said[1] == "worker process", str(on_processes)
+    assert ray_said, str(on_ray)
+    assert processes_said, str(on_processes)
+    assert (ray_said[1], processes_said[1]) == ("Ray actor", "worker process")
     assert "subprocess_pipeline(slow)" in ray_said["region"]
     assert "subprocess_pipeline(killed_at_3)" in processes_said["region"]
     assert str(on_ray).count("Ray actor") == 1  # reported once
@@ -271,6 +272,7 @@ def test_shutting_the_backend_down_under_a_ray_region_fails_it_clearly():
     assert "RayBackend was shut down (backend.shutdown())" in str(error)
     assert "a new iterator or pipeline starts new actors" in str(error)
     assert isinstance(error.__cause__, BackendShutDownError)
+    assert type(error).__name__ == "WorkerDiedError"
     assert not pump_threads()
 
 

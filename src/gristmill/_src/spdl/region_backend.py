@@ -1,12 +1,13 @@
-"""A ``to(backend)`` region on a backend of one's own (``region_protocol.RegionBackend``).
+"""A ``to(backend)`` region on a backend of the region protocol (``RegionBackend``).
 
 :class:`BackendWorkers` is the region's transport (``regions.RegionWorkers``) over any
 backend that can start a :class:`RegionJob` on each of its workers with a duplex channel:
 the backend carries messages, the region (``regions.RegionStream``) does the rest. Each job
 is ``region_worker.run_region`` — the very job a region's worker process runs — so a
-region's output is the same on any backend (``RayBackend`` is one: ``ray/region.py``). The job speaks the messages of
-``engine.messages``; a backend passes them through as they are (picklable, if they cross
-processes). Items cross pickled in band: the workers may be on other machines.
+region's output is the same on any backend (``RayBackend`` is one: ``ray/region.py``). The
+job speaks the messages of ``engine.messages``; a backend passes them through as they are
+(picklable, if they cross processes). Items cross pickled in band: the workers may be on
+other machines.
 
 One *collector* thread hands the region every message the backend put in the region's
 :class:`RegionReplies`, in order, and a worker's loss as the region's error, naming the

@@ -223,3 +223,44 @@ def test_only_the_transport_waits_on_worker_processes():
 
 # the worker's side: these wait on their pipe and their parent's sentinel, not on workers
 WORKER_SIDE = ("engine/parent_watch.py", "engine/iterable_job.py")
+
+
+# -- one driver per kind of region worker ----------------------------------------------------
+
+
+def region_drivers(path: pathlib.Path) -> list[str]:
+    """The functions of ``path`` that hand a region its workers' messages or deaths
+    (``region.received(index, message)``, ``region.died(index, error)``), and the classes
+    that define a region transport's ``collect`` (``regions.RegionWorkers``)."""
+    found = []
+    for scope in ast.walk(ast.parse(path.read_text())):
+        if isinstance(scope, ast.ClassDef):
+            methods = {node.name for node in scope.body if isinstance(node, ast.FunctionDef)}
+            if "collect" in methods:
+                found.append(f"{path.relative_to(SRC)}:{scope.name}.collect")
+        if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(scope):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("received", "died")
+                and len(node.args) == 2
+            ):
+                found.append(f"{path.relative_to(SRC)}:{scope.name}")
+                break
+    return found
+
+
+def test_a_region_has_one_driver_per_kind_of_worker_and_ray_has_none_of_its_own():
+    # local processes (their sentinels) and any region backend (a RayBackend too, whose
+    # actors' replies come through RegionReplies): no third collector, none in ray/
+    found = sorted({f for path in SRC.rglob("*.py") for f in region_drivers(path)})
+    assert found == [
+        "spdl/region_backend.py:BackendWorkers.collect",
+        "spdl/region_backend.py:collect",
+        "spdl/region_processes.py:ProcessWorkers.collect",
+        "spdl/region_processes.py:collect",
+        "spdl/regions.py:RegionWorkers.collect",  # the protocol the two implement
+    ]
+    assert not [f for f in found if f.startswith("ray/")]

@@ -2,15 +2,18 @@
 worker per actor, as a ``to(ProcessPoolExecutorConfig)`` region runs them in processes."""
 
 import os
+import re
+import signal
 import threading
 import time
 import traceback
 
 import numpy as np
 import pytest
+from tests.support.idle import wait_until
 
 from gristmill.pipeline import PipelineBuilder, PipelineFailure, defs
-from gristmill.ray import RayBackend
+from gristmill.ray import BackendShutDownError, RayBackend
 
 from .conftest import pool_actor_names
 
@@ -47,6 +50,33 @@ def test_a_region_on_ray_runs_its_stages_on_the_actors_and_every_item_comes_back
     # the same items as the same region on worker processes
     processes = defs.ProcessPoolExecutorConfig(max_workers=2)
     assert sorted(x for _, x in region(processes)) == sorted(x for _, x in items)
+
+
+def plus_one(x):
+    return x + 1
+
+
+def multi_stage(target, n=60):
+    """source -> [square -> batches of 4 -> unbatched -> +1] -> sink, the bracketed stages
+    in a region on ``target`` (none: no ``to()``)."""
+    builder = PipelineBuilder().add_source(range(n))
+    if target is not None:
+        builder.to(target, buffer_size=3)
+    builder.pipe(square, concurrency=2).aggregate(4).pipe(unbatch).pipe(plus_one)
+    if target is not None:
+        builder.to(defs.MAIN_PROCESS)
+    pipeline = builder.add_sink(3).build(num_threads=2)
+    with pipeline.auto_stop():
+        return sorted(pipeline)  # a region merges in arrival order: compared sorted
+
+
+def test_a_multi_stage_region_on_ray_gives_the_outputs_of_processes_and_of_no_to(backend):
+    before = pump_threads()  # another test's region may still be ending
+    on_ray = multi_stage(backend)
+    assert not pump_threads() - before  # the close joined the region's pump
+    assert on_ray == [x * x + 1 for x in range(60)]
+    assert on_ray == multi_stage(defs.ProcessPoolExecutorConfig(max_workers=2))
+    assert on_ray == multi_stage(None)
 
 
 def test_aggregation_inside_a_ray_region_batches_per_actor(backend):
@@ -143,7 +173,32 @@ def gristmill_threads():
     return [t for t in threading.enumerate() if t.name.startswith("gristmill[")]
 
 
-def test_an_actor_killed_mid_region_fails_it_naming_the_actor_and_leaves_no_thread():
+def pump_threads():
+    """The threads that carry the Ray regions' replies (``ray/region.py``)."""
+    return {t for t in gristmill_threads() if t.name.endswith("-ray-pump")}
+
+
+def killed_at_3(x):
+    if x == 3:  # mid-region: the worker process dies with its share
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def process_worker_killed():
+    """The error of a region whose worker process 0 is killed (tests/engine/test_transport)."""
+    builder = PipelineBuilder().add_source(range(8))
+    builder.to(defs.ProcessPoolExecutorConfig(max_workers=1)).pipe(killed_at_3)
+    pipeline = builder.to(defs.MAIN_PROCESS).add_sink(2).build(num_threads=1)
+    with pytest.raises(PipelineFailure) as info, pipeline.auto_stop():
+        list(pipeline)
+    (error,) = info.value.exceptions
+    return error
+
+
+LOST = re.compile(r"^(worker process|Ray actor) 0 (\(pid \d+\) )?of (?P<region>\S+) was ")
+
+
+def test_an_actor_killed_mid_region_fails_it_as_a_killed_worker_process_and_leaves_no_thread():
     own = RayBackend(num_actors=2, actor_options={"num_cpus": 0.25})
     pipeline = region(own, n=2000, middle=lambda b: b.pipe(slow))
     killed_at = []
@@ -153,6 +208,7 @@ def test_an_actor_killed_mid_region_fails_it_naming_the_actor_and_leaves_no_thre
             items = pipeline.get_iterator(timeout=60)
             for _ in range(20):
                 next(items)
+            assert pump_threads()  # the region's, while it runs
             ray.kill(own.pool.current_if_any(0)[0], no_restart=True)
             killed_at.append(time.monotonic())
             for _ in items:
@@ -162,28 +218,45 @@ def test_an_actor_killed_mid_region_fails_it_naming_the_actor_and_leaves_no_thre
         with pytest.raises(PipelineFailure) as info:
             read_then_kill_an_actor()
         assert time.monotonic() - killed_at[0] < 10
-        (error,) = info.value.exceptions
-        assert "Ray actor 0 of" in str(error)
-        assert "was lost while the region ran" in str(error)
+        (on_ray,) = info.value.exceptions
     finally:
         own.shutdown()
+    on_processes = process_worker_killed()
+    # one error for a region's lost worker, whatever the worker was
+    assert type(on_ray) is type(on_processes)
+    assert type(on_ray).__name__ == "WorkerDiedError"
+    ray_said, processes_said = LOST.match(str(on_ray)), LOST.match(str(on_processes))
+    assert ray_said, str(on_ray)
+    assert processes_said, str(on_processes)
+    assert (ray_said[1], processes_said[1]) == ("Ray actor", "worker process")
+    assert "subprocess_pipeline(slow)" in ray_said["region"]
+    assert "subprocess_pipeline(killed_at_3)" in processes_said["region"]
+    assert str(on_ray).count("Ray actor") == 1  # reported once
+    assert "was lost while the region ran (ActorDiedError" in str(on_ray)
+    assert isinstance(on_ray.__cause__, ray.exceptions.RayActorError)
     deadline = time.monotonic() + 5
     while gristmill_threads() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not gristmill_threads()
 
 
-def test_stopping_a_ray_region_early_keeps_the_actors_for_the_next_pipeline(backend):
-    before = set(pool_actor_names())
+def test_stopping_a_ray_region_early_ends_its_pump_and_keeps_the_actors_for_the_next(backend):
+    earlier = pump_threads()  # another test's region may still be ending
     pipeline = region(backend, n=2000, middle=lambda b: b.pipe(slow))
     with pipeline.auto_stop():
         items = pipeline.get_iterator(timeout=60)
         assert len([next(items) for _ in range(5)]) == 5
+        (pump,) = pump_threads() - earlier  # the region's, while it runs
+        before = set(pool_actor_names())  # started by now (also when this test runs alone)
+    assert not pump.is_alive()  # the close joined it
     assert sorted(x for _, x in region(backend, n=10)) == [x * x for x in range(10)]
     assert set(pool_actor_names()) == before
+    # a region read to its end, not closed: its pump ends once every job returned
+    assert wait_until(lambda: not pump_threads() - earlier)
 
 
 def test_shutting_the_backend_down_under_a_ray_region_fails_it_clearly():
+    earlier = pump_threads()  # another test's region may still be ending
     own = RayBackend(num_actors=2, actor_options={"num_cpus": 0.25})
     pipeline = region(own, n=2000, middle=lambda b: b.pipe(slow))
 
@@ -198,7 +271,13 @@ def test_shutting_the_backend_down_under_a_ray_region_fails_it_clearly():
     with pytest.raises(PipelineFailure, match="stages failed") as info:
         read_then_shut_down()
     (error,) = info.value.exceptions
+    # the region's one loss wording (a worker it lost), saying why and what to do
+    assert re.match(r"Ray actor \d of .* was lost while the region ran \(Backend", str(error))
     assert "RayBackend was shut down (backend.shutdown())" in str(error)
+    assert "a new iterator or pipeline starts new actors" in str(error)
+    assert isinstance(error.__cause__, BackendShutDownError)
+    assert type(error).__name__ == "WorkerDiedError"
+    assert not pump_threads() - earlier  # the pump ended (it reported the loss) and was joined
 
 
 def test_a_ray_region_whose_stages_do_not_pickle_names_the_fix(backend):

@@ -82,11 +82,11 @@ def in_region(backend, gate):
 
 # the threads that wait for the actors: a stage's proxies (one per actor slot); a pipe
 # stage's caller (a stage thread, or the consumer's, where the stage runs inline); a region's
-# collector
+# collector and the pump that carries its actors' replies (ray/region.py)
 WAITERS = {
     on_mp_prefetch: re.compile(r"gristmill\[.*\]-\d+$"),
     on_pipe: re.compile(r"gristmill\[.*\]-\d+$|consumer$"),
-    in_region: re.compile(r"gristmill\[.*\]-collect$"),
+    in_region: re.compile(r"gristmill\[.*\]-(collect|ray-pump)$"),
 }
 
 

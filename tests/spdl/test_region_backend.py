@@ -187,6 +187,7 @@ def test_a_lost_worker_ends_the_region_with_an_error_naming_it():
         r"\(WorkerLost: thread 1 was killed\)"
     )
     assert re.search(said, str(error)), str(error)
+    assert type(error).__name__ == "WorkerDiedError"  # as a region's worker process that died
     assert not any(thread.is_alive() for thread in backend.threads)
 
 

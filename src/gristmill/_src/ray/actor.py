@@ -18,7 +18,7 @@ from typing import Any
 
 from gristmill._src.engine.remote_protocol import StageWork, TaskReply, TaskRequest, run_task
 from gristmill._src.engine.remote_traceback import RemoteError
-from gristmill._src.ray.region_jobs import RegionJobs
+from gristmill._src.ray.region_jobs import Pulled, RegionJobs
 
 
 class PoolActor:
@@ -64,8 +64,9 @@ class PoolActor:
     def region_push(self, key: str, number: int, message: tuple[Any, ...]) -> None:
         self._regions.push(key, number, message)
 
-    def region_pull(self, key: str) -> list[tuple[Any, ...]]:
-        """What region ``key``'s job sent, once it sent something (called in PULL_GROUP)."""
+    def region_pull(self, key: str) -> Pulled:
+        """What region ``key``'s job sent, once it sent something or returned (called in
+        PULL_GROUP)."""
         return self._regions.pull(key)
 
     def region_close(self, key: str) -> None:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from gristmill._src.engine.ordered import Core
     from gristmill._src.engine.policy import ChunkPolicy
     from gristmill._src.engine.stats import StageCounters
+    from gristmill._src.ray.region import RayRegion
+    from gristmill._src.spdl.region_backend import RegionJob, RegionReplies
 
 RAY_HANDOFF_S = 1e-3
 """One actor call and its reply (``ray.get`` of a small result), measured ~0.9 ms on the
@@ -107,7 +109,8 @@ class RayBackend:
 
     @property
     def num_workers(self) -> int:
-        """The actors a stage uses at first (``engine/remote.RemoteBackend``)."""
+        """The actors a stage uses at first (``engine/remote.RemoteBackend``), and a region's
+        workers (``gristmill.backends.RegionBackend``)."""
         return self.num_actors
 
     def open(self, work: StageWork, wake: Callable[[], None]) -> RayStageWorkers:
@@ -131,11 +134,13 @@ class RayBackend:
         """The calls of a pipe stage run on the actors (``pipe(op, executor=backend)``)."""
         return RemoteCalls(self, target, stage)
 
-    def region_workers(self, name: str) -> Any:
-        """The workers of a ``to(backend)`` region: its jobs on the actors."""
-        from gristmill._src.ray.region import RayWorkers
+    def open_region(self, job: RegionJob, replies: RegionReplies) -> RayRegion:
+        """Starts a ``to(backend)`` region's job on every actor slot
+        (``gristmill.backends.RegionBackend``): ``ray/region.py``. ValueError when
+        ``PULL_THREADS`` regions run on the backend already."""
+        from gristmill._src.ray.region import RayRegion
 
-        return RayWorkers(self, name)
+        return RayRegion(self.pool, job, replies, start_notice.user_site())
 
     def shutdown(self) -> None:
         """Kills the pool's actors now; idempotent. A later stage starts new ones."""

@@ -4,7 +4,7 @@ A region job is ``RegionJob.run`` (``region_worker.run_region``, the very job a 
 worker process runs, as a backend of one's own runs it: ``gristmill.backends.RegionJob``) on
 a thread of the actor, speaking over a :class:`QueueConn` instead of a pipe: the region's
 main process *pushes* its messages into the job's inbox (``region_push``) and *pulls* what
-the job sent (``region_pull``, which returns once the job sent something, or ended). The
+the job sent (``region_pull``, which returns once the job sent something, or returned). The
 actor runs these calls in concurrency groups of their own, beside the stage tasks (``run``,
 one at a time): pushes, opens and closes in ``REGION_GROUP`` (none of them waits), pulls in
 ``PULL_GROUP`` (each waits for its job), so a waiting pull never holds up a push. Nothing
@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 from gristmill._src.engine import messages
 
@@ -32,6 +32,14 @@ PULL_THREADS = 16
 is how many regions may run on one backend at once (``ActorPool.start_region``)."""
 
 
+class Pulled(NamedTuple):
+    """What one ``region_pull`` returns: the messages the job sent since the last pull, and
+    whether its job returned (it sends nothing more: no pull follows)."""
+
+    messages: list[Any]
+    ended: bool
+
+
 class QueueConn:
     """A region job's end of its messages, with a pipe's ``send`` / ``recv``."""
 
@@ -43,6 +51,7 @@ class QueueConn:
         self._next = 0  # the number of the next message for the inbox
         self._order = threading.Lock()
         self._closed = False  # the region closed: a pull returns at once
+        self._ended = False  # the job returned: a pull returns what is left, then ended
 
     def put(self, number: int, message: Any) -> None:
         """Message ``number`` of the region's (its pushes may run out of order)."""
@@ -60,14 +69,20 @@ class QueueConn:
     def recv(self) -> Any:
         return self.inbox.get()  # messages.STOP once the region closed
 
-    def take(self) -> list[Any]:
-        """Everything sent so far; waits for something if nothing was (nothing once the
-        region closed)."""
+    def take(self) -> Pulled:
+        """Everything sent so far; waits for something if nothing was and the job still
+        runs (nothing once the region closed)."""
         with self._ready:
-            self._ready.wait_for(lambda: self._outbox or self._closed)
+            self._ready.wait_for(lambda: self._outbox or self._closed or self._ended)
             messages = list(self._outbox)
             self._outbox.clear()
-            return messages
+            return Pulled(messages, self._ended)
+
+    def ended(self) -> None:
+        """The job returned (after its last ``send``): wakes a waiting pull."""
+        with self._ready:
+            self._ended = True
+            self._ready.notify_all()
 
     def close(self) -> None:
         """Ends the job's transfers and wakes a waiting pull."""
@@ -105,9 +120,15 @@ class RegionJobs:
         conn = self._conn(key)
         if conn is None:  # closed already
             return
+
+        def run() -> None:
+            try:
+                job.run(index, conn)
+            finally:
+                conn.ended()
+
         thread = threading.Thread(
-            target=job.run,
-            args=(index, conn),
+            target=run,
             name=f"gristmill[{job.name}]-region-{index}",
             daemon=True,
         )
@@ -119,10 +140,10 @@ class RegionJobs:
         if conn is not None:
             conn.put(number, message)
 
-    def pull(self, key: str) -> list[Any]:
+    def pull(self, key: str) -> Pulled:
         """What the job sent (see :meth:`QueueConn.take`); nothing once the region closed."""
         conn = self._conn(key)
-        return [] if conn is None else conn.take()
+        return Pulled([], True) if conn is None else conn.take()
 
     def close(self, key: str) -> None:
         """Ends the job (its transfers end) and forgets it."""

@@ -109,11 +109,9 @@ def is_remote_backend(executor: Any) -> bool:
 
 def runs_regions(target: Any) -> bool:
     """Whether ``to(target)`` can run a region on ``target``'s workers: a backend of the
-    region protocol (``gristmill.backends.RegionBackend``), or a remote backend that
-    implements ``region_workers(name)`` (a ``gristmill.ray.RayBackend``)."""
-    if region_protocol.is_region_backend(target):
-        return True
-    return is_remote_backend(target) and callable(getattr(target, "region_workers", None))
+    region protocol (``gristmill.backends.RegionBackend``, a ``gristmill.ray.RayBackend``
+    too)."""
+    return region_protocol.is_region_backend(target)
 
 
 def check_executor(executor: Any) -> None:

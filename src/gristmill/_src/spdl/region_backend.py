@@ -1,16 +1,18 @@
-"""A ``to(backend)`` region on a backend of one's own (``region_protocol.RegionBackend``).
+"""A ``to(backend)`` region on a backend of the region protocol (``RegionBackend``).
 
 :class:`BackendWorkers` is the region's transport (``regions.RegionWorkers``) over any
 backend that can start a :class:`RegionJob` on each of its workers with a duplex channel:
 the backend carries messages, the region (``regions.RegionStream``) does the rest. Each job
-is ``region_worker.run_region`` — the very job a region's worker process or Ray actor runs
-— so a region's output is the same on any backend. The job speaks the messages of
-``engine.messages``; a backend passes them through as they are (picklable, if they cross
-processes). Items cross pickled in band: the workers may be on other machines.
+is ``region_worker.run_region`` — the very job a region's worker process runs — so a
+region's output is the same on any backend (``RayBackend`` is one: ``ray/region.py``). The
+job speaks the messages of ``engine.messages``; a backend passes them through as they are
+(picklable, if they cross processes). Items cross pickled in band: the workers may be on
+other machines.
 
 One *collector* thread hands the region every message the backend put in the region's
 :class:`RegionReplies`, in order, and a worker's loss as the region's error, naming the
-worker; it waits on the replies' queue (no timeout), which closing the region wakes.
+worker (a ``WorkerDiedError``, the class of a region's dead worker process); it waits on
+the replies' queue (no timeout), which closing the region wakes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import queue
 from typing import TYPE_CHECKING, Any
 
 from gristmill._src.engine import sending
+from gristmill._src.engine.transport import WorkerDiedError
 from gristmill._src.spdl import region_worker
 from gristmill._src.spdl.region_protocol import RegionBackend, RegionChannels
 
@@ -87,7 +90,7 @@ class RegionReplies:
     """Where a backend puts what a region's workers send (callable from any thread); the
     region's collector takes them from ``inbox`` in order."""
 
-    def __init__(self, inbox: queue.SimpleQueue[Any]) -> None:
+    def __init__(self, inbox: queue.Queue[Any]) -> None:
         self._inbox = inbox
 
     def put(self, index: int, message: Any) -> None:
@@ -109,7 +112,8 @@ class BackendWorkers:
         self._name = name
         self.count = backend.num_workers
         self.worker_kind = str(getattr(backend, "worker_name", "region worker"))
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (index, message), _WAKE
+        # (index, message), _WAKE; a Queue: its waits are Python frames a test can watch
+        self._inbox: queue.Queue[Any] = queue.Queue()
         self._channels: RegionChannels | None = None
 
     def start(self, region: RegionStream, span: tuple[Any, ...], options: tuple[Any, ...]) -> None:
@@ -145,7 +149,9 @@ class BackendWorkers:
                 region.received(index, message)
 
     def _lost_error(self, index: int, error: BaseException) -> RuntimeError:
-        lost = RuntimeError(
+        """The region's one error for a worker the backend lost (the transport's
+        ``WorkerDiedError``, as for a region's worker process that died), naming it."""
+        lost = WorkerDiedError(
             f"{self.worker_kind} {index} of {self._name} was lost while the region ran "
             f"({type(error).__name__}: {error}); a region's outputs are merged in arrival "
             "order, so its items cannot be run again: the region stops"

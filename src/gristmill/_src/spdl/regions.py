@@ -1,10 +1,10 @@
 """``to()`` regions: a span of stages run on workers, each a pipeline of its own.
 
 The workers are a *transport* of the region's choosing: ``to(ProcessPoolExecutorConfig)``
-runs them as pooled worker processes (:mod:`region_processes`), ``to(RayBackend(...))`` as
-jobs on the backend's Ray actors (``gristmill._src.ray.region``), ``to(backend)`` for a
-backend of one's own (``region_protocol.RegionBackend``) as jobs on its workers
-(:mod:`region_backend`). All run
+runs them as pooled worker processes (:mod:`region_processes`), ``to(backend)`` for a
+backend of the region protocol (``region_protocol.RegionBackend``: a ``RayBackend``, whose
+actors carry the jobs as ``gristmill._src.ray.region`` says, or one's own) as jobs on its
+workers (:mod:`region_backend`). All run
 ``region_worker.run_region`` on each worker (``engine.messages`` has the messages) and
 hand the region each message a worker sends, or its death.
 
@@ -92,9 +92,7 @@ class RegionWorkers(Protocol):
 
 def region_workers(target: Any, name: str) -> RegionWorkers:
     """The transport for ``to(target)``."""
-    if callable(getattr(target, "region_workers", None)):  # a RayBackend
-        return target.region_workers(name)  # type: ignore[no-any-return]
-    if is_region_backend(target):  # a backend of one's own
+    if is_region_backend(target):  # a RayBackend, or a backend of one's own
         from gristmill._src.spdl.region_backend import BackendWorkers
 
         return BackendWorkers(target, name)

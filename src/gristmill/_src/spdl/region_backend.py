@@ -11,12 +11,14 @@ other machines.
 
 One *collector* thread hands the region every message the backend put in the region's
 :class:`RegionReplies`, in order, and a worker's loss as the region's error, naming the
-worker (a ``WorkerDiedError``, the class of a region's dead worker process); it waits on
+worker (a ``WorkerDiedError``, the class of a region's dead worker process; a backend shut
+down gives its own ``BrokenExecutor`` error, as a stage on it does); it waits on
 the replies' queue (no timeout), which closing the region wakes.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import queue
 from typing import TYPE_CHECKING, Any
@@ -148,9 +150,17 @@ class BackendWorkers:
             else:
                 region.received(index, message)
 
-    def _lost_error(self, index: int, error: BaseException) -> RuntimeError:
+    def _lost_error(self, index: int, error: BaseException) -> BaseException:
         """The region's one error for a worker the backend lost (the transport's
-        ``WorkerDiedError``, as for a region's worker process that died), naming it."""
+        ``WorkerDiedError``, as for a region's worker process that died), naming it.
+
+        A backend that was shut down (a ``concurrent.futures.BrokenExecutor``, as a
+        ``RayBackend``'s ``BackendShutDownError``) is not a lost worker: its error is the
+        region's as it is, with a note naming the region, as it is a stage's on that backend.
+        """
+        if isinstance(error, concurrent.futures.BrokenExecutor):
+            error.add_note(f"(while {self.worker_kind} {index} of {self._name} ran the region)")
+            return error
         lost = WorkerDiedError(
             f"{self.worker_kind} {index} of {self._name} was lost while the region ran "
             f"({type(error).__name__}: {error}); a region's outputs are merged in arrival "

@@ -5,6 +5,7 @@ fail and how failures count are those of one call per item."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -211,3 +212,139 @@ def test_calls_grow_to_amortise_the_wait_the_workers_measure(kind):
         calls = executor.calls
     assert got == [x + 1 for x in range(n)]
     assert calls <= n // 20, f"{calls} calls for {n} items"
+
+
+LONELY_S = 0.05
+"""How long a :class:`Gated` pool's worker holds a call that no other call is queued
+behind (the stage's last call, or any call of a stage that waits for each of its calls)."""
+
+
+class Gated:
+    """A pool of ``workers`` (threads of this process, so that the test controls them; to
+    the stage it is the pool it subclasses) whose worker starts a call once another call is
+    queued behind it, or after ``LONELY_S``; ``most``: the most calls it held at once
+    (submitted, not finished)."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)  # starts nothing: `submit` is this class's
+        self._cond = threading.Condition()
+        self._queue = collections.deque()
+        self._held = 0
+        self._closed = False
+        self.most = 0
+        self._threads = [threading.Thread(target=self._work, daemon=True) for _ in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = concurrent.futures.Future()
+        with self._cond:
+            self._queue.append((future, functools.partial(fn, *args, **kwargs)))
+            self._held += 1
+            self.most = max(self.most, self._held)
+            self._cond.notify_all()
+        return future
+
+    def _work(self):
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                self._cond.wait_for(lambda: len(self._queue) > 1 or self._closed, LONELY_S)
+                if not self._queue:  # another worker took it
+                    continue
+                future, call = self._queue.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as error:
+                    future.set_exception(error)
+            with self._cond:
+                self._held -= 1
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(10)
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+class GatedProcesses(Gated, concurrent.futures.ProcessPoolExecutor):
+    pass
+
+
+class GatedThreads(Gated, concurrent.futures.ThreadPoolExecutor):
+    pass
+
+
+GATED = {"processes": GatedProcesses, "threads": GatedThreads}
+
+
+def gated_run(pool, op, n, *, concurrency=1, output_order="input"):
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(n))
+        .pipe(op, executor=pool, concurrency=concurrency, output_order=output_order)
+        .add_sink(3)
+        .build(num_threads=2)
+    )
+    try:
+        return list(pipeline)
+    finally:
+        pipeline.stop()
+
+
+@pytest.mark.parametrize("kind", ["processes", "threads"])
+def test_a_call_waits_queued_behind_each_running_one_on_a_pool_no_larger_than_concurrency(kind):
+    # With one call at a time, a pool's worker that ends a call is idle until its result
+    # reached the stage and the next call came back (the pools' threads, the stage's, the
+    # worker's: each waits for a core on a busy machine). The next call is queued already.
+    with GATED[kind](1) as pool:
+        got = gated_run(pool, fails_on_sevens, 60)
+        most = pool.most
+    assert got == [x + 1 for x in range(60) if x % 7]
+    assert most == 2, f"at most {most} calls held by a pool of 1 worker at once"
+
+
+@pytest.mark.parametrize("kind", ["processes", "threads"])
+def test_a_pool_larger_than_concurrency_never_holds_more_calls_than_concurrency(kind):
+    # A queued call would run on the pool's second worker: more calls at once than the
+    # concurrency the stage was given.
+    with GATED[kind](2) as pool:
+        got = gated_run(pool, plus_one, 30, output_order="completion")
+        most = pool.most
+    assert sorted(got) == [x + 1 for x in range(30)]
+    assert most == 1, f"{most} calls held at once under concurrency=1"
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 10])
+def test_a_stage_with_queued_calls_resumes_exactly(cut):
+    n = 50
+
+    def build(pool):
+        return (
+            PipelineBuilder()
+            .add_source(range(n))
+            .pipe(fails_on_sevens, executor=pool, output_order="input")
+            .aggregate(4)
+            .add_sink(3)
+            .build(num_threads=2)
+        )
+
+    expected = [x + 1 for x in range(n) if x % 7]
+    with GatedProcesses(1) as pool:
+        first = build(pool)
+        head = [first.get_item(timeout=10) for _ in range(cut)]
+        state = first.get_state()
+        first.stop()
+    with GatedProcesses(1) as pool:
+        second = build(pool)
+        second.set_state(state)
+        try:
+            tail = list(second)
+        finally:
+            second.stop()
+    assert [x for batch in head + tail for x in batch] == expected

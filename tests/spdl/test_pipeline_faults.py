@@ -11,6 +11,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -291,7 +292,10 @@ def test_stop_warns_that_a_users_executor_still_runs_a_hanging_task(tmp_path):
         bound.cancel()
         _kill_group(child)
         child.communicate()
-    assert "still runs 1 of its calls" in line
+    # the call that hangs, and the one queued behind it if the stage had sent it already
+    # (a pool of one worker, concurrency 1: a call waits queued behind the running one,
+    # and a ProcessPoolExecutor takes it past cancelling before a worker is free)
+    assert re.search(r"still runs [12] of its calls", line), line
     assert "interpreter will wait" in line
     assert "cancel_futures=True" in line
 

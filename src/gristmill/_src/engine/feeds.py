@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gristmill._src.engine.markers import EPOCH_END
 
@@ -174,6 +174,20 @@ outputs before a failure survive it); it returns how the call went where the wor
 when that was one call to another process (``Chunk.call``), else None."""
 
 
+@runtime_checkable
+class StartedChunkFn(Protocol):
+    """A :data:`ChunkFn` whose call can also be made in two halves: ``start(inputs)`` sends
+    the call, and the function it returns waits for it and appends the outputs (what
+    calling it returns); a worker keeps up to ``calls_per_worker(workers)`` of them
+    started at once (a call queued behind the one it waits for)."""
+
+    def __call__(self, inputs: list[Any], outputs: list[Any], /) -> CallTiming | None: ...
+
+    def start(self, inputs: list[Any], /) -> Callable[[list[Any]], CallTiming | None]: ...
+
+    def calls_per_worker(self, workers: int, /) -> int: ...
+
+
 def apply(fn: Callable[[Any], Any], task: Task, chunk_fn: ChunkFn | None = None) -> Chunk:
     """``fn`` over the task's inputs, each called once (or ``chunk_fn`` over all of them);
     stops at the first failure."""
@@ -189,6 +203,28 @@ def apply(fn: Callable[[Any], Any], task: Task, chunk_fn: ChunkFn | None = None)
     chunk = task.chunk(values, task.upstream_error)
     chunk.call = call
     return chunk
+
+
+def start_apply(task: Task, chunk_fn: StartedChunkFn) -> Callable[[], Chunk]:
+    """:func:`apply` of ``chunk_fn`` in two halves: its call is sent now; the function
+    returned waits for it and returns the task's chunk."""
+    try:
+        collect = chunk_fn.start(task.inputs or [])
+    except Exception as e:
+        failed = task.chunk([], e)
+        return lambda: failed
+
+    def finish() -> Chunk:
+        values: list[Any] = []
+        try:
+            call = collect(values)
+        except Exception as e:
+            return task.chunk(values, e)
+        chunk = task.chunk(values, task.upstream_error)
+        chunk.call = call
+        return chunk
+
+    return finish
 
 
 class RangeFeed:
@@ -256,6 +292,8 @@ class StreamFeed:
         self.upstream = upstream
         self.fn = fn
         self.chunk_fn = chunk_fn  # `fn` over a whole task at once (thread/inline runs)
+        # the same in two halves, where its calls may queue on another executor
+        self._started = chunk_fn if isinstance(chunk_fn, StartedChunkFn) else None
         self.barriers = barriers  # the stream may carry EPOCH_END markers
         self._keys: Sequence[Any] | None = None  # the keys of `_values`, if tracked
         self._values: list[Any] = []
@@ -309,6 +347,27 @@ class StreamFeed:
 
     def run(self, task: Task) -> Chunk:
         return apply(self.fn, task, self.chunk_fn)
+
+    @property
+    def starts_calls(self) -> bool:
+        """Whether a task may be :meth:`start`-ed before the one before it is done (its
+        chunk function is a :class:`StartedChunkFn`)."""
+        return self._started is not None
+
+    def calls_per_worker(self, workers: int) -> int:
+        """How many :meth:`start`-ed tasks each of ``workers`` may have in flight: the
+        chunk function's :class:`StartedChunkFn` says; 1 for any other."""
+        started = self._started
+        return 1 if started is None else started.calls_per_worker(workers)
+
+    def start(self, task: Task) -> Callable[[], Chunk]:
+        """Starts ``task`` (sends its call, where the chunk function makes one) and returns
+        the function that waits for it and returns what :meth:`run` would."""
+        started = self._started
+        if started is None:
+            chunk = self.run(task)
+            return lambda: chunk
+        return start_apply(task, started)
 
     def close(self) -> None:
         """Closes upstream: a claimer blocked on it wakes up (shutdown)."""

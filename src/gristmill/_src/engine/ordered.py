@@ -23,6 +23,7 @@ before ``lock`` (the bookkeeping); the consumer never holds ``lock`` while it ta
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -39,6 +40,7 @@ from gristmill._src.engine.feeds import (
     Feed,
     RangeFeed,
     ReadFn,
+    StreamFeed,
     Task,
     take_failed_input,
 )
@@ -55,6 +57,17 @@ _JOIN_TIMEOUT_S = 1.0
 _ANY = -2  # `waiting_for` in completion order: any finished task wakes the consumer
 
 Claimed = tuple[int, int, Task]  # (generation, sequence number, task)
+
+
+def _started(feed: StreamFeed, claimed: Claimed) -> tuple[Claimed, Callable[[], Chunk], float]:
+    """``claimed``'s task started on ``feed``: what waits for its chunk, and when."""
+    sent = time.perf_counter()
+    try:
+        finish = feed.start(claimed[2])
+    except BaseException as e:  # as `work` reports it
+        failed = Chunk(claimed[2].start, [], e)
+        finish = lambda: failed  # noqa: E731
+    return claimed, finish, sent
 
 
 def record_task(policy: ChunkPolicy, size: int, elapsed: float, call: CallTiming | None) -> None:
@@ -119,8 +132,14 @@ class Core:
 
     def bound(self) -> int:
         """Positions this stage may have in flight (claimed, computing, or finished and not
-        yet delivered): the buffer (``ChunkPolicy.bound``). Lock held."""
-        return self.policy.bound()
+        yet delivered): the buffer (``ChunkPolicy.bound``), and the calls its workers keep
+        queued behind their running ones (``StreamFeed.calls_per_worker``). Lock held."""
+        policy = self.policy
+        feed = self.feed
+        if not isinstance(feed, StreamFeed):
+            return policy.bound()
+        workers = max(policy.workers, 1)
+        return policy.bound(queued_calls=workers * (feed.calls_per_worker(workers) - 1))
 
     def largest_task(self) -> int:
         """Elements one task may hold at most (within the room the bound leaves). Lock
@@ -202,6 +221,9 @@ class Core:
         run = self.feed.run
         policy = self.policy
         try:
+            if isinstance(self.feed, StreamFeed) and self.feed.starts_calls:
+                self._work_calls(self.feed, lambda: index < policy.workers)
+                return
             while (claimed := self.claim(lambda: index < policy.workers)) is not None:
                 began = time.perf_counter()
                 try:
@@ -215,6 +237,36 @@ class Core:
         finally:
             with self.lock:
                 self.live_workers.discard(index)
+
+    def _work_calls(self, feed: StreamFeed, stay: Callable[[], bool]) -> None:
+        """:meth:`work` on a feed whose tasks are calls that may queue on another executor:
+        up to ``feed.calls_per_worker(workers)`` tasks started at once (the next one's call
+        already sent while this thread waits for the first's), filed in claim order."""
+        policy = self.policy
+        started: collections.deque[tuple[Claimed, Callable[[], Chunk], float]]
+        started = collections.deque()
+        last_done = 0.0
+        while True:
+            if not started:
+                claimed = self.claim(stay)
+                if claimed is None:
+                    return
+                started.append(_started(feed, claimed))
+            while len(started) < feed.calls_per_worker(policy.workers):
+                more = self.claim(stay, wait=False)
+                if more is None:
+                    break
+                started.append(_started(feed, more))
+            claimed, finish, sent = started.popleft()
+            try:
+                chunk = finish()
+            except BaseException as e:  # not an Exception (e.g. SystemExit): report it
+                chunk = Chunk(claimed[2].start, [], e)
+            now = time.perf_counter()
+            # the task's time: from when it could start (sent, or the one before it done)
+            self.file(claimed, chunk, now - max(sent, last_done))
+            last_done = now
+            del chunk, claimed, finish  # as in `work`: no traceback kept alive
 
     def spawn_then_work(self, indices: list[int], name: str) -> None:
         """A worker's entry: start half of ``indices[1:]`` each in two children, then work

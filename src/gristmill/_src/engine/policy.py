@@ -159,14 +159,18 @@ class ChunkPolicy:
         ``_WINDOW`` waits, not their minimum (every call pays its wait: the typical one is
         what the calls' size amortises) nor their mean (a rare long wait, the caller's
         process descheduled for another's time slice, is no per-call cost that larger
-        calls would save).
+        calls would save). Never less than ``call_s``: a call queued behind the running
+        one (``ExecutorCall.calls_per_thread``) finds its worker with no wait, but the
+        caller's threads still pay its round trip's work (pickling, the pool's threads),
+        on the cores the workers use.
         """
         if elements:
             self._costs.append(seconds / elements)
-        if worker_wait_s is not None and self.call_s is not None:
+        call_s = self.call_s
+        if worker_wait_s is not None and call_s is not None:
             waits = self._call_waits
             waits.append(worker_wait_s)
-            self.handoff_s = self._thread_handoff_s + statistics.median(waits)
+            self.handoff_s = self._thread_handoff_s + max(call_s, statistics.median(waits))
 
     @property
     def cost(self) -> float | None:
@@ -181,13 +185,15 @@ class ChunkPolicy:
             return False
         return self.use_threads()
 
-    def bound(self) -> int:
+    def bound(self, queued_calls: int = 0) -> int:
         """Elements the stage may have in flight (claimed, computing, or finished and not
         yet delivered): ``buffer_size``; with ``call_s``, ``buffer_size`` calls of the
-        current :meth:`thread_chunk` (the buffer counts calls, as SPDL's counts items)."""
+        current :meth:`thread_chunk` (the buffer counts calls, as SPDL's counts items),
+        and ``queued_calls`` more: calls the workers keep queued on the executor behind
+        their running ones, which the buffer's calls must not crowd out."""
         if self.call_s is None:
             return self.buffer_size
-        return self.buffer_size * self.thread_chunk()
+        return (self.buffer_size + queued_calls) * self.thread_chunk()
 
     def use_threads(self) -> bool:
         """True when even the largest allowed thread chunk amortises a hand-off."""

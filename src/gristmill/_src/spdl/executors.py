@@ -3,7 +3,10 @@
 ``engine.remote.RemoteCalls``).
 
 The stage's worker threads each submit one call at a time and wait for its result, so the
-stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``).
+stage's ``concurrency`` bounds the calls in flight (as upstream's ``run_in_executor``);
+except where the executor is a standard-library pool with no more workers than the stage
+has threads: there each thread keeps a second call queued behind the one it waits for
+(:meth:`ExecutorCall.calls_per_thread`), so a worker that ends a call finds the next.
 On a ``ProcessPoolExecutor`` or a ``ThreadPoolExecutor`` one call carries several items
 (:meth:`ExecutorCall.map`, run there by :func:`apply_chunk`): a call costs a round trip
 (:func:`call_cost_s`: ~300 µs between processes), which one item of a few milliseconds or
@@ -177,6 +180,18 @@ def apply_chunk(
     return results, ended - began, None if previous_end is None else began - previous_end
 
 
+def pool_size(executor: Any) -> int | None:
+    """The workers of a standard-library ``ProcessPoolExecutor`` or ``ThreadPoolExecutor``
+    (its ``max_workers``, kept in the private ``_max_workers`` by every CPython since 3.2);
+    None for any other executor (what it runs at once is unknown)."""
+    if not isinstance(
+        executor, concurrent.futures.ProcessPoolExecutor | concurrent.futures.ThreadPoolExecutor
+    ):
+        return None
+    size = getattr(executor, "_max_workers", None)
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def call_cost_s(executor: Any) -> float | None:
     """What one call to ``executor`` costs besides its work, when one call carries several
     items; None when it gets one item a call.
@@ -221,11 +236,38 @@ class ExecutorCall:
         """Whether :meth:`map` is worth calling: the stage sends several items a call."""
         self.executor = executor
         self._processes = pool_processes(executor)
+        self._pool_size = pool_size(executor)
+        self._queues = False  # the stage keeps calls queued (`calls_per_thread`)
         self.stage = stage
         self._pending: set[concurrent.futures.Future[Any]] = set()
 
     def __call__(self, item: Any) -> Any:
-        return self._result(self._target, item)
+        return self._wait(self._send(self._target, item))
+
+    def calls_per_thread(self, threads: int) -> int:
+        """How many :meth:`start`-ed calls each of the stage's ``threads`` may keep in
+        flight: 2 where calls carry several items and the executor is a pool of at most
+        ``threads`` workers, else 1.
+
+        With one call a thread, a worker that ends a call is idle until its result has
+        crossed to the stage's thread and the next call has crossed back (the pool's
+        threads, the stage's, the worker's: each waits for a core on a busy machine). A
+        second call queued behind each running one is in the pool's queue when the worker
+        looks for its next. The pool runs no more calls at once than it has workers, so
+        with at most ``threads`` of them the stage still runs at most ``concurrency``
+        calls at once, the parallelism the user granted (SPDL's ``concurrency``: tasks
+        running together); a pool with more workers (shared with other stages, or sized
+        for more) would run a queued call on a worker that ``concurrency`` does not
+        grant, and an executor of unknown size might: one call a thread there.
+
+        The answer is remembered: while the stage queues calls, a call sent with fewer
+        calls in flight than the pool has workers (the stage's first calls, or its input
+        ran dry) reaches an idle worker, and that worker's wait measures the lull, not what
+        a call costs (:meth:`map`'s ``CallTiming.worker_wait_s`` is None for it).
+        """
+        size = self._pool_size
+        self._queues = self.chunks and size is not None and size <= threads
+        return 2 if self._queues else 1
 
     def map(self, items: list[Any]) -> tuple[list[Any], CallTiming | None]:
         """``op`` over ``items`` in one call: a result or an :class:`ItemFailure` (holding
@@ -236,16 +278,46 @@ class ExecutorCall:
           BrokenExecutorError: the executor cannot run calls (nothing of this call came
             back: which item its worker died on is unknown; the error says so).
         """
+        return self.start(items)()
+
+    def start(self, items: list[Any]) -> Callable[[], tuple[list[Any], CallTiming | None]]:
+        """:meth:`map` in two halves: submits the call now, and returns the function that
+        waits for it and returns what :meth:`map` returns (it raises what :meth:`map`
+        raises, as does this when the executor is broken already)."""
         began = time.perf_counter()
+        # a queued call: one in flight already for each of the pool's workers
+        measured = not self._queues or len(self._pending) >= (self._pool_size or 0)
         try:
-            results, work_s, idle_s = self._result(self._chunk_target, items)
+            future = self._send(self._chunk_target, items)
         except BrokenExecutorError as error:
-            if len(items) > 1:
-                error.add_note(
-                    f"gristmill: the call that found it broken ran {len(items)} items (the "
-                    f"one named and the {len(items) - 1} after it); which one its worker "
-                    "was running when it died is unknown"
-                )
+            self._note_items(error, len(items))
+            raise
+        except Exception:
+            future = None  # the call failed as a whole: its items run alone (`_finish`)
+        return functools.partial(self._finish, future, items, began, measured)
+
+    @staticmethod
+    def _note_items(error: BrokenExecutorError, count: int) -> None:
+        if count > 1:
+            error.add_note(
+                f"gristmill: the call that found it broken ran {count} items (the one "
+                f"named and the {count - 1} after it); which one its worker was running "
+                "when it died is unknown"
+            )
+
+    def _finish(
+        self,
+        future: concurrent.futures.Future[Any] | None,
+        items: list[Any],
+        began: float,
+        measured: bool,
+    ) -> tuple[list[Any], CallTiming | None]:
+        if future is None:
+            return [self._outcome(item) for item in items], None
+        try:
+            results, work_s, idle_s = self._wait(future)
+        except BrokenExecutorError as error:
+            self._note_items(error, len(items))
             raise
         except Exception:
             # The call failed as a whole, not an item (an item or a result that does not
@@ -258,7 +330,7 @@ class ExecutorCall:
         # The worker's wait counts up to this call's round trip: longer, it was idle
         # because this stage asked nothing of it (its consumer was away), which larger
         # calls would not save.
-        waited = None if idle_s is None else max(0.0, min(idle_s, round_trip))
+        waited = None if idle_s is None or not measured else max(0.0, min(idle_s, round_trip))
         return results, CallTiming(work_s, waited)
 
     def _outcome(self, item: Any) -> Any:
@@ -269,15 +341,19 @@ class ExecutorCall:
         except Exception as error:
             return ItemFailure(error)
 
-    def _result(self, target: Callable[[Any], Any], argument: Any) -> Any:
+    def _send(self, target: Callable[[Any], Any], argument: Any) -> concurrent.futures.Future[Any]:
+        """Submits ``target(argument)``; the future stays pending (for :meth:`stop`) until
+        :meth:`_wait` has it."""
         try:
-            future = self._submit(target, argument)
+            future: concurrent.futures.Future[Any] = self._submit(target, argument)
         except Exception as error:
             if _is_broken(error):
                 raise self._broken(error) from error
             raise
-        pending = self._pending
-        pending.add(future)
+        self._pending.add(future)
+        return future
+
+    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
         try:
             return future.result()
         except Exception as error:
@@ -287,7 +363,7 @@ class ExecutorCall:
                 raise error  # its cause: None, or the full frames (remove_frames)
             raise
         finally:
-            pending.discard(future)
+            self._pending.discard(future)
 
     def _broken(self, error: BaseException) -> BrokenExecutorError:
         died = "a process pool breaks when one of its workers dies (a crash, os._exit, "

@@ -168,7 +168,7 @@ def stage_function(
     if hooks is not None or budget.counts_invocations or kind is not OpKind.SYNC:
         return StageFunction(run, None, None)  # per-call bookkeeping: item by item
     if calls is not None and calls.chunks:
-        return StageFunction(run, _calls_function(calls, run, failed), call_cost_s(executor))
+        return StageFunction(run, _CallTasks(calls, run, failed), call_cost_s(executor))
     return StageFunction(run, _chunk_function(op, run, failed), None)
 
 
@@ -293,28 +293,45 @@ def _sync_function(
     return run
 
 
-def _calls_function(
-    calls: ExecutorCall, run: Callable[[Any], Any], failed: Callable[[Exception], Any]
-) -> ChunkFn:
-    """The task function that sends a task's plain values to the executor in one call."""
-    call_many, marked = calls.map, _MARKED
+class _CallTasks:
+    """The task function that sends a task's plain values to the executor in one call
+    (a :data:`ChunkFn`), and the same in two halves (a :class:`StartedChunkFn`: the stage's
+    threads may keep a call queued on the executor behind the one they wait for)."""
 
-    def run_calls(inputs: list[Any], outputs: list[Any]) -> CallTiming | None:
+    def __init__(
+        self, calls: ExecutorCall, run: Callable[[Any], Any], failed: Callable[[Exception], Any]
+    ) -> None:
+        self._calls = calls
+        self._run = run
+        self._failed = failed
+
+    def __call__(self, inputs: list[Any], outputs: list[Any]) -> CallTiming | None:
+        return self.start(inputs)(outputs)
+
+    def calls_per_worker(self, workers: int) -> int:
+        return self._calls.calls_per_thread(workers)
+
+    def start(self, inputs: list[Any]) -> Callable[[list[Any]], CallTiming | None]:
         # the plain values in one call; markers and keyed items as `run` takes them
+        marked = _MARKED
         values = [x for x in inputs if type(x) not in marked]
-        results, timing = call_many(values) if values else ([], None)
-        append, next_result = outputs.append, iter(results).__next__
-        for x in inputs:
-            if type(x) in marked:
-                append(run(x))
-                continue
-            result = next_result()
-            if type(result) is ItemFailure:
-                result = failed(result.error)
-            append(SKIP if result is None else result)
-        return timing
+        finish = self._calls.start(values) if values else None
+        run, failed = self._run, self._failed
 
-    return run_calls
+        def collect(outputs: list[Any]) -> CallTiming | None:
+            results, timing = finish() if finish is not None else ([], None)
+            append, next_result = outputs.append, iter(results).__next__
+            for x in inputs:
+                if type(x) in marked:
+                    append(run(x))
+                    continue
+                result = next_result()
+                if type(result) is ItemFailure:
+                    result = failed(result.error)
+                append(SKIP if result is None else result)
+            return timing
+
+        return collect
 
 
 def _chunk_function(

@@ -53,7 +53,7 @@ from gristmill._src.engine.window import ReorderWindow
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
 
-_JOIN_TIMEOUT_S = 1.0
+JOIN_TIMEOUT_S = 1.0
 _ANY = -2  # `waiting_for` in completion order: any finished task wakes the consumer
 
 Claimed = tuple[int, int, Task]  # (generation, sequence number, task)
@@ -321,10 +321,18 @@ class Core:
             self.work_ready.notify_all()
         for thread in list(self.threads):
             if thread.ident is not None:
-                thread.join(_JOIN_TIMEOUT_S)
+                thread.join(JOIN_TIMEOUT_S)
         with self.lock:
             self.retiring = False
             self.threads = [t for t in self.threads if t.is_alive()]
+
+    def release_at_end(self) -> None:
+        """The consumer read the end of the data: no task is out, and none comes before a
+        reposition (``reset``), so the workers stop now rather than at close — as a torch
+        or Grain loader's workers end with the epoch. ``reset`` then ``next`` start them
+        again. Call with no lock held."""
+        if any(thread.ident is not None for thread in self.threads):
+            self.retire_workers()
 
     def stop_executor(self) -> None:
         """Hook for executors that need more than ``closed`` to stop (an event loop)."""
@@ -342,7 +350,7 @@ class Core:
         if close_upstream is not None:
             close_upstream()  # wakes a worker blocked on upstream
         self.stop_executor()
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         current = threading.current_thread()
         for thread in list(self.threads):
             # A worker still being started sees `closed` and returns at once.
@@ -492,8 +500,13 @@ class ChunkRunner:
         if serving and self._returned_at:
             self._policy.record_away(time.perf_counter() - self._returned_at)
         with core.lock:  # workers claim under this lock: decide on a consistent view
+            ended = core.window.tasks_out == 0 and core.feed.exhausted()
+        if ended:
+            core.release_at_end()
+            return None
+        with core.lock:
             if core.window.tasks_out == 0:
-                if core.feed.exhausted():
+                if core.feed.exhausted():  # it ended meanwhile: the next call releases
                     return None
                 inline = not self._policy.use_threads()
                 if inline:
@@ -503,6 +516,8 @@ class ChunkRunner:
         chunk = self._run_inline() if inline else self._take_from_workers()
         if chunk is not None and chunk.error is not None:
             self._mark_origin(chunk)
+        if chunk is None:
+            core.release_at_end()
         if self._tuner is not None:
             if chunk is None:
                 self._tuner.stop()

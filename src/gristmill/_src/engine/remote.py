@@ -41,7 +41,7 @@ from typing import Any
 from gristmill._src.engine import remote_traceback, runtime, sending
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
-from gristmill._src.engine.ordered import Claimed, Core
+from gristmill._src.engine.ordered import JOIN_TIMEOUT_S, Claimed, Core
 from gristmill._src.engine.policy import ChunkPolicy
 from gristmill._src.engine.remote_protocol import (
     MAX_ATTEMPTS,
@@ -282,6 +282,26 @@ class RemoteCore(Core):
 
     def retire_workers(self) -> None:
         """Never needed: a remote stage always runs on its workers."""
+
+    def release_at_end(self) -> None:
+        """The end of the data: the proxies leave and the backend's workers are released
+        (local processes go back to the pool, idle); the next ``start_workers`` (after a
+        reposition) opens them again. Call with no lock held."""
+        with self.lock:
+            if not self._started or self.closed:
+                return
+            self._wanted = 0  # every proxy's `stay` turns false: its claim returns None
+            self.work_ready.notify_all()
+            proxies = list(self._proxies.values())
+        for proxy in proxies:
+            proxy.join(JOIN_TIMEOUT_S)
+        with self.lock:
+            if self._proxies or self.closed:  # a proxy did not leave: close releases all
+                return
+            workers, self._workers = self._workers, None
+            self._started = False
+        if workers is not None:
+            workers.close()
 
     def _proxy(self, slot: int, count: int) -> None:
         """Claims tasks for slot ``slot``'s worker, has it run them (up to the backend's

@@ -162,12 +162,19 @@ class _Core:
             if self.items or self.end is not None:
                 return self._take_locked()
         began = time.perf_counter()
+        # the consumer makes its item itself: time it spends waiting for data, as if it
+        # had waited for the thread to make it (its share of time waiting is measured here)
+        with self.lock:
+            self.counters.set_consumer_waiting(True, began)
         try:
             item = self.produce()
         except StopIteration:
             return _End(None)
         except Exception as e:
             return _End(e)
+        finally:
+            with self.lock:
+                self.counters.set_consumer_waiting(False, time.perf_counter())
         with self.lock:
             self.done(1, time.perf_counter() - began)
             self.counters.delivered(len(item), len(item))

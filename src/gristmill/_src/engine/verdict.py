@@ -22,6 +22,11 @@ PASS_THROUGH_ROLES = frozenset({"sink", "prefetch"})
 """Roles whose busy time is their upstream's work (they only hand it on)."""
 BUSY_LOAD = 0.7
 """A stage whose threads work at least this share of their time limits throughput."""
+WORKER_ROLES = frozenset({"read", "map", "region"})
+"""Roles whose work is done element by element on a count of workers that can change (a
+read by index, a map, a region's processes); the others (an iterator source, a batch, a
+mix, a shuffle, ...) take their elements one at a time, in order: no worker count to
+raise, so no move is predicted for them."""
 MOSTLY_WAITED = 0.5
 """Data waited for at least this share of the time: the consumer is not what limits."""
 
@@ -235,10 +240,13 @@ def next_move(top: Busiest, waiting: float, *, contended: bool, cores: int) -> M
     that hold the GIL deliver at most one core's worth, so ``p`` processes deliver at most
     ``p`` times as much: a gain of at most ``p - 1``.
 
-    Returns None where no move is predicted to gain: the workers needed are already there,
-    the cores are full, or (contended) the stage does not run on threads, where what
-    stalls it is a bursty stage upstream (raise buffers: no rate predicts that).
+    Returns None where no move is predicted to gain: the stage has no workers to add (its
+    role is not in ``WORKER_ROLES``), the workers needed are already there, the cores are
+    full, or (contended) the stage does not run on threads, where what stalls it is a
+    bursty stage upstream (raise buffers: no rate predicts that).
     """
+    if top.role not in WORKER_ROLES:
+        return None
     ceiling = 1.0 / (1.0 - waiting) if waiting < 1.0 else math.inf
     busy = top.working_share * max(top.workers, 1)  # L: workers busy on average
     if contended:

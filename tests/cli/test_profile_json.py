@@ -95,6 +95,11 @@ def test_the_printout_and_the_report_render_one_verdict(pipelines_module, tmp_pa
     printed = verdict_printed(out)
     sentence, data = report_verdicts(report)
     assert printed == sentence == data["text"]
+    # the consumer's waiting share: printed and in the report, from the verdict's field
+    waiting = f"waited for data {data['waiting_fraction']:.0%} of its time"
+    assert f"\nconsumer: {waiting}\n" in out
+    page = (report / "report.html").read_text(encoding="utf-8")
+    assert f"<dt>consumer</dt><dd>{waiting}</dd>" in page
     assert data["busiest"]["op"] == "Map(slow)"
     assert printed.startswith("op 'Map(slow)'")
 

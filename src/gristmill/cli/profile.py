@@ -456,6 +456,13 @@ def tuning_line(profile: Profile) -> str | None:
     return line
 
 
+def waiting_line(verdict: Verdict) -> str | None:
+    """The share of the consumer's time spent waiting for data (None: not measured)."""
+    if verdict.waiting_fraction is None:
+        return None
+    return f"waited for data {verdict.waiting_fraction:.0%} of its time"
+
+
 def print_profile(profile: Profile, out: TextIO) -> None:
     """The summary, the per-stage table and the verdict (its suggestions included)."""
     out.write(f"gristmill profile: {profile.target} returned {profile.kind.value}\n")
@@ -466,6 +473,9 @@ def print_profile(profile: Profile, out: TextIO) -> None:
     out.write(f"per-stage statistics ({SHARES_NOTE}):\n")
     out.write(indented_table(profile.statistics))
     out.write(f"bottleneck: {profile.verdict}\n")
+    waiting = waiting_line(profile.verdict)
+    if waiting is not None:
+        out.write(f"consumer: {waiting}\n")
     tuned = tuning_line(profile)
     if tuned is not None:
         out.write(tuned + "\n")

@@ -39,6 +39,7 @@ from gristmill.cli.profile import (
     throughput_series,
     tuning_line,
     units,
+    waiting_line,
 )
 
 if TYPE_CHECKING:
@@ -356,6 +357,9 @@ def render_html(profile: Profile) -> str:
         ("stopped by", profile.stopped_by),
         ("bottleneck", str(profile.verdict)),
     ]
+    waiting = waiting_line(profile.verdict)
+    if waiting is not None:
+        summary.append(("consumer", waiting))
     tuned = tuning_line(profile)
     if tuned is not None:
         summary.append(("autotuner", tuned))

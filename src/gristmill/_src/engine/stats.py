@@ -412,7 +412,8 @@ class PipelineStatistics:
         puller's thread, one thread. The stage with the highest load limits throughput
         when that load is high (``BUSY_LOAD``). When no stage is that busy, the consumer is
         the limit (it does its own work, a training step), unless data was still waited for
-        most of the time (a consumer waited for a stage's output): then the busiest stage
+        most of the time (a consumer waited for a stage's output, or the training loop's
+        time went into ``next()``, inline work included): then the busiest stage
         is named, its workers waiting on each other (the GIL) or on a bursty stage. Stages
         that only pass data on (a sink, a prefetch buffer: their time is their upstream's)
         are not candidates; for a fused stage, the verdict names the op of its chain that

@@ -33,6 +33,13 @@ MOSTLY_WAITED = 0.5
 Limit = Literal["stage", "consumer", "unmeasured"]
 Change = Literal["threads", "processes", "workers", "concurrent tasks"]
 Bound = Literal["workers", "consumer", "cores"]
+_ONE = {
+    "threads": "thread",
+    "processes": "process",
+    "workers": "worker",
+    "concurrent tasks": "concurrent task",
+}
+"""Each change's name for one of it (``+1 thread``)."""
 
 
 def load(s: StageStatistics) -> float:
@@ -93,7 +100,8 @@ class Move:
         if self.change == "processes":  # in place of its threads
             step = f"{self.workers_next} processes instead of {self.workers_now} threads"
         else:
-            step = f"+{self.workers_next - self.workers_now} {self.change}"
+            added = self.workers_next - self.workers_now
+            step = f"+{added} {self.change if added > 1 else _ONE[self.change]}"
         return (
             f"{step} at stage {self.stage!r}: at most {self.predicted_gain * 100:+.0f} % "
             f"elements/s (predicted; bound: {self.bound})"
@@ -117,8 +125,9 @@ class Verdict:
     data: in ``next()``, waiting for the last stage's output or running work inline on
     its thread."""
     data_waited: float | None = None
-    """The largest share of the time any stage's consumer (the training loop, or the
-    stage after it) waited for that stage's output."""
+    """The largest share of the time any consumer waited for data: the training loop
+    (:attr:`waiting_fraction`: its time in ``next()``, inline work included) or the stage
+    after another (waiting for that stage's output)."""
     elements_per_s: float | None = None
     """Elements the last stage delivered per second."""
     contended: bool = False
@@ -157,7 +166,15 @@ class Verdict:
                 f"{self.elements_per_s or 0.0:,.0f} elements/s); speed up the training step, "
                 "not the data"
             )
-        if self.contended:
+        if self.contended and top.executor == "inline":
+            reason = (
+                f"the busiest: data was waited for {self.data_waited or 0.0:.0%} of the time, "
+                f"yet its puller's thread worked only {top.working_share:.0%} of its time: it "
+                "waits for a core or for the GIL (other threads of the process, a loaded "
+                "machine); give it workers (ReadOptions(num_threads=...), "
+                "pipe(concurrency=...)) or processes"
+            )
+        elif self.contended:
             reason = (
                 f"the busiest: data was waited for {self.data_waited or 0.0:.0%} of the time, "
                 f"yet its {_threads(top)} worked only {top.working_share:.0%} of their time: "
@@ -248,7 +265,6 @@ def next_move(top: Busiest, waiting: float, *, contended: bool, cores: int) -> M
     if top.role not in WORKER_ROLES:
         return None
     ceiling = 1.0 / (1.0 - waiting) if waiting < 1.0 else math.inf
-    busy = top.working_share * max(top.workers, 1)  # L: workers busy on average
     if contended:
         if top.executor != "threads":
             return None
@@ -258,22 +274,21 @@ def next_move(top: Busiest, waiting: float, *, contended: bool, cores: int) -> M
             return None
         bound: Bound = "consumer" if ceiling < processes else "cores"
         return Move(top.name, "processes", top.workers, processes, gain - 1.0, bound)
-    now = 1 if top.executor == "inline" else max(top.workers, 1)
+    now = 1 if top.executor == "inline" else max(top.workers, 1)  # inline: one thread
+    busy = top.working_share * now  # L: workers busy on average
+    if busy <= 0:
+        return None
     needed = math.ceil(busy * ceiling) if math.isfinite(ceiling) else 2 * now
-    target = min(needed, 2 * now)
+    wanted = min(needed, 2 * now)
     change = _CHANGES.get(top.executor, "workers")
-    if change == "workers":
-        target = min(target, cores)
-    if target <= now or busy <= 0:
+    target = min(wanted, cores) if change == "workers" else wanted
+    if target <= now:
         return None
     by_workers = target / busy
-    if by_workers <= ceiling:
-        gain, bound = (
-            by_workers,
-            ("cores" if target == cores and change == "workers" else "workers"),
-        )
-    else:
+    if ceiling < by_workers:
         gain, bound = ceiling, "consumer"
+    else:
+        gain, bound = by_workers, ("cores" if target < wanted else "workers")
     if gain <= 1.0:
         return None
     return Move(top.name, change, now, target, gain - 1.0, bound)
@@ -303,23 +318,24 @@ def verdict(stats: PipelineStatistics, cores: int | None = None) -> Verdict:
         return Verdict("unmeasured", unmeasured="no stage does work of its own")
     top = max(candidates, key=load)
     busiest = _busiest(stats, top)
-    waited = min(1.0, max(s.consumer_wait_s for s in stats.stages) / wall)
     waiting = consumer_waiting(last)
-    facts = {
-        "busiest": busiest,
-        "waiting_fraction": waiting,
-        "data_waited": waited,
-        "elements_per_s": last.throughput,
-    }
+    waited = max(waiting, min(1.0, max(s.consumer_wait_s for s in stats.stages) / wall))
+    facts = Verdict(
+        "consumer",
+        busiest=busiest,
+        waiting_fraction=waiting,
+        data_waited=waited,
+        elements_per_s=last.throughput,
+    )
     if busiest.working_share < BUSY_LOAD and waited < MOSTLY_WAITED:
-        return Verdict("consumer", **facts)  # type: ignore[arg-type]
+        return facts
     contended = busiest.working_share < BUSY_LOAD
     if cores is None:
         from gristmill._src.engine.tuner import available_cores  # tuner imports stats
 
         cores = available_cores()
     move = next_move(busiest, waiting, contended=contended, cores=cores)
-    return Verdict("stage", contended=contended, next_move=move, **facts)  # type: ignore[arg-type]
+    return dataclasses.replace(facts, limit="stage", contended=contended, next_move=move)
 
 
 def _busiest(stats: PipelineStatistics, top: StageStatistics) -> Busiest:

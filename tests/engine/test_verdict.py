@@ -541,3 +541,12 @@ def test_a_verdict_before_any_element_is_unmeasured():
     assert (verdict.limit, verdict.bottleneck, verdict.next_move) == ("unmeasured", None, None)
     assert str(verdict) == verdict.unmeasured == "no stage has run yet"
     assert verdict.to_dict()["text"] == "no stage has run yet"
+
+
+def test_a_sink_counts_the_elements_it_hands_on_not_the_lists_they_travel_in():
+    # a training consumer: the sink's thread merges cheap chunks into lists while it waits
+    stats = pipeline_stats(cheap, consumer_s=SLOW_S)
+    sink = stats.stages[-1]
+    assert sink.role == "sink"
+    assert (sink.elements_in, sink.elements_out) == (N, N)
+    assert stats.verdict().elements_per_s == sink.throughput

@@ -2,11 +2,16 @@
 (``inspect``), and a module of pipelines whose slow stage is known (``profile``, as in
 tests/engine/test_verdict.py), written where a user's would be."""
 
+import os
+import subprocess
 import sys
 import textwrap
 import uuid
+from pathlib import Path
 
 import pytest
+
+import gristmill
 
 
 @pytest.fixture(scope="session")
@@ -169,3 +174,29 @@ def pipelines_module(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", [*sys.path])
     yield path
     sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def run_profile(pipelines_module):
+    """``run_profile(function, *flags)``: ``python -m gristmill.cli.main profile
+    MODULE:FUNCTION *flags`` run from the pipelines module's folder, with this gristmill
+    (a dotted module of the current directory, as a user runs it); its CompletedProcess."""
+
+    def run(function, *flags, timeout=120):
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gristmill.cli.main",
+                "profile",
+                f"{pipelines_module.stem}:{function}",
+                *flags,
+            ],
+            cwd=pipelines_module.parent,
+            env={**os.environ, "PYTHONPATH": str(Path(gristmill.__file__).parents[1])},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

@@ -6,12 +6,9 @@ import dataclasses
 import html
 import itertools
 import json
-import os
 import re
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -175,24 +172,8 @@ def test_a_dotted_module_imports_from_the_current_directory(pipelines_module, mo
     assert not (pipelines_module.parent / "gristmill-profile").exists()
 
 
-def test_the_console_command_profiles_a_module_of_the_current_directory(pipelines_module):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gristmill.cli.main",
-            "profile",
-            f"{pipelines_module.stem}:pipeline",
-            "--count",
-            "10",
-            "--no-report",
-        ],
-        cwd=pipelines_module.parent,
-        env={**os.environ, "PYTHONPATH": str(Path(gristmill.__file__).parents[1])},  # this one
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_the_console_command_profiles_a_module_of_the_current_directory(run_profile):
+    result = run_profile("pipeline", "--count", "10", "--no-report", timeout=60)
     assert result.returncode == 0, result.stderr
     assert "10 elements in" in result.stdout
     assert "stopped by --count 10" in result.stdout

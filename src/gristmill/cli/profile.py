@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -36,6 +37,7 @@ from typing import Any, TextIO
 import gristmill as gm
 from gristmill._src.engine.stats import PipelineStatistics, TimeShares, Tuning
 from gristmill._src.engine.stats_table import indented_table
+from gristmill._src.engine.verdict import Verdict
 
 SAMPLE_INTERVAL_S = 0.2
 """Seconds between two statistics samples (at least: the clock is read between elements)."""
@@ -94,6 +96,14 @@ class Profile:
     """The last snapshot, taken after the last element."""
     samples: tuple[Sample, ...]
     """Snapshots over time, the first at 0 s, the last with :attr:`statistics`."""
+    plan: tuple[dict[str, Any], ...] | None = None
+    """``plan().describe()`` of what was read, taken at the end (None: it has no plan)."""
+
+    @functools.cached_property
+    def verdict(self) -> Verdict:
+        """The verdict on :attr:`statistics`, computed once: the printout, the report and
+        ``--json`` all render this one object."""
+        return self.statistics.verdict()
 
     @property
     def elements_per_s(self) -> float:
@@ -232,7 +242,7 @@ def profile_function(
     value = function()
     kind = classify(value)
     with reader(value, kind) as (iterator, observed):
-        return consume(
+        profile = consume(
             iterator,
             observed.statistics,
             target=target,
@@ -242,6 +252,18 @@ def profile_function(
             interval_s=interval_s,
             after_first=(lambda: _autotune(observed)) if tune else None,
         )
+        return dataclasses.replace(profile, plan=_described(observed))
+
+
+def _described(observed: Any) -> tuple[dict[str, Any], ...] | None:
+    """``observed.plan().describe()``, or None where it has no plan to describe."""
+    plan = getattr(observed, "plan", None)
+    if plan is None:
+        return None
+    try:
+        return tuple(plan().describe())
+    except (AttributeError, ValueError):  # a plan that cannot describe itself
+        return None
 
 
 def _autotune(observed: Any) -> None:
@@ -434,6 +456,13 @@ def tuning_line(profile: Profile) -> str | None:
     return line
 
 
+def waiting_line(verdict: Verdict) -> str | None:
+    """The share of the consumer's time spent waiting for data (None: not measured)."""
+    if verdict.waiting_fraction is None:
+        return None
+    return f"waited for data {verdict.waiting_fraction:.0%} of its time"
+
+
 def print_profile(profile: Profile, out: TextIO) -> None:
     """The summary, the per-stage table and the verdict (its suggestions included)."""
     out.write(f"gristmill profile: {profile.target} returned {profile.kind.value}\n")
@@ -443,7 +472,10 @@ def print_profile(profile: Profile, out: TextIO) -> None:
     )
     out.write(f"per-stage statistics ({SHARES_NOTE}):\n")
     out.write(indented_table(profile.statistics))
-    out.write(f"bottleneck: {profile.statistics.bottleneck()}\n")
+    out.write(f"bottleneck: {profile.verdict}\n")
+    waiting = waiting_line(profile.verdict)
+    if waiting is not None:
+        out.write(f"consumer: {waiting}\n")
     tuned = tuning_line(profile)
     if tuned is not None:
         out.write(tuned + "\n")

@@ -5,6 +5,7 @@ command."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -17,6 +18,7 @@ from gristmill.cli.profile import (
     print_profile,
     profile_function,
 )
+from gristmill.cli.profile_data import profile_dict
 
 # -- the command --------------------------------------------------------------------------
 
@@ -49,6 +51,12 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-report", action="store_true", help="print only; write no files")
     parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (the table's rows, plan().describe(), the verdict with its "
+        "next move and predicted gain; the report's paths) instead of the text",
+    )
+    parser.add_argument(
         "--tune",
         action="store_true",
         help="run the autotuner from the first element on (plan().autotune()) and print the "
@@ -76,10 +84,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except ProfileError as error:
         print(f"gristmill profile: {error}", file=sys.stderr)
         return 2
+    paths = report.write_report(profile, directory) if directory is not None else None
+    if args.json:
+        data = profile_dict(profile)
+        data["report"] = {"html": str(paths[0]), "png": str(paths[1])} if paths else None
+        out.write(json.dumps(data, allow_nan=False) + "\n")
+        return 0
     print_profile(profile, out)
-    if directory is not None:
-        html, png = report.write_report(profile, directory)
-        out.write(f"report: {html}\n        {png}\n")
+    if paths is not None:
+        out.write(f"report: {paths[0]}\n        {paths[1]}\n")
     return 0
 
 

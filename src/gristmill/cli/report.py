@@ -7,7 +7,8 @@ and batches per second on axes of their own), parts that add up to the whole (ea
 thread time: working, starved, blocked and idle, summing to 1), and gaps where a stage has
 no sample (not built yet, or run inline: no buffer of its own), never a line across them.
 The JSON block (``<script type="application/json" id="figure-data">``) holds exactly the
-numbers drawn, so a test, or a reader, can check them.
+numbers drawn, so a test, or a reader, can check them, and the verdict as data
+(``Verdict.to_dict()``: the summary's bottleneck sentence is rendered from the same object).
 
 Plots are drawn with matplotlib's object API (``matplotlib.figure.Figure``; pyplot's global
 state is never touched), imported on first use: it is the optional extra ``report``.
@@ -38,6 +39,7 @@ from gristmill.cli.profile import (
     throughput_series,
     tuning_line,
     units,
+    waiting_line,
 )
 
 if TYPE_CHECKING:
@@ -142,6 +144,7 @@ def figure_data(profile: Profile) -> dict[str, Any]:
             name: {"chosen": t.chosen, "changes": t.changes, "trying": t.trying}
             for name, t in profile.tuning().items()
         },
+        "verdict": profile.verdict.to_dict(),
     }
 
 
@@ -352,8 +355,11 @@ def render_html(profile: Profile) -> str:
         ("seconds", f"{profile.seconds:.2f}"),
         ("elements/s", f"{profile.elements_per_s:,.0f}"),
         ("stopped by", profile.stopped_by),
-        ("bottleneck", stats.bottleneck()),
+        ("bottleneck", str(profile.verdict)),
     ]
+    waiting = waiting_line(profile.verdict)
+    if waiting is not None:
+        summary.append(("consumer", waiting))
     tuned = tuning_line(profile)
     if tuned is not None:
         summary.append(("autotuner", tuned))

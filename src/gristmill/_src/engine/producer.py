@@ -95,7 +95,7 @@ class _Core:
             now = time.perf_counter()
             with self.lock:
                 if end is None:
-                    self.done(1, now - began)
+                    self.done(self.count(item), now - began)
                     items = self.items
                     if (
                         self.merge_lists
@@ -145,6 +145,10 @@ class _Core:
             self.parked = False
             return not self.closed
 
+    def count(self, item: Any) -> int:
+        """The elements ``item`` holds: a list of them with ``merge_lists``, else one."""
+        return len(item) if self.merge_lists else 1
+
     def take_or_produce(self) -> list[Any] | _End:
         """Parks the thread, then calls ``produce()`` here: what it published before
         parking comes first (everything waiting, a list), or the end marker."""
@@ -162,15 +166,23 @@ class _Core:
             if self.items or self.end is not None:
                 return self._take_locked()
         began = time.perf_counter()
+        # the consumer makes its item itself: time it spends waiting for data, as if it
+        # had waited for the thread to make it (its share of time waiting is measured here)
+        with self.lock:
+            self.counters.set_consumer_waiting(True, began)
         try:
             item = self.produce()
         except StopIteration:
             return _End(None)
         except Exception as e:
             return _End(e)
+        finally:
+            with self.lock:
+                self.counters.set_consumer_waiting(False, time.perf_counter())
         with self.lock:
-            self.done(1, time.perf_counter() - began)
-            self.counters.delivered(len(item), len(item))
+            count = self.count(item)
+            self.done(count, time.perf_counter() - began)
+            self.counters.delivered(count, 1)  # one item of its buffer
             self.taken = True
         return [item]
 
@@ -211,7 +223,8 @@ class _Core:
         self.taken = True
         if self.items:
             taken = list(self.items)
-            self.counters.delivered(len(taken), len(taken))
+            # elements out; the occupancy in the buffer's unit, items
+            self.counters.delivered(sum(map(self.count, taken)), len(taken))
             self.items.clear()
             self.not_full.notify()
             return taken

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gristmill._src.engine.stats_table import render_table
-from gristmill._src.engine.verdict import bottleneck
+from gristmill._src.engine.verdict import Verdict, verdict
 
 _RESERVOIR = 1024
 
@@ -403,21 +403,30 @@ class PipelineStatistics:
     """One entry per op that a stage runs fused (``part_of`` names the stage), upstream
     first: a read stage's MapDataset nodes, each with its own work."""
 
-    def bottleneck(self) -> str:
-        """A one-sentence verdict: which stage limits throughput, and why.
+    def verdict(self) -> Verdict:
+        """What limits throughput, why, and the next move, as one frozen object:
+        ``str()`` is the sentence (:meth:`bottleneck`), ``to_dict()`` the same as data.
 
         Each stage's *load* is the share of its thread time (:attr:`StageStatistics.
         capacity_s`) its threads spent on its own work; work that runs inline runs on its
         puller's thread, one thread. The stage with the highest load limits throughput
         when that load is high (``BUSY_LOAD``). When no stage is that busy, the consumer is
         the limit (it does its own work, a training step), unless data was still waited for
-        most of the time (a consumer waited for a stage's output): then the busiest stage
+        most of the time (a consumer waited for a stage's output, or the training loop's
+        time went into ``next()``, inline work included): then the busiest stage
         is named, its workers waiting on each other (the GIL) or on a bursty stage. Stages
         that only pass data on (a sink, a prefetch buffer: their time is their upstream's)
         are not candidates; for a fused stage, the verdict names the op of its chain that
-        takes most of its time.
+        takes most of its time. The verdict also holds the share of the consumer's time
+        spent waiting for data, and the next move with the gain the measurements predict
+        for it (``engine.verdict.next_move`` derives the bound), or None.
         """
-        return bottleneck(self)
+        return verdict(self)
+
+    def bottleneck(self) -> str:
+        """A one-sentence verdict: which stage limits throughput, and why (and the next
+        move, where one is predicted to gain): ``str(self.verdict())``."""
+        return str(self.verdict())
 
     def table(self, width: int | None = None) -> str:
         """Every stage as a row of a table, the ops of a fused stage indented before it,

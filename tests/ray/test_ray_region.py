@@ -88,6 +88,8 @@ def test_aggregation_inside_a_ray_region_batches_per_actor(backend):
     assert sorted(x for batch in batches for x in batch) == [x * x for x in range(40)]
     assert all(1 <= len(batch) <= 3 for batch in batches)
     assert [stage.role.value for stage in pipeline.plan().stages] == ["source", "region", "sink"]
+    (on_ray,) = (d for d in pipeline.plan().describe() if d["role"] == "region")
+    assert on_ray["settings"]["executor"] == "ray"  # the plan says where its workers are
 
 
 def test_arrays_and_lambdas_cross_a_ray_region(backend):

@@ -212,9 +212,8 @@ def _region_executor(target: Any) -> Executor:
     the region protocol."""
     if isinstance(target, defs.ProcessPoolExecutorConfig):
         return Executor.PROCESSES
-    if callable(getattr(target, "region_workers", None)):  # a RayBackend
-        return Executor.RAY
-    return Executor.REMOTE
+    own = getattr(target, "executor", None)  # a RayBackend says Executor.RAY
+    return own if isinstance(own, Executor) else Executor.REMOTE
 
 
 T = TypeVar("T")

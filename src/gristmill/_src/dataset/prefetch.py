@@ -9,13 +9,13 @@ import warnings
 from typing import Any
 
 from gristmill._src.core import validation
+from gristmill._src.core.machine import available_cores
 from gristmill._src.core.options import MultiprocessingOrder, check_order
 from gristmill._src.dataset.base import register
 from gristmill._src.dataset.iter_base import IterDataset
 from gristmill._src.dataset.thread_prefetch import GrainPrefetch, ThreadPrefetchIterDataset
 from gristmill._src.engine import remote, remote_protocol
 from gristmill._src.engine.reporting import PROFILE_INTERVAL_S
-from gristmill._src.engine.tuner import available_cores
 
 
 def multithread_prefetch(

@@ -21,6 +21,7 @@ import numpy as np
 
 from gristmill._src.core import specs
 from gristmill._src.core.dataset_options import WINDOW, FilterRatioCheck
+from gristmill._src.core.machine import available_cores
 from gristmill._src.core.options import AUTOTUNE, ReadOptions, is_autotuned
 from gristmill._src.core.state import StateOutOfRangeError
 from gristmill._src.core.transforms import qualified_name
@@ -42,7 +43,6 @@ from gristmill._src.engine.stage_spec import (
     build_stage,
 )
 from gristmill._src.engine.stats import StageStatistics
-from gristmill._src.engine.tuner import available_cores
 
 
 @register("to_iter_dataset")

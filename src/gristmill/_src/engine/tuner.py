@@ -61,7 +61,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import statistics
 import sys
 import threading
@@ -71,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from gristmill._src.core.machine import available_cores
 from gristmill._src.engine.stats import Tuning
 
 _logger = logging.getLogger("gristmill.autotune")
@@ -165,14 +165,6 @@ ORDER: dict[tuple[str, bool], list[tuple[str, bool]]] = {
     ("buffer_size", True): [("buffer_size", True), ("workers", True), ("workers", False)],
 }
 """The order of a stage's trials, by the kind of trial to try first (``(knob, more)``)."""
-
-
-def available_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,8 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, Literal
 
+from gristmill._src.core.machine import available_cores
+
 if TYPE_CHECKING:
     from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
 
@@ -331,8 +333,6 @@ def verdict(stats: PipelineStatistics, cores: int | None = None) -> Verdict:
         return facts
     contended = busiest.working_share < BUSY_LOAD
     if cores is None:
-        from gristmill._src.engine.tuner import available_cores  # tuner imports stats
-
         cores = available_cores()
     move = next_move(busiest, waiting, contended=contended, cores=cores)
     return dataclasses.replace(facts, limit="stage", contended=contended, next_move=move)

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gristmill._src.core.machine import available_cores
 from gristmill._src.engine.stage_spec import OpKind, function_kind
-from gristmill._src.engine.tuner import available_cores
 from gristmill._src.spdl import config_repr
 from gristmill._src.spdl.executors import check_executor, runs_regions
 from gristmill._src.spdl.region_protocol import (

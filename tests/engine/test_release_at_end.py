@@ -18,8 +18,9 @@ def slow(x: int) -> int:
     return x
 
 
-def stage_threads(name: str) -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(f"gristmill[{name}")]
+def pool_threads() -> list[str]:
+    """The threads of the process's worker pool (an index-range stage's tasks run there)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("gristmill[pool]")]
 
 
 @pytest.fixture
@@ -33,12 +34,12 @@ def test_a_threaded_read_ends_its_threads_at_the_end_and_starts_them_after_set_s
     it = iter(gm.MapDataset.range(400).map(slow).to_iter_dataset(gm.ReadOptions(num_threads=4)))
     start = it.get_state()
     first = [next(it) for _ in range(50)]
-    assert stage_threads("Range → Map(slow)")  # reading ahead on its threads
+    assert pool_threads()  # reading ahead on the pool's threads
     rest = list(it)
-    assert stage_threads("Range → Map(slow)") == []  # ended with the data, not at close
+    assert pool_threads() == []  # the stage left the pool with the data, not at close
     it.set_state(start)
     assert list(it) == first + rest == list(range(400))
-    assert stage_threads("Range → Map(slow)") == []
+    assert pool_threads() == []
     it.close()
 
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from gristmill._src.engine import pool as pool_module
 from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.feeds import (
@@ -45,6 +47,7 @@ from gristmill._src.engine.feeds import (
     take_failed_input,
 )
 from gristmill._src.engine.main_guard import UnguardedScriptError
+from gristmill._src.engine.model import PooledTuner
 from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
 from gristmill._src.engine.remote_traceback import element_note
 from gristmill._src.engine.stats import StageCounters, StageStatistics
@@ -77,6 +80,14 @@ def record_task(policy: ChunkPolicy, size: int, elapsed: float, call: CallTiming
         policy.record(size, elapsed)
     else:
         policy.record(size, call.work_s, worker_wait_s=call.worker_wait_s)
+
+
+def _probed(pool: pool_module.WorkerPool, core: weakref.ref[PooledCore], *measured: float) -> None:
+    """Hands a tuned stage's probe to the pool's model (the core held weakly: the tuner is
+    the core's, and a reference back would make a cycle that keeps the dataset alive)."""
+    alive = core()
+    if alive is not None:
+        pool.probed(alive, *measured)
 
 
 class RunnerClosedError(RuntimeError):
@@ -149,6 +160,32 @@ class Core:
     def _can_claim(self) -> bool:
         return self.threaded and not self.feed.exhausted() and self.window.in_flight < self.bound()
 
+    def claimer_started(self) -> None:
+        """Hook: the calling thread claimed a task (lock held); it files it or gives the
+        reservation back (:meth:`claimer_done`)."""
+
+    def claimer_done(self) -> None:
+        """Hook: the calling thread filed its task or gave its reservation back (lock
+        held)."""
+
+    def wake_workers(self, every: bool = False) -> None:
+        """A task may be claimable now (room, more workers, threaded again): wakes one
+        waiting worker (``every``: all of them). Lock held."""
+        if every:
+            self.work_ready.notify_all()
+        else:
+            self.work_ready.notify()
+
+    @property
+    def holds_workers(self) -> bool:
+        """Whether workers of this stage are started (to retire before running inline)."""
+        return bool(self.threads)
+
+    def help_while_waiting(self) -> bool:
+        """Hook for a consumer waiting for a result (lock held): runs the next task on the
+        consumer's thread when no worker would (:class:`PooledCore`); True if it ran one."""
+        return False
+
     # -- executor side ------------------------------------------------------------------
 
     def claim(self, stay: Callable[[], bool] | None = None, *, wait: bool = True) -> Claimed | None:
@@ -191,11 +228,13 @@ class Core:
                     first_round = window.next_claim < self.policy.workers
                     limit = max(1, min(self.policy.thread_chunk(first_round), room))
                     generation, seq = window.reserve(limit)  # held while `take` runs
+                    self.claimer_started()
                 task = self.feed.take(limit)
                 with self.lock:
                     counters.input_wait_s += time.perf_counter() - began
                     if task is None:  # the feed ended: give the reservation back
                         window.release(limit)
+                        self.claimer_done()
                         self.result_ready.notify_all()
                         continue
                     window.claimed(seq, limit, task)
@@ -205,6 +244,7 @@ class Core:
         """Records a finished task and wakes the consumer if it waits for it."""
         generation, seq, task = claimed
         with self.lock:
+            self.claimer_done()
             self.counters.task_done(task.size, elapsed)
             record_task(self.policy, task.size, elapsed, chunk.call)
             if not self.closed and self.window.file(generation, seq, task, chunk):
@@ -312,7 +352,7 @@ class Core:
 
     def reconfigured(self) -> None:
         """The policy's knobs changed. Call with the lock held."""
-        self.work_ready.notify_all()
+        self.wake_workers(every=True)
 
     def retire_workers(self) -> None:
         """Stops the (idle) worker threads; new ones start when work is threaded again."""
@@ -359,6 +399,145 @@ class Core:
         self.after_threads_joined()
 
 
+class PooledCore(Core):
+    """A thread stage whose tasks are index ranges: the process's worker pool
+    (:mod:`engine.pool`) runs them, not threads of its own. ``policy.workers`` is how many
+    of its tasks may run at once; the pool's model sets it when the stage is tuned."""
+
+    def __init__(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> None:
+        super().__init__(feed, counters, policy)
+        self.runners: set[int] = set()  # the threads running (or claiming) a task of ours
+        self.runners_done = threading.Condition(self.lock)
+        self.pool: pool_module.WorkerPool | None = None  # while a member
+        self.tuner: PooledTuner | None = None
+        self.name = ""
+        self._full_since: float | None = None  # since when no task fits in the bound
+
+    @property
+    def tuned(self) -> PooledTuner | None:
+        """The stage's tuner while the model tunes it."""
+        tuner = self.tuner
+        return tuner if tuner is not None and tuner.active else None
+
+    def _can_claim(self) -> bool:
+        """:meth:`Core._can_claim` within the stage's workers; lock held. A stage whose
+        bound stops it is *blocked* from now until room appears (:meth:`wake_workers`): its
+        workers would wait for room here, as a stage's own threads do in ``claim``."""
+        if not self._may_claim():
+            if self._full_since is None and self.threaded and not self.feed.exhausted():
+                self._full_since = time.perf_counter()
+            return False
+        return True
+
+    def _may_claim(self) -> bool:
+        return super()._can_claim() and len(self.runners) < max(self.policy.workers, 1)
+
+    def may_claim(self) -> bool:
+        """Whether a task may be claimable now (read without the lock: a hint for the pool,
+        which claims under it)."""
+        return self._may_claim()
+
+    def claimer_started(self) -> None:
+        self.runners.add(threading.get_ident())
+        if self._full_since is None and self.window.in_flight >= self.bound():
+            self._full_since = time.perf_counter()  # the other workers wait for room now
+
+    def claimer_done(self) -> None:
+        self.runners.discard(threading.get_ident())
+        if not self.runners:
+            self.runners_done.notify_all()
+
+    def wake_workers(self, every: bool = False) -> None:
+        since = self._full_since
+        if since is not None:
+            # the workers that were free to run a task waited for room until now
+            self._full_since = None
+            free = max(self.policy.workers, 1) - len(self.runners)
+            self.counters.room_wait_s += (time.perf_counter() - since) * max(free, 0)
+        pool = self.pool
+        if pool is not None:
+            pool.wake(self)
+
+    @property
+    def holds_workers(self) -> bool:
+        return self.pool is not None
+
+    def start_workers(self, count: int, name: str) -> None:
+        """Joins the pool (once; lock held). A tuned stage takes the pool's threads as its
+        workers at once."""
+        self.name = name
+        if self.closed:
+            return
+        if self.pool is not None:
+            self.pool.wake(self)
+            return
+        pool = pool_module.shared_pool()
+        self.pool = pool
+        runtime.add_core(self)
+        pool.join(self)
+        tuner = self.tuned
+        threads = pool.model.workers_for(self)
+        if tuner is not None and tuner.tune_workers and threads and threads != self.policy.workers:
+            old = self.policy.workers
+            self.policy.configure(threads, self.policy.buffer_size)
+            self.counters.concurrency = threads
+            self.sync_threads()
+            tuner.adopted("workers", old, threads)
+
+    def _leave_pool(self) -> None:
+        """Leaves the pool and waits (bounded) until no other thread runs a task of ours.
+        Call with no lock held."""
+        with self.lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.leave(self)
+        me = threading.get_ident()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        with self.lock:
+            while self.runners - {me}:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.runners_done.wait(left)
+
+    def retire_workers(self) -> None:
+        self._leave_pool()
+
+    def release_at_end(self) -> None:
+        if self.pool is not None:
+            self._leave_pool()
+
+    def help_while_waiting(self) -> bool:
+        """Runs the next task on the waiting consumer's thread when none of the pool's
+        threads runs one of ours (they may all be busy with tasks that wait for stages like
+        this one). Lock held on entry and on return; True when it let go of it meanwhile."""
+        pool = self.pool
+        if pool is None or self.runners or pool.has_idle_thread() or not self._may_claim():
+            return False  # a thread of the pool's runs ours, or will take it when woken
+        self.lock.release()
+        try:
+            pool.run_one(self)
+        finally:
+            self.lock.acquire()
+        return True
+
+    def ran_inline(self, size: int, wall: float, cpu: float) -> None:
+        """A chunk of ``size`` ran on the consumer's thread: the model measures it as a task
+        of a tuned stage (a stage that runs inline is one busy thread)."""
+        if self.tuned is not None:
+            pool_module.shared_pool().account(self, size, wall, cpu)
+
+    def shutdown(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.window.clear_results()
+            self.result_ready.notify_all()
+        self._leave_pool()
+        if self.tuner is not None:
+            pool_module.shared_pool().forget(self)
+        self.after_threads_joined()
+
+
 @dataclasses.dataclass(frozen=True)
 class ThreadBackend:
     """Worker threads of this process claim the tasks."""
@@ -368,6 +547,8 @@ class ThreadBackend:
     remote: ClassVar[bool] = False
 
     def make_core(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> Core:
+        if isinstance(feed, RangeFeed):  # claiming never waits: the shared pool runs it
+            return PooledCore(feed, counters, policy)
         return Core(feed, counters, policy)
 
 
@@ -418,7 +599,7 @@ class ChunkRunner:
         # armed when the executor starts (`_enable_workers`): an inline-only stage holds no
         # thread, and its iterator should not start the reaper's
         self._finalizer = reaper.watch(self, self._core, armed=False)
-        self._tuner: StageTuner | None = None
+        self._tuner: StageTuner | PooledTuner | None = None
 
     @property
     def name(self) -> str:
@@ -452,12 +633,17 @@ class ChunkRunner:
         stage, whose consumer is the caller's loop. Call before the first chunk."""
         self._policy.serve_idle_consumer = True
 
-    def autotune(self, budget: TuningBudget | None = None, **options: Any) -> StageTuner:
+    def autotune(
+        self, budget: TuningBudget | None = None, **options: Any
+    ) -> StageTuner | PooledTuner:
         """From now on the autotuner changes this stage's knobs (``engine/tuner.py``);
         ``options`` are :class:`StageTuner`'s (``tune_workers``, ``buffer_follows``,
         ``freeze``, ``token``, ...). Worker processes are started once: the tuner may use
         fewer of them (an idle one waits for its index to be used again); Ray actors and
         other remote backends' workers are not tuned."""
+        core = self._core
+        if isinstance(core, PooledCore):
+            return self._autotune_pooled(core, budget, **options)
         if self._core.executor in (Executor.RAY.value, Executor.REMOTE.value):
             options["tune_workers"] = False
         elif self._core.executor == Executor.PROCESSES.value:  # started once: no more
@@ -479,8 +665,53 @@ class ChunkRunner:
             self._tuner.changes[:0] = earlier.changes
         return self._tuner
 
+    def _autotune_pooled(
+        self,
+        core: PooledCore,
+        budget: TuningBudget | None,
+        *,
+        tune_workers: bool = True,
+        tune_buffer: bool = True,
+        freeze: Callable[[dict[str, int]], str] | None = None,
+        **ignored: Any,
+    ) -> PooledTuner:
+        """:meth:`autotune` of a pooled stage: the pool's model (``engine/model.py``) tunes
+        it; ``budget.cpu_cores`` caps the cores it counts on. (``ignored``: the trial
+        tuner's options — a trial token, a first guess's direction — which a model that
+        decides from measurements has no use for.)"""
+        runner = weakref.ref(self)
+
+        def knobs() -> dict[str, int] | None:
+            alive = runner()  # the pool's thread may outlive the runner by a window
+            return alive.knobs if alive is not None else None
+
+        def configure(**settings: int) -> None:
+            alive = runner()
+            if alive is not None:
+                alive._set_knobs(**settings)
+
+        earlier = self._tuner
+        tuner = PooledTuner(
+            self._name,
+            knobs=knobs,
+            configure=configure,
+            tune_workers=tune_workers,
+            tune_buffer=tune_buffer,
+            cap_cores=budget.cpu_cores if budget is not None else None,
+            freeze=freeze,
+        )
+        if earlier is not None:
+            tuner.changes[:0] = earlier.changes
+            tuner.probe_share = getattr(earlier, "probe_share", None)
+        self._tuner = tuner
+        core.tuner = tuner
+        pool = pool_module.shared_pool()
+        tuner.on_probe = functools.partial(_probed, pool, weakref.ref(core))
+        pool.tune(core)
+        return tuner
+
     @property
-    def tuner(self) -> StageTuner | None:
+    def tuner(self) -> StageTuner | PooledTuner | None:
         """The stage's autotuner, if it is tuned."""
         return self._tuner
 
@@ -547,7 +778,7 @@ class ChunkRunner:
 
     def _run_inline(self) -> Chunk | None:
         core = self._core
-        if core.threads:
+        if core.holds_workers:
             core.retire_workers()  # e.g. the first element was a slow warm-up
         taking = time.perf_counter()
         with core.feed_lock:
@@ -556,19 +787,23 @@ class ChunkRunner:
         if task is None:
             return None
         tuner = self._tuner
+        pooled = isinstance(core, PooledCore) and core.tuned is not None
         probe = tuner is not None and tuner.wants_probe
-        cpu_began = time.thread_time() if probe else 0.0
+        timed = probe or pooled
+        cpu_began = time.thread_time() if timed else 0.0
         began = time.perf_counter()
         chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
-        cpu = time.thread_time() - cpu_began if probe else 0.0
+        cpu = time.thread_time() - cpu_began if timed else 0.0
         counters = self._counters
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
         counters.delivered(len(chunk.values), task.size)
         record_task(self._policy, task.size, elapsed, chunk.call)
         if probe:  # after the policy's first measurement: the guess consults it
-            tuner.probed(cpu, elapsed)  # type: ignore[union-attr]
+            tuner.probed(cpu, elapsed, task.size)  # type: ignore[union-attr]
+        if pooled:
+            core.ran_inline(task.size, elapsed, cpu)  # type: ignore[attr-defined]
         if self._policy.threads_pay_after_warmup():
             # Inline chunks showed costly work: start the workers now, so that they read
             # ahead while the consumer handles this chunk (a training step overlaps reads).
@@ -585,7 +820,7 @@ class ChunkRunner:
             core.set_threaded(True)
             self._finalizer.arm()
             core.start_workers(self._policy.workers, self._name)
-            core.work_ready.notify_all()
+            core.wake_workers(every=True)
 
     def _take_from_workers(self) -> Chunk | None:
         core = self._core
@@ -611,7 +846,8 @@ class ChunkRunner:
                             )
                         if window.tasks_out == 0 and core.feed.exhausted():
                             return None
-                        core.result_ready.wait()
+                        if not core.help_while_waiting():
+                            core.result_ready.wait()
                 finally:
                     core.waiting_for = -1
                     self._counters.set_consumer_waiting(False, time.perf_counter())
@@ -621,7 +857,7 @@ class ChunkRunner:
             counters.executor = core.executor
             counters.delivered(len(chunk.values), occupancy)
             if chunk.error is None:
-                core.work_ready.notify()  # room for one more task
+                core.wake_workers()  # room for one more task
             elif self._in_order:
                 core.set_threaded(False)  # the consumer resets to the failing element next
             if not self._policy.use_threads():

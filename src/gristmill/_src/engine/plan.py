@@ -163,18 +163,33 @@ class Plan:
     def stages(self) -> tuple[PlannedStage, ...]:
         return self._stages
 
-    def stage(self, name: str) -> PlannedStage:
-        """The stage called ``name`` (as ``statistics()`` names it)."""
+    def keys(self) -> list[str]:
+        """Each stage's key, upstream first: its name, or for the ``k``-th stage of a name
+        that several stages have (a mixture's sources), ``"<name> #k"`` (``k >= 2``), so
+        that :meth:`settings` and :meth:`apply` name every stage, not one of them."""
+        seen: dict[str, int] = {}
+        keys = []
         for stage in self._stages:
-            if stage.name == name:
+            count = seen[stage.name] = seen.get(stage.name, 0) + 1
+            keys.append(stage.name if count == 1 else f"{stage.name} #{count}")
+        return keys
+
+    def stage(self, name: str) -> PlannedStage:
+        """The stage called ``name`` (as ``statistics()`` names it; ``"<name> #k"`` for the
+        ``k``-th of several of that name: :meth:`keys`)."""
+        for key, stage in zip(self.keys(), self._stages, strict=True):
+            if key == name:
                 return stage
-        names = [stage.name for stage in self._stages]
-        raise KeyError(f"no stage named {name!r} in this plan; its stages are {names}")
+        raise KeyError(f"no stage named {name!r} in this plan; its stages are {self.keys()}")
 
     def settings(self) -> dict[str, dict[str, int]]:
-        """Every tunable stage's settings by name: what a tuner would freeze and a user
-        paste back (``configure(name, **settings[name])``)."""
-        return {stage.name: stage.settings() for stage in self._stages if stage.tunable}
+        """Every tunable stage's settings by key (:meth:`keys`): what a tuner would freeze
+        and a user paste back (``configure(key, **settings[key])``)."""
+        return {
+            key: stage.settings()
+            for key, stage in zip(self.keys(), self._stages, strict=True)
+            if stage.tunable
+        }
 
     def describe(self) -> list[dict[str, Any]]:
         """Every stage as plain data, upstream first: name, role, op kinds, which settings
@@ -219,10 +234,10 @@ class Plan:
             )
 
     def changes(self) -> dict[str, list[Change]]:
-        """Every autotuned stage's changes so far, by name, oldest first."""
+        """Every autotuned stage's changes so far, by key (:meth:`keys`), oldest first."""
         return {
-            stage.name: list(stage.piece.tuner.changes)
-            for stage in self._stages
+            key: list(stage.piece.tuner.changes)
+            for key, stage in zip(self.keys(), self._stages, strict=True)
             if getattr(stage.piece, "tuner", None) is not None
         }
 

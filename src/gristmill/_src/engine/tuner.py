@@ -352,9 +352,9 @@ class StageTuner:
         """Whether the next inline chunk should be timed for :meth:`probed`."""
         return not self._probed and self.active
 
-    def probed(self, cpu_s: float, wall_s: float) -> None:
-        """The first chunk ran inline in ``wall_s``, ``cpu_s`` of it on the CPU: the first
-        guess of the workers."""
+    def probed(self, cpu_s: float, wall_s: float, elements: int = 1) -> None:
+        """The first chunk (``elements``) ran inline in ``wall_s``, ``cpu_s`` of it on the
+        CPU: the first guess of the workers."""
         if self._probed or not self.active:
             return
         self._probed = True

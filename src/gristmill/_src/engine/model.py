@@ -1,0 +1,583 @@
+"""The model that sizes the worker pool and its stages' buffers, from what they measure.
+
+The pool (:mod:`engine.pool`) runs every index-range stage's tasks; each task's wall time
+and its thread's CPU time are measured where it runs. Over each window of ``INTERVAL_S``
+the model has, for the process:
+
+- ``busy``: threads busy with a task on average (the sum of the tasks' wall time over the
+  window's length: Little's law, tasks in service = arrival rate x time in service);
+- ``share``: the CPU share of that time (``cpu / wall``): work that waits (I/O, a sleep)
+  has a small share, work on the CPU a share near 1;
+- ``used``: the cores the whole process used (its CPU time over the window's length);
+- the cores it may use (``budget``: ``gristmill.options.cores``, or a pipeline's cap).
+
+**Threads.** The first guess is ``budget / share`` threads, from the probe the stage ran
+on its consumer's thread, alone (``PooledTuner.probed``): threads that each spend ``share``
+of their time on the CPU keep ``budget`` cores busy. A 2 ms read that spends 1 % of it on
+the CPU gets 200 threads, Python or numpy work one per core. Then each window:
+
+- **Over budget** (``used > OVER * budget``): threads in proportion, ``threads * budget /
+  used``.
+- **Threads that wait for each other** (``busy > CONTENDED * need``, where ``need`` is
+  the threads the window's rate needs at each element's time alone, the least it took:
+  Little's law): the elements took far longer than alone, so the threads wait for
+  something they share (the GIL, a lock), and ``ceil(HEADROOM * need)`` make the same
+  rate.
+- **All threads busy, cores to spare** (``busy >= SATURATED * threads`` and ``used <
+  ROOM * budget``): the work waits for something; if it is I/O, more threads raise the
+  rate in proportion until the cores are used: predicted ``rate * min(new / threads,
+  budget / used)``, with as many more as the spare cores serve. That prediction is tried
+  and kept when the measured gain is at least half the predicted one (``VERIFIED``) and
+  the process stays within its budget; else the threads go back, and that count is the
+  most the pool grows to for ``RETRY_WINDOWS`` windows.
+- **Threads idle** (``busy < IDLE * threads`` for ``IDLE_WINDOWS`` windows in a row): cut
+  to ``ceil(HEADROOM * need)``: the consumer, not the pool, bounds the rate, and idle
+  threads only cost memory and wake-ups.
+
+The window after a change is not measured (threads start or leave, buffers refill).
+
+**Buffers.** An in-order stage delivers nothing while its oldest task runs; meanwhile its
+other threads go on only while the buffer has room. So a buffer that never stops them
+holds what the stage's threads make while its slowest task runs: ``threads x slowest /
+per_element`` elements (the slowest task of the last ``TAIL_WINDOWS`` windows; a
+heavy-tailed stage's tail), and at least ``MIN_TASKS_PER_THREAD`` tasks per thread of the
+size its chunk policy wants (two: one running, one ready). Within ``MAX_BUFFER`` and the
+byte budget (the window's ledger).
+
+The constants are shares and counts of the measurement (how much of a window, how many
+windows), not rates fitted to a benchmark; each says why it is what it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gristmill._src.core.machine import available_cores
+from gristmill._src.engine.stats import Tuning
+from gristmill._src.engine.tuner import Change
+
+if TYPE_CHECKING:
+    from gristmill._src.engine.ordered import PooledCore
+
+_logger = logging.getLogger("gristmill.autotune")
+_pool_logger = logging.getLogger("gristmill.autotune.pool")
+
+INTERVAL_S = 0.5
+"""A window's length: several hundred tasks of a millisecond, and long enough that one
+descheduled time slice (10 ms) moves a rate by 2 % at most."""
+MIN_TASKS = 8
+"""... and a window counts once it also had this many tasks (a rate from fewer is mostly
+the one task's own duration)."""
+SATURATED = 0.75
+"""All threads are busy when on average this share of them runs a task: the rest of their
+time is the hand-offs between tasks and the waits for a member to claim from."""
+ROOM = 0.9
+"""Cores are to spare while the process uses less than this share of its budget (a tenth
+is what one window's measurement of CPU time may be off by on a loaded machine)."""
+OVER = 1.05
+"""The process is over its budget when it uses more than this many times it."""
+VERIFIED = 0.5
+"""A change is kept when the rate gained at least this share of the predicted gain: the
+prediction assumes nothing else limits the rate; half of it is a clear sign that the
+threads were what limited it, and less is what a window's noise may show."""
+IDLE = 0.5
+"""Threads are idle when fewer than this share of them run a task on average ..."""
+IDLE_WINDOWS = 3
+"""... for this many windows in a row (one window can be a pause of the consumer's)."""
+CONTENDED = 1.5
+"""Threads wait for each other when the work's elements take this many times longer, on
+average, than the least they took (alone, or as the least contended window): more than
+a window's noise and a cold cache add."""
+HEADROOM = 1.5
+"""Idle threads are cut to this many times the threads busy on average: Little's law gives
+the mean; the headroom covers a window's bursts."""
+RETRY_WINDOWS = 20
+"""A count the pool stopped growing at is the most it grows to for this many windows."""
+MAX_THREADS = 256
+"""The most threads the pool runs for tuned stages: 256 threads of 2 ms reads use about one
+core on a 2-core machine; past that a thread's stack (8 MiB reserved) and its wake-ups
+cost more than a waiting read gains."""
+MIN_CPU_SHARE = 1 / 128
+"""A probe's CPU share is taken as at least this (the clock's resolution against a sleep:
+``MAX_THREADS`` threads on two cores)."""
+TAIL_WINDOWS = 4
+"""The slowest task is the slowest of this many windows (a heavy tail's slow task is not in
+every window)."""
+MIN_TASKS_PER_THREAD = 2
+MIN_BUFFER = 16
+MAX_BUFFER = 4096
+RESIZE = 1.25
+"""A buffer is changed only when the new one differs by more than this factor (each change
+re-sizes the stage's tasks)."""
+
+
+def budget_cores() -> float:
+    """The cores the process may use (``gristmill.options.cores``)."""
+    return float(available_cores())
+
+
+@dataclasses.dataclass
+class StageSample:
+    """One member's tasks in a window."""
+
+    elements: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+    slowest: float = 0.0
+
+
+@dataclasses.dataclass
+class PoolWindow:
+    """The pool's tasks since ``began``."""
+
+    began: float
+    process_cpu: float
+    tasks: int = 0
+    elements: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+    tuned_elements: int = 0
+    stages: dict[int, StageSample] = dataclasses.field(default_factory=dict)
+    elapsed: float = 0.0
+    """Its length, once closed."""
+    used: float = 0.0
+    """The cores the process used over it, once closed."""
+
+    @classmethod
+    def start(cls) -> PoolWindow:
+        return cls(time.perf_counter(), time.process_time())
+
+    def add(self, core: Any, size: int, wall: float, cpu: float) -> None:
+        self.tasks += 1
+        self.elements += size
+        self.wall += wall
+        self.cpu += cpu
+        if core.tuned is not None:
+            self.tuned_elements += size
+        sample = self.stages.setdefault(id(core), StageSample())
+        sample.elements += size
+        sample.wall += wall
+        sample.cpu += cpu
+        sample.slowest = max(sample.slowest, wall)
+
+    def due(self) -> bool:
+        return self.tasks >= MIN_TASKS and time.perf_counter() - self.began >= INTERVAL_S
+
+    def close(self) -> PoolWindow:
+        """Ends the window: its length and the cores the process used over it."""
+        self.elapsed = max(time.perf_counter() - self.began, 1e-9)
+        self.used = (time.process_time() - self.process_cpu) / self.elapsed
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One change of the pool's threads, with the model's reason and numbers."""
+
+    at_s: float
+    old: int
+    new: int
+    why: str
+    rate: float
+    """Elements per second measured before it."""
+    predicted: float
+    """... and what the model predicts with it (0 when it predicts nothing)."""
+
+    def describe(self) -> str:
+        text = f"threads {self.old} -> {self.new}: {self.why}"
+        if self.rate:
+            text += f" ({self.rate:,.0f} elements/s"
+            text += f", predicted {self.predicted:,.0f})" if self.predicted else ")"
+        return text
+
+
+@dataclasses.dataclass
+class _Trial:
+    old: int
+    new: int
+    rate: float
+    predicted: float
+
+
+class PoolModel:
+    """Decides the pool's threads for its tuned members, and their buffers."""
+
+    def __init__(self, budget: Callable[[], float] = budget_cores) -> None:
+        self._budget = budget
+        self.threads_tuned: int | None = None
+        """The threads the model gives the tuned members (None until a member probed)."""
+        self.cap: int | None = None
+        """The most threads it grows to for now (a growth that did not pay)."""
+        self._cap_windows = 0
+        self._idle_windows = 0
+        self._trial: _Trial | None = None
+        self._unsettled = 0
+        self._slowest: dict[int, deque[float]] = {}
+        self._guess: dict[int, int] = {}
+        """Each tuned member's own count: ``budget / share`` of its work alone (its probe,
+        else its first measured window); the pool's threads bound it."""
+        self._samples: dict[int, StageSample] = {}
+        self._alone: dict[int, float] = {}
+        """Each stage's seconds per element with no other thread in the way: the least it
+        took (its probe on the consumer's thread, or a window's mean)."""
+        self._elapsed = INTERVAL_S
+        self._started = time.perf_counter()
+        self.decisions: list[Decision] = []
+        self.last: dict[str, float] = {}
+        """The last window's measurements (``describe``)."""
+
+    # -- members ------------------------------------------------------------------------
+
+    def probed(self, core: PooledCore, share: float, element_s: float) -> None:
+        """A tuned stage's probe ran (pool lock held), ``element_s`` an element with
+        ``share`` of it on the CPU: its first guess."""
+        key = id(core)
+        self._alone[key] = min(self._alone.get(key, element_s), element_s)
+        if id(core) not in self._guess:
+            self._guessed(core, share, "first guess: budget / CPU share of the probe")
+
+    def stage_tuned(self, core: PooledCore) -> None:
+        """A stage is tuned from now on (pool lock held): its probe is the first guess."""
+        tuner = core.tuned
+        if tuner is None or not tuner.tune_workers or tuner.probe_share is None:
+            return
+        self._guessed(core, tuner.probe_share, "first guess: budget / CPU share of the probe")
+
+    def _guessed(self, core: PooledCore, share: float, why: str) -> None:
+        guess = self.first_guess(share, self.budget(core))
+        self._guess[id(core)] = guess
+        if self.threads_tuned is None or guess > self.threads_tuned:
+            old = self.threads_tuned or 0
+            self.threads_tuned = guess
+            self._record(old, guess, why, 0.0, 0.0)
+
+    def stage_gone(self, core: PooledCore) -> None:
+        self._slowest.pop(id(core), None)
+        self._alone.pop(id(core), None)
+        self._guess.pop(id(core), None)
+        self._samples.pop(id(core), None)
+
+    def workers_for(self, core: PooledCore) -> int:
+        """A tuned member's workers: its own count, within the pool's threads (one per
+        core before any measurement)."""
+        threads = self.threads_tuned or self.first_guess(None, self.budget(core))
+        return min(threads, self._guess.get(id(core), threads))
+
+    def budget(self, core: PooledCore | None = None) -> float:
+        """The cores the process may use, or less where a member's pipeline caps it."""
+        cores = self._budget()
+        tuner = core.tuned if core is not None else None
+        if tuner is not None and tuner.cap_cores is not None:
+            cores = min(cores, tuner.cap_cores)
+        return cores
+
+    @staticmethod
+    def first_guess(share: float | None, cores: float) -> int:
+        """``cores / share`` threads (one per core before any probe)."""
+        if share is None:
+            return max(1, math.ceil(cores))
+        share = min(1.0, max(share, MIN_CPU_SHARE))
+        return max(1, min(MAX_THREADS, math.ceil(cores / share)))
+
+    def threads(self, fixed: int, *, tuned: bool) -> int:
+        """The pool's threads: the tuned members' (if ``tuned``: one is a member) and
+        those the members configured by hand asked for."""
+        if not tuned:
+            return max(1, fixed)
+        # before any measurement: one per core (``first_guess`` of no probe)
+        return (self.threads_tuned or self.first_guess(None, self.budget())) + fixed
+
+    # -- windows ------------------------------------------------------------------------
+
+    def decide(self, window: PoolWindow, members: list[PooledCore]) -> bool:
+        """Decides the tuned stages' threads after ``window``; True when ``members`` (the
+        tuned stages) should get the model's settings now."""
+        elapsed, used = window.elapsed, window.used
+        tuned = [core for core in members if core.tuned is not None and core.tuned.tune_workers]
+        for core in members:
+            sample = window.stages.get(id(core))
+            if sample is not None:
+                slow = self._slowest.setdefault(id(core), deque(maxlen=TAIL_WINDOWS))
+                slow.append(sample.slowest)
+        self._samples = dict(window.stages)
+        self._elapsed = elapsed
+        for key, sample in window.stages.items():
+            if sample.elements:
+                latency = sample.wall / sample.elements
+                self._alone[key] = min(self._alone.get(key, latency), latency)
+        for core in tuned:
+            sample = window.stages.get(id(core))
+            if id(core) not in self._guess and sample is not None and sample.wall > 0:
+                # tuned from the settings it ran with: its window's share stands for a probe
+                self._guessed(core, sample.cpu / sample.wall, "first guess: budget / CPU share")
+        rate = window.elements / elapsed
+        busy = window.wall / elapsed
+        share = window.cpu / window.wall if window.wall > 0 else 1.0
+        cores = min((self.budget(core) for core in tuned), default=self.budget())
+        self.last = {"rate": rate, "busy": busy, "cpu_share": share, "cores_used": used}
+        threads = self.threads_tuned
+        if not tuned or threads is None:
+            return bool(members)
+        # every stage's threads busy count (others' too): what is busy is the pool's
+        total = max(threads, math.ceil(busy))
+        need = busy  # stages with no latency of their own yet: as measured
+        for key, sample in window.stages.items():
+            alone = self._alone.get(key)
+            if alone is not None and sample.elements:
+                need -= sample.wall / elapsed - sample.elements / elapsed * alone
+        new = self._step(threads, total, rate, busy, need, used, cores)
+        if new is None or new == threads:
+            return True
+        for key, guess in self._guess.items():
+            # members the pool's threads bounded follow them; the others keep their own
+            if guess >= threads or guess > new:
+                self._guess[key] = new
+        self.threads_tuned = new
+        self._unsettled = 1
+        return True
+
+    def _step(
+        self,
+        threads: int,
+        total: int,
+        rate: float,
+        busy: float,
+        need: float,
+        used: float,
+        cores: float,
+    ) -> int | None:
+        """The tuned stages' threads after a window (None: unchanged). ``need``: the
+        threads the window's rate needs at the work's own latency (Little's law)."""
+        if self._unsettled:  # threads start or leave, buffers refill: not measured
+            self._unsettled -= 1
+            return None
+        trial = self._trial
+        if trial is not None:
+            self._trial = None
+            return self._verify(trial, rate, over=used > OVER * cores)
+        if self.cap is not None:
+            self._cap_windows += 1
+            if self._cap_windows >= RETRY_WINDOWS:
+                self.cap, self._cap_windows = None, 0
+        if used > OVER * cores and threads > 1:
+            new = max(1, math.floor(threads * cores / used))
+            self._record(threads, new, f"over the budget of {cores:g} cores", rate, 0.0)
+            return new
+        enough = max(1, math.ceil(HEADROOM * need) - (total - threads))
+        if busy > CONTENDED * need and busy >= SATURATED * total and enough < threads:
+            # each element took far longer than alone: the threads wait for each other
+            # (the GIL, a lock), and fewer make the same rate
+            self._record(threads, enough, "threads wait for each other: Little's law", rate, rate)
+            return enough
+        if busy >= SATURATED * total and used < ROOM * cores:
+            self._idle_windows = 0
+            # as many as the cores to spare can serve (not more: a trial must not put the
+            # process over its budget), four times as many at most (the waits' share of a
+            # window's measurement is only as good as the window)
+            factor = min(4.0, ROOM * cores / max(used, 1e-3))
+            new = min(MAX_THREADS, math.floor(threads * factor))
+            if self.cap is not None:
+                new = min(new, self.cap)
+            if new > threads:
+                predicted = rate * min(new / threads, cores / max(used, 1e-3))
+                self._trial = _Trial(threads, new, rate, predicted)
+                self._record(threads, new, "all threads busy, cores to spare", rate, predicted)
+                return new
+            return None
+        if busy < IDLE * total:
+            self._idle_windows += 1
+            if self._idle_windows >= IDLE_WINDOWS:
+                self._idle_windows = 0
+                if enough < threads:
+                    self._record(threads, enough, "threads idle: Little's law", rate, rate)
+                    return enough
+            return None
+        self._idle_windows = 0
+        return None
+
+    def _verify(self, trial: _Trial, rate: float, *, over: bool) -> int:
+        """Keeps ``trial`` (the pool runs it now) or goes back, from the measured ``rate``
+        (and back in any case when it put the process ``over`` its budget)."""
+        gain = trial.predicted - trial.rate
+        if over:
+            self.cap, self._cap_windows = trial.old, 0
+            self._record(trial.new, trial.old, "over the budget: back", rate, trial.predicted)
+            return trial.old
+        if rate >= trial.rate + VERIFIED * gain:
+            self._record(trial.new, trial.new, "verified", rate, trial.predicted)
+            return trial.new
+        # the threads waited for something every thread shares: not more of them
+        self.cap, self._cap_windows = trial.old, 0
+        self._record(trial.new, trial.old, "more did not pay: back", rate, trial.predicted)
+        return trial.old
+
+    def _record(self, old: int, new: int, why: str, rate: float, predicted: float) -> None:
+        decision = Decision(time.perf_counter() - self._started, old, new, why, rate, predicted)
+        self.decisions.append(decision)
+        del self.decisions[:-64]
+        _pool_logger.info("autotune: worker pool: %s", decision.describe())
+
+    # -- members' settings --------------------------------------------------------------
+
+    def apply_to_members(self, members: list[PooledCore]) -> None:
+        """Gives every tuned member the pool's threads and the buffer its tail needs
+        (called with no lock held)."""
+        samples = self._samples
+        for core in members:
+            tuner = core.tuned
+            if tuner is None:
+                continue
+            workers = self.workers_for(core) if tuner.tune_workers else None
+            buffer = None
+            if tuner.tune_buffer:
+                sample = samples.get(id(core))
+                slowest = max(self._slowest.get(id(core), ()), default=0.0)
+                buffer = self.buffer_for(
+                    workers if workers is not None else core.policy.workers,
+                    sample,
+                    slowest,
+                    core.policy.thread_chunk(),
+                    self._elapsed,
+                )
+                current = core.policy.buffer_size
+                if current and 1 / RESIZE < buffer / current < RESIZE:
+                    buffer = None
+            sample = samples.get(id(core))
+            rate = sample.elements / self._elapsed if sample is not None else 0.0
+            tuner.apply(workers=workers, buffer_size=buffer, rate=rate)
+
+    @staticmethod
+    def buffer_for(
+        workers: int,
+        sample: StageSample | None,
+        slowest: float,
+        chunk: int,
+        elapsed: float = INTERVAL_S,
+    ) -> int:
+        """The buffer that keeps the stage's threads going while its slowest task runs (see
+        the module docstring), in ``[MIN_BUFFER, MAX_BUFFER]``. Its threads: those busy with
+        its tasks on average over the window (Little's law; a mixture's source shares the
+        pool with the others) and one more, up to ``workers``."""
+        workers = max(workers, 1)
+        if sample is not None and sample.wall > 0:
+            workers = min(workers, math.ceil(sample.wall / elapsed) + 1)
+        least = MIN_TASKS_PER_THREAD * workers * max(chunk, 1)
+        if sample is None or sample.elements == 0 or sample.wall <= 0:
+            return max(MIN_BUFFER, min(least, MAX_BUFFER))
+        per_element = sample.wall / sample.elements
+        tail = math.ceil(workers * slowest / per_element)
+        return max(MIN_BUFFER, min(max(least, tail), MAX_BUFFER))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "threads_tuned": self.threads_tuned,
+            "cap": self.cap,
+            "last_window": dict(self.last),
+            "decisions": [d.describe() for d in self.decisions[-8:]],
+        }
+
+
+class PooledTuner:
+    """The autotuner of one pooled stage: the pool's model decides its workers (the pool's
+    threads) and its buffer; this object is what the runner, the plan and the statistics
+    see of it (the interface of ``tuner.StageTuner``)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        knobs: Callable[[], dict[str, int] | None],
+        configure: Callable[..., None],
+        tune_workers: bool = True,
+        tune_buffer: bool = True,
+        cap_cores: float | None = None,
+        freeze: Callable[[dict[str, int]], str] | None = None,
+    ) -> None:
+        self.name = name
+        self.tune_workers = tune_workers
+        self.tune_buffer = tune_buffer
+        self.cap_cores = cap_cores
+        """A pipeline's own cap on the cores (``plan().autotune(TuningBudget(cpu_cores=…))``)."""
+        self.probe_share: float | None = None
+        """The CPU share of the stage's first inline chunk (its work alone), once run."""
+        self.on_probe: Callable[[float, float], None] | None = None
+        """Hands the probe's share to the pool's model (its first guess)."""
+        self.changes: list[Any] = []
+        self.active = True
+        self.frozen = False
+        self._knobs = knobs
+        self._configure = configure
+        self._freeze = freeze
+        self._started = time.perf_counter()
+
+    chosen: dict[str, int] | None = None  # no trial of its own: the knobs are the choice
+    trying: dict[str, int] | None = None
+
+    @property
+    def wants_probe(self) -> bool:
+        return self.probe_share is None and self.active
+
+    def probed(self, cpu_s: float, wall_s: float, elements: int = 1) -> None:
+        """The first chunk (``elements``) ran inline in ``wall_s``, ``cpu_s`` of it on the
+        CPU."""
+        if self.probe_share is None:
+            self.probe_share = cpu_s / wall_s if wall_s > 0 else 1.0
+            if self.on_probe is not None:
+                self.on_probe(self.probe_share, wall_s / max(elements, 1))
+
+    def delivered(self, values: list[Any]) -> None:
+        """A chunk was delivered (the pool's threads measure; nothing to do here)."""
+
+    def stop(self, *, frozen: bool = False) -> None:
+        self.active = False
+        self.frozen = self.frozen or frozen
+
+    def adopted(self, knob: str, old: int, new: int) -> None:
+        """The stage took ``new`` for ``knob`` from the model as it joined the pool."""
+        self.changes.append(Change(time.perf_counter() - self._started, knob, old, new, 0.0, 0.0))
+
+    def apply(self, *, workers: int | None, buffer_size: int | None, rate: float = 0.0) -> None:
+        """The model's settings (None: that knob unchanged), after a window in which the
+        stage computed ``rate`` elements per second; recorded as changes, each with the
+        rate the model predicts (in proportion to the workers; the same for a buffer)."""
+        knobs = self._knobs() if self.active else None
+        if knobs is None:  # stopped, or its runner is gone
+            return
+        move = {}
+        if workers is not None and workers != knobs["workers"]:
+            move["workers"] = workers
+        if buffer_size is not None and buffer_size != knobs["buffer_size"]:
+            move["buffer_size"] = buffer_size
+        if not move:
+            return
+        self._configure(**move)
+        at = time.perf_counter() - self._started
+        for knob, new in move.items():
+            old = knobs[knob]
+            scale = new / old if knob == "workers" and old > 0 else 1.0
+            predicted = rate * scale
+            self.changes.append(Change(at, knob, old, new, rate, predicted))
+            if _logger.isEnabledFor(logging.INFO):
+                hint = (
+                    f"; to freeze it: {self._freeze(dict(self._knobs() or knobs))}"
+                    if self._freeze
+                    else ""
+                )
+                rates = (
+                    f" ({rate:,.0f} elements/s, predicted {predicted:,.0f})"
+                    if rate
+                    else " (the pool's model)"
+                )
+                _logger.info(
+                    "autotune: stage %r: %s %d -> %d%s%s", self.name, knob, old, new, rates, hint
+                )
+
+    def record(self) -> Tuning:
+        knobs = dict(self._knobs() or {})
+        return Tuning(knobs, len(self.changes), None, frozen=self.frozen)

@@ -1,0 +1,167 @@
+"""The worker pool's model against simulated stages: outcomes, not decision sequences.
+
+Each simulated stage is a formula for the rate ``threads`` threads reach on a 2-core
+machine (waits that overlap, a GIL every thread shares, cores), with noise in every window
+as a loaded machine has. The model gets what the pool would measure (elements, busy thread
+time, CPU time, the process's cores) and decides; the test asserts where it ends up: near
+the best count of threads, within the budget, soon enough.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import types
+
+import pytest
+
+from gristmill._src.engine.model import (
+    INTERVAL_S,
+    MAX_THREADS,
+    PoolModel,
+    PoolWindow,
+    StageSample,
+)
+
+MACHINE_CORES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """Per element: ``wait`` seconds off the CPU, ``gil`` on it holding the GIL, ``free``
+    on it without (numpy, zlib)."""
+
+    wait: float
+    gil: float
+    free: float
+
+    def rate(self, threads: int, cores: float) -> float:
+        """Elements per second ``threads`` threads reach: each element takes a thread for
+        its whole time; the GIL serves one thread at a time; the cores serve at most
+        ``cores`` threads' CPU at once. A thread beyond what the rate needs costs its
+        switches (0.2 % each)."""
+        whole = self.wait + self.gil + self.free
+        cpu = self.gil + self.free
+        limits = [threads / whole, min(cores, MACHINE_CORES) / cpu]
+        if self.gil:
+            limits.append(1 / self.gil)
+        best = min(limits)
+        crowd = max(0, threads - max(1, math.ceil(whole * best)))
+        return best * max(0.5, 1 - 0.002 * crowd)
+
+    def share(self) -> float:
+        """The CPU share of one element alone (the probe's)."""
+        return (self.gil + self.free) / (self.wait + self.gil + self.free)
+
+
+IO = Work(wait=2e-3, gil=20e-6, free=0)
+GIL_BOUND = Work(wait=0, gil=30e-6, free=0)
+GIL_FREE = Work(wait=0, gil=5e-6, free=190e-6)
+HALF_GIL = Work(wait=0, gil=50e-6, free=50e-6)
+
+
+def a_stage(work: Work, *, cap_cores: float | None = None) -> types.SimpleNamespace:
+    tuner = types.SimpleNamespace(
+        tune_workers=True, tune_buffer=False, cap_cores=cap_cores, probe_share=work.share()
+    )
+    return types.SimpleNamespace(tuned=tuner)
+
+
+def window(stage: object, work: Work, threads: int, cores: float, noise: float) -> PoolWindow:
+    """What the pool measures over one window of ``threads`` threads on ``work``."""
+    rate = work.rate(threads, cores) * noise
+    elements = max(1, round(rate * INTERVAL_S))
+    whole = work.wait + work.gil + work.free
+    busy = threads if rate * whole < threads else rate * whole
+    # CPU time: what the elements took, on at most the machine's cores (the noise moves
+    # the rate, not what a core can give)
+    cpu = min(elements * (work.gil + work.free), MACHINE_CORES * INTERVAL_S)
+    sample = StageSample(elements=elements, wall=busy * INTERVAL_S, cpu=cpu, slowest=whole)
+    return PoolWindow(
+        began=0.0,
+        process_cpu=0.0,
+        tasks=elements,
+        elements=elements,
+        wall=busy * INTERVAL_S,
+        cpu=cpu,
+        stages={id(stage): sample},
+        elapsed=INTERVAL_S,
+        used=cpu / INTERVAL_S + 0.02,  # the consumer's own share
+    )
+
+
+def run(work: Work, *, cores: float = 2.0, windows: int = 20, seed: int = 0) -> list[int]:
+    """The pool's threads after each window (the first guess first)."""
+    rng = random.Random(seed)
+    model = PoolModel(budget=lambda: cores)
+    stage = a_stage(work)
+    model.stage_tuned(stage)  # type: ignore[arg-type]
+    model.probed(stage, work.share(), work.wait + work.gil + work.free)  # type: ignore[arg-type]
+    threads = [model.workers_for(stage)]  # type: ignore[arg-type]
+    for _ in range(windows):
+        noise = math.exp(rng.gauss(0, 0.1))
+        model.decide(window(stage, work, threads[-1], cores, noise), [stage])  # type: ignore[list-item]
+        threads.append(model.workers_for(stage))  # type: ignore[arg-type]
+    return threads
+
+
+def best_rate(work: Work, cores: float) -> float:
+    return max(work.rate(t, cores) for t in range(1, MAX_THREADS + 1))
+
+
+@pytest.mark.parametrize(
+    "work",
+    [IO, GIL_BOUND, GIL_FREE, HALF_GIL],
+    ids=["io", "gil-bound", "gil-free", "half-gil"],
+)
+def test_the_model_reaches_90_percent_of_the_best_rate_within_ten_windows(work):
+    best = best_rate(work, 2.0)
+    late = []
+    for seed in range(100):
+        threads = run(work, seed=seed)
+        at_90 = next(i for i, t in enumerate(threads) if work.rate(t, 2.0) >= 0.9 * best)
+        late.append(at_90 > 10)  # ten windows of 0.5 s: 5 s
+        # where it ends up: at least 90 % of the best, whatever the noise did on the way
+        assert work.rate(threads[-1], 2.0) >= 0.9 * best, (seed, threads)
+    assert sum(late) <= 5
+
+
+def test_an_io_bound_stage_gets_many_threads_and_a_gil_bound_one_few():
+    assert run(IO)[-1] >= 64
+    assert run(GIL_BOUND)[-1] <= 2
+    assert run(GIL_FREE)[-1] <= 3
+
+
+@pytest.mark.parametrize("work", [GIL_FREE, HALF_GIL, IO], ids=["gil-free", "half-gil", "io"])
+def test_the_cores_stay_within_a_budget_of_one(work):
+    for seed in range(50):
+        threads = run(work, cores=1.0, seed=seed)
+        # the cores the process uses with the threads it ends with, and on the way after
+        # the first window (the first guess is made before anything was measured)
+        for count in threads[2:]:
+            rate = work.rate(count, 2.0)  # the machine has 2 cores: nothing else holds it
+            assert rate * (work.gil + work.free) <= 1.1, (seed, threads)
+
+
+def test_a_pipelines_cap_bounds_the_cores_its_stage_counts_on():
+    model = PoolModel(budget=lambda: 2.0)
+    stage = a_stage(GIL_FREE, cap_cores=1.0)
+    model.stage_tuned(stage)  # type: ignore[arg-type]
+    assert model.workers_for(stage) == 1  # type: ignore[arg-type]
+
+
+def test_the_buffer_covers_what_the_threads_make_while_the_slowest_task_runs():
+    # 8 threads busy over a window of 0.5 s (4 thread-seconds), 1 ms an element, a 100 ms
+    # task now and then: what 8 threads make in 100 ms, 800 elements
+    sample = StageSample(elements=4000, wall=4.0, cpu=0.0, slowest=0.1)
+    assert PoolModel.buffer_for(8, sample, 0.1, chunk=1, elapsed=0.5) == 800
+    # two tasks a thread of the chunk the policy wants, at least
+    even = StageSample(elements=4000, wall=4.0, cpu=0.0, slowest=0.001)
+    assert PoolModel.buffer_for(8, even, 0.001, chunk=4, elapsed=0.5) == 64
+    # within the bound
+    assert PoolModel.buffer_for(8, sample, 100.0, chunk=1, elapsed=0.5) == 4096
+    # a mixture's source busy with one thread on average (of the pool's 8): its own two
+    # threads' worth, not the pool's
+    share = StageSample(elements=500, wall=0.5, cpu=0.0, slowest=0.001)
+    assert PoolModel.buffer_for(8, share, 0.001, chunk=4, elapsed=0.5) == 16

@@ -79,7 +79,7 @@ def test_the_row_cost_script_times_every_pipeline():
 
 def test_the_autotune_benchmark_runs_and_sums_up_its_runs():
     stdout = run_script(
-        "autotune.py",
+        "autotune_misconfigured.py",
         *("--seconds", "1.5", "--window", "0.5", "--hand-window", "0.2"),
         *("--runs", "2", "--only", "CPU-bound", "--verbose"),
     )
@@ -125,3 +125,9 @@ def test_an_issue_35_script_prints_its_rows_in_quick_mode(script):
         # each row: tuned/best, 90 % within 5 s, tuned >= defaults
         rows = [line for line in lines if line.startswith(tuple(ISSUE_35_SCRIPTS[script]))]
         assert all(sum(line.count(m) for m in "✓✗") == 3 for line in rows), stdout
+
+
+def test_the_autotune_script_is_the_six_pipeline_table():
+    stdout = run_script("autotune.py", "--help")
+    assert stdout.startswith("usage: autotune.py")
+    assert "Six pipelines, one tuner" in stdout

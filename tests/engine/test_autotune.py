@@ -148,6 +148,7 @@ def test_an_io_bound_read_gets_more_threads_and_the_decisions_are_logged(caplog)
             assert element == index
             if time.monotonic() > deadline:
                 break
+        it.close()  # the pool's model decides on its threads' windows: none after this
     name = it.plan().stages[0].name
     workers = it.plan().settings()[name]["workers"]
     assert workers >= 4  # 1 thread sleeping 2 ms: more threads multiply the rate
@@ -213,16 +214,17 @@ def test_a_first_guess_gives_an_io_bound_read_many_threads_and_a_cpu_bound_one_f
     assert io_bound >= 16
     # ~cores: the CPU share of one timed call (more on a loaded machine, never as many)
     assert cpu_bound < io_bound
-    # ReadOptions()' 16 threads: raised for the I/O-bound read; lowered for costly work,
-    # which threads run either way; kept for cheap work, which the engine reads inline
-    # (with fewer threads, it would look worth them)
-    # (lowered to ~cores on a quiet machine; a loaded one preempts the spinning work, which
-    # then reads as partly waiting: never raised, and always below the waiting read's)
+    # ReadOptions()' 16 threads are the pool model's too: raised for the I/O-bound read;
+    # lowered for costly work (to ~cores on a quiet machine; a loaded one preempts the
+    # spinning work, which then reads as partly waiting: always below the waiting read's);
+    # cheap work is read inline, on no thread
     waiting, spinning = first_guess(wait), first_guess(spin)
     assert waiting > 16
     assert spinning <= 16
     assert spinning < waiting
-    assert first_guess(double) == 16
+    cheap = iter(gm.MapDataset.range(50).map(double).to_iter_dataset())
+    assert [next(cheap) for _ in range(20)] == [2 * x for x in range(20)]
+    assert cheap.statistics().stages[0].executor == "inline"  # no threads for cheap work
 
 
 def test_read_options_take_autotune_as_a_marker_not_the_number():

@@ -26,7 +26,10 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
 - **All threads busy, cores to spare** (``busy >= SATURATED * threads`` and ``used <
   ROOM * budget``): the work waits for something; if it is I/O, more threads raise the
   rate in proportion until the cores are used: predicted ``rate * min(new / threads,
-  budget / used)``, with as many more as the spare cores serve. That prediction is tried
+  budget / used)``, with as many more as the spare cores serve, and never more than can
+  keep the budget busy: ``budget * need / cpu`` (its time alone over its CPU time; a
+  process on a loaded machine uses less than its budget, but CPU-bound work waits for a
+  core then, not for I/O). That prediction is tried
   and kept when the measured gain is at least half the predicted one (``VERIFIED``) and
   the process stays within its budget; else the threads go back, and that count is the
   most the pool grows to for ``RETRY_WINDOWS`` windows.
@@ -99,6 +102,10 @@ HEADROOM = 1.5
 the mean; the headroom covers a window's bursts."""
 RETRY_WINDOWS = 20
 """A count the pool stopped growing at is the most it grows to for this many windows."""
+WAITING = 0.25
+"""More threads can only help work whose threads spend at least this share of their task
+time off the CPU and off the run queue (waiting for I/O or a lock): CPU-bound work on a
+machine whose cores are busy waits on the run queue, and more threads only queue there."""
 MAX_THREADS = 256
 """The most threads the pool runs for tuned stages: 256 threads of 2 ms reads use about one
 core on a 2-core machine; past that a thread's stack (8 MiB reserved) and its wake-ups
@@ -144,14 +151,19 @@ class PoolWindow:
     cpu: float = 0.0
     tuned_elements: int = 0
     stages: dict[int, StageSample] = dataclasses.field(default_factory=dict)
+    runqueue_s: float | None = None
+    """The pool's threads' time waiting for a core until ``began`` (None: unknown)."""
     elapsed: float = 0.0
     """Its length, once closed."""
     used: float = 0.0
     """The cores the process used over it, once closed."""
 
+    waited_for_cores: float | None = None
+    """Thread-seconds the pool's threads waited for a core during it, once closed."""
+
     @classmethod
-    def start(cls) -> PoolWindow:
-        return cls(time.perf_counter(), time.process_time())
+    def start(cls, runqueue_s: float | None = None) -> PoolWindow:
+        return cls(time.perf_counter(), time.process_time(), runqueue_s=runqueue_s)
 
     def add(self, core: Any, size: int, wall: float, cpu: float) -> None:
         self.tasks += 1
@@ -169,10 +181,13 @@ class PoolWindow:
     def due(self) -> bool:
         return self.tasks >= MIN_TASKS and time.perf_counter() - self.began >= INTERVAL_S
 
-    def close(self) -> PoolWindow:
-        """Ends the window: its length and the cores the process used over it."""
+    def close(self, runqueue_s: float | None = None) -> PoolWindow:
+        """Ends the window: its length, the cores the process used over it, and (given the
+        pool's threads' run-queue time now) how long they waited for a core."""
         self.elapsed = max(time.perf_counter() - self.began, 1e-9)
         self.used = (time.process_time() - self.process_cpu) / self.elapsed
+        if runqueue_s is not None and self.runqueue_s is not None:
+            self.waited_for_cores = max(0.0, runqueue_s - self.runqueue_s)
         return self
 
 
@@ -219,6 +234,7 @@ class PoolModel:
         self._trial: _Trial | None = None
         self._unsettled = 0
         self._slowest: dict[int, deque[float]] = {}
+        self._shares: dict[int, float] = {}  # each tuned stage's first CPU share
         self._guess: dict[int, int] = {}
         """Each tuned member's own count: ``budget / share`` of its work alone (its probe,
         else its first measured window); the pool's threads bound it."""
@@ -233,6 +249,15 @@ class PoolModel:
         """The last window's measurements (``describe``)."""
 
     # -- members ------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forgets what it decided (no stage is tuned any more: the next ones are others)."""
+        self.threads_tuned = None
+        self.cap = None
+        self._cap_windows = self._idle_windows = self._unsettled = 0
+        self._trial = None
+        for table in (self._slowest, self._alone, self._shares, self._guess, self._samples):
+            table.clear()
 
     def probed(self, core: PooledCore, share: float, element_s: float) -> None:
         """A tuned stage's probe ran (pool lock held), ``element_s`` an element with
@@ -250,8 +275,14 @@ class PoolModel:
         self._guessed(core, tuner.probe_share, "first guess: budget / CPU share of the probe")
 
     def _guessed(self, core: PooledCore, share: float, why: str) -> None:
-        guess = self.first_guess(share, self.budget(core))
-        self._guess[id(core)] = guess
+        """A stage's own count from its ``share``, and the pool's from every stage's: the
+        budget over their mean share (one probe each, of one chunk: a probe preempted on a
+        loaded machine reads as waiting, and the mean of many is not moved by one)."""
+        cores = self.budget(core)
+        self._guess[id(core)] = self.first_guess(share, cores)
+        self._shares[id(core)] = min(1.0, max(share, MIN_CPU_SHARE))
+        mean = sum(self._shares.values()) / len(self._shares)
+        guess = self.first_guess(mean, cores)
         if self.threads_tuned is None or guess > self.threads_tuned:
             old = self.threads_tuned or 0
             self.threads_tuned = guess
@@ -261,6 +292,7 @@ class PoolModel:
         self._slowest.pop(id(core), None)
         self._alone.pop(id(core), None)
         self._guess.pop(id(core), None)
+        self._shares.pop(id(core), None)
         self._samples.pop(id(core), None)
 
     def workers_for(self, core: PooledCore) -> int:
@@ -331,7 +363,16 @@ class PoolModel:
             alone = self._alone.get(key)
             if alone is not None and sample.elements:
                 need -= sample.wall / elapsed - sample.elements / elapsed * alone
-        new = self._step(threads, total, rate, busy, need, used, cores)
+        # threads that can keep the budget's cores busy: the work's time alone over its CPU
+        # time (CPU time is not inflated by waits for the GIL or for a core)
+        cpu = window.cpu / elapsed
+        useful = math.ceil(cores * need / cpu) if cpu > 0 else MAX_THREADS
+        # the threads' time off the CPU that was not a wait for a core: what more threads
+        # can overlap (a wait for I/O, or for the GIL, which a trial tells apart)
+        queued = window.waited_for_cores or 0.0
+        if window.wall > 0 and (window.wall - window.cpu - queued) < WAITING * window.wall:
+            useful = min(useful, threads)  # CPU-bound work on busy cores: no more threads
+        new = self._step(threads, total, rate, busy, need, used, cores, useful)
         if new is None or new == threads:
             return True
         for key, guess in self._guess.items():
@@ -351,6 +392,7 @@ class PoolModel:
         need: float,
         used: float,
         cores: float,
+        useful: int = MAX_THREADS,
     ) -> int | None:
         """The tuned stages' threads after a window (None: unchanged). ``need``: the
         threads the window's rate needs at the work's own latency (Little's law)."""
@@ -381,7 +423,7 @@ class PoolModel:
             # process over its budget), four times as many at most (the waits' share of a
             # window's measurement is only as good as the window)
             factor = min(4.0, ROOM * cores / max(used, 1e-3))
-            new = min(MAX_THREADS, math.floor(threads * factor))
+            new = min(MAX_THREADS, math.floor(threads * factor), max(useful, threads))
             if self.cap is not None:
                 new = min(new, self.cap)
             if new > threads:

@@ -534,6 +534,7 @@ class PooledCore(Core):
             self.result_ready.notify_all()
         self._leave_pool()
         if self.tuner is not None:
+            self.tuner.stop()  # a decision under way applies nothing to a closed stage
             pool_module.shared_pool().forget(self)
         self.after_threads_joined()
 

@@ -38,6 +38,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from gristmill._src.core.schedstat import runqueue_wait_s
 from gristmill._src.engine import runtime
 from gristmill._src.engine.feeds import Chunk
 from gristmill._src.engine.model import PoolModel, PoolWindow
@@ -62,6 +63,7 @@ class WorkerPool:
         chunks on its consumer's thread: :meth:`account`); held weakly: a stage that is no
         member keeps its dataset alive through nothing of the pool's."""
         self._threads: dict[int, threading.Thread] = {}  # by index
+        self._native_ids: dict[int, int] = {}  # by index: the threads' ids for the kernel
         self._idle = 0  # threads waiting for a member with a task
         self._target = 0  # threads wanted (the model's, while there are members)
         self.model = model if model is not None else PoolModel()
@@ -101,6 +103,10 @@ class WorkerPool:
         """The model tunes ``core`` from now on (its probe, if it ran one, is the first
         guess)."""
         with self._lock:
+            if not self._tuned and not self._members:
+                # the first stage after a pause: measured from now, decided afresh
+                self._window = PoolWindow.start()
+                self.model.reset()
             self._tuned[id(core)] = core
             self.model.stage_tuned(core)
 
@@ -194,6 +200,8 @@ class WorkerPool:
             thread.start()
 
     def _run(self, index: int) -> None:
+        with self._lock:
+            self._native_ids[index] = threading.get_native_id()
         try:
             while (core := self._next_member(index)) is not None:
                 self._serve(core)
@@ -201,6 +209,7 @@ class WorkerPool:
             with self._lock:
                 if self._threads.get(index) is threading.current_thread():
                     del self._threads[index]
+                    self._native_ids.pop(index, None)
 
     def _next_member(self, index: int) -> PooledCore | None:
         """The next member with a task to claim; None when this thread should exit."""
@@ -258,9 +267,10 @@ class WorkerPool:
             window.add(core, size, wall, cpu)
             if not window.due():
                 return
-            self._window = PoolWindow.start()
+            threads = list(self._native_ids.values())
+            self._window = PoolWindow.start(runqueue_wait_s(threads))
             tuned = list(self._tuned.values())
-        if not self.model.decide(window.close(), tuned):
+        if not self.model.decide(window.close(runqueue_wait_s(threads)), tuned):
             return
         with self._lock:
             self._target = self._wanted()

@@ -18,7 +18,9 @@ closes its feed's upstream first, so a whole chain of runners stops from its las
 
 Locks: ``feed_lock`` (one claimer at a time: ``take`` may block on upstream) is always taken
 before ``lock`` (the bookkeeping); the consumer never holds ``lock`` while it takes
-``feed_lock``.
+``feed_lock``. The process's byte ledger (:mod:`bytes_budget`) has the innermost lock:
+taken under ``lock``, never the reverse; a release wakes the stages waiting for bytes
+with no ``lock`` held (``LEDGER.wake()``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from gristmill._src.core.sizes import per_position_bytes
 from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.backends import Backend, Executor, OutputOrder
+from gristmill._src.engine.bytes_budget import LEDGER
 from gristmill._src.engine.feeds import (
     CallTiming,
     Chunk,
@@ -79,6 +83,19 @@ def record_task(policy: ChunkPolicy, size: int, elapsed: float, call: CallTiming
         policy.record(size, call.work_s, worker_wait_s=call.worker_wait_s)
 
 
+def _waker(core: weakref.ref[Core]) -> Callable[[], None]:
+    """What the byte ledger calls (with no lock held) to wake ``core``'s claimers; a weak
+    reference, so that the ledger keeps no stage alive."""
+
+    def wake() -> None:
+        alive = core()
+        if alive is not None:
+            with alive.lock:
+                alive.work_ready.notify_all()
+
+    return wake
+
+
 class RunnerClosedError(RuntimeError):
     """The runner was closed while the consumer waited for it."""
 
@@ -109,14 +126,22 @@ class Core:
         self.retiring = False
         self.threads: list[threading.Thread] = []
         self.live_workers: set[int] = set()  # indices of the workers that still claim
+        # The process's byte budget: this stage's positions in flight and `held` (those of
+        # the chunk its consumer holds until its next call) on the one ledger.
+        self.held = 0
+        self.bytes = LEDGER.open(_waker(weakref.ref(self)))
+        weakref.finalize(self, self.bytes.close)  # an inline-only stage is never shut down
 
     def reset(self, position: int) -> None:
         """Repositions the feed; discards work in flight. Call with no lock held."""
         with self.feed_lock, self.lock:
             self.window.reset()
+            self.held = 0
+            self.sync_bytes()
             self.set_threaded(False)
             self.feed.reset(position)
             self.result_ready.notify_all()  # a consumer waiting elsewhere must not wait on
+        LEDGER.wake()
 
     def set_threaded(self, threaded: bool) -> None:
         """Lets workers claim tasks (True) or runs the stage on its puller's thread (False);
@@ -147,7 +172,29 @@ class Core:
         return self.bound()
 
     def _can_claim(self) -> bool:
-        return self.threaded and not self.feed.exhausted() and self.window.in_flight < self.bound()
+        return (
+            self.threaded
+            and not self.feed.exhausted()
+            and self.window.in_flight < self.bound()
+            and self.bytes.grant(1, self.unmeasured(), take=False) > 0
+        )
+
+    def unmeasured(self) -> int:
+        """Positions the stage may have out before it has measured its element size (the
+        byte ledger's rule): one per worker, its first round."""
+        return max(1, self.policy.workers)
+
+    def sync_bytes(self) -> None:
+        """Tells the byte ledger the positions the stage holds now: in flight, and the
+        chunk its consumer holds. Lock held, after either changed."""
+        self.bytes.set_positions(self.window.in_flight + self.held)
+
+    def release_held(self) -> None:
+        """The consumer came back for more: the chunk it held is no longer the stage's to
+        count. Lock held; ``LEDGER.wake()`` once no lock is held."""
+        if self.held:
+            self.held = 0
+            self.sync_bytes()
 
     # -- executor side ------------------------------------------------------------------
 
@@ -161,6 +208,7 @@ class Core:
         """
         counters = self.counters
         while True:
+            LEDGER.wake()  # bytes this thread released (a reservation given back below)
             with self.lock:
                 while (
                     wait
@@ -190,21 +238,33 @@ class Core:
                     room = min(self.bound() - window.in_flight, self.largest_task())
                     first_round = window.next_claim < self.policy.workers
                     limit = max(1, min(self.policy.thread_chunk(first_round), room))
+                    # what the byte budget lets it take (another stage may have taken
+                    # the room `_can_claim` saw: then wait for a release)
+                    limit = self.bytes.grant(limit, self.unmeasured())
+                    if not limit:
+                        counters.input_wait_s += time.perf_counter() - began
+                        continue
                     generation, seq = window.reserve(limit)  # held while `take` runs
                 task = self.feed.take(limit)
                 with self.lock:
                     counters.input_wait_s += time.perf_counter() - began
                     if task is None:  # the feed ended: give the reservation back
                         window.release(limit)
+                        self.sync_bytes()
                         self.result_ready.notify_all()
                         continue
                     window.claimed(seq, limit, task)
+                    self.sync_bytes()
                     return generation, seq, task
 
     def file(self, claimed: Claimed, chunk: Chunk, elapsed: float) -> None:
         """Records a finished task and wakes the consumer if it waits for it."""
         generation, seq, task = claimed
+        # measured here, off the lock: the element size the byte budget counts
+        element_bytes = per_position_bytes(chunk.values, task.size) if chunk.values else 0
         with self.lock:
+            if element_bytes:
+                self.bytes.measured(element_bytes)
             self.counters.task_done(task.size, elapsed)
             record_task(self.policy, task.size, elapsed, chunk.call)
             if not self.closed and self.window.file(generation, seq, task, chunk):
@@ -344,8 +404,10 @@ class Core:
         with self.lock:
             self.closed = True
             self.window.clear_results()
+            self.bytes.close()
             self.work_ready.notify_all()
             self.result_ready.notify_all()
+        LEDGER.wake()
         close_upstream = getattr(self.feed, "close", None)
         if close_upstream is not None:
             close_upstream()  # wakes a worker blocked on upstream
@@ -500,7 +562,9 @@ class ChunkRunner:
         if serving and self._returned_at:
             self._policy.record_away(time.perf_counter() - self._returned_at)
         with core.lock:  # workers claim under this lock: decide on a consistent view
+            core.release_held()
             ended = core.window.tasks_out == 0 and core.feed.exhausted()
+        LEDGER.wake()
         if ended:
             core.release_at_end()
             return None
@@ -551,8 +615,13 @@ class ChunkRunner:
             core.retire_workers()  # e.g. the first element was a slow warm-up
         taking = time.perf_counter()
         with core.feed_lock:
-            task = core.feed.take(self._policy.inline_chunk())
+            with core.lock:  # as many as the byte budget lets it hold (at least one)
+                wanted = core.bytes.grant(self._policy.inline_chunk(), core.unmeasured())
+            task = core.feed.take(max(1, wanted))
         self._counters.input_wait_s += time.perf_counter() - taking  # upstream's turn
+        with core.lock:  # the consumer holds what it reads (from here to its next call)
+            core.held = 0 if task is None else task.size
+            core.sync_bytes()
         if task is None:
             return None
         tuner = self._tuner
@@ -562,6 +631,10 @@ class ChunkRunner:
         chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
         cpu = time.thread_time() - cpu_began if probe else 0.0
+        if chunk.values:
+            element_bytes = per_position_bytes(chunk.values, task.size)
+            with core.lock:
+                core.bytes.measured(element_bytes)
         counters = self._counters
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
@@ -616,6 +689,8 @@ class ChunkRunner:
                     core.waiting_for = -1
                     self._counters.set_consumer_waiting(False, time.perf_counter())
             chunk, occupancy = window.take(seq)
+            core.held = occupancy - window.in_flight  # in flight until now: the same charge
+            core.sync_bytes()
             counters = self._counters
             counters.set_full(window.ready >= self._policy.buffer_size, time.perf_counter())
             counters.executor = core.executor

@@ -93,8 +93,7 @@ def test_two_pipelines_alive_at_once_share_the_budget():
 
 def mixture(alive):
     sources = [
-        gm.MapDataset.range(16 * i, 16 * i + 16).map(alive.make).to_iter_dataset()
-        for i in range(4)
+        gm.MapDataset.range(16 * i, 16 * i + 16).map(alive.make).to_iter_dataset() for i in range(4)
     ]
     return gm.IterDataset.mix(sources, [1.0, 2.0, 3.0, 4.0])
 

@@ -139,10 +139,9 @@ class ProcessOptions:
             self._bytes = None
             self._default_bytes = None
 
-    @contextlib.contextmanager
     def budget(
         self, cores: float | None = None, bytes_in_flight: int | None = None
-    ) -> Iterator[ProcessOptions]:
+    ) -> contextlib.AbstractContextManager[ProcessOptions]:
         """Sets the budgets given (None: leaves that one) for a ``with`` block, then
         restores what was set before (a default stays a default).
 
@@ -157,7 +156,7 @@ class ProcessOptions:
           A context manager that yields these options.
 
         Raises:
-          TypeError, ValueError: a value out of its range (nothing is changed then).
+          TypeError, ValueError: a value out of its range, at the call (nothing changes).
 
         >>> import gristmill as gm
         >>> with gm.options.budget(cores=1):
@@ -166,6 +165,12 @@ class ProcessOptions:
         """
         new_cores = None if cores is None else _check_cores(cores)
         new_bytes = None if bytes_in_flight is None else _check_bytes(bytes_in_flight)
+        return self._for_block(new_cores, new_bytes)
+
+    @contextlib.contextmanager
+    def _for_block(
+        self, new_cores: float | None, new_bytes: int | None
+    ) -> Iterator[ProcessOptions]:
         with self._lock:
             saved = (self._cores, self._bytes)
             if new_cores is not None:

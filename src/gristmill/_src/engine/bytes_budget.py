@@ -35,6 +35,7 @@ held while a ``feed_lock`` is taken).
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import weakref
@@ -94,6 +95,13 @@ class Account:
         """The stage stopped: its bytes are released (idempotent)."""
         self._ledger.close(self)
 
+    def close_later(self) -> None:
+        """:meth:`close`, from a finaliser: a garbage collection may run it on a thread
+        that holds the ledger's lock already (inside any allocation), so it only queues
+        the account (``deque.append`` takes no lock); the ledger's next operation closes
+        it."""
+        self._ledger.closing.append(self)
+
     def wake_core(self) -> None:
         self._wake()
 
@@ -111,6 +119,7 @@ class ByteLedger:
 
     def _fresh(self) -> None:
         self._lock = threading.Lock()
+        self.closing: collections.deque[Account] = collections.deque()  # close_later's
         self._accounts: weakref.WeakSet[Account] = weakref.WeakSet()
         self._waiting: set[Account] = set()
         self._wake_pending = False
@@ -139,6 +148,7 @@ class ByteLedger:
 
     def grant(self, account: Account, wanted: int, unmeasured: int, take: bool) -> int:
         with self._lock:
+            self._close_queued()
             if account.closed:
                 return 0
             size = account.element_bytes
@@ -159,6 +169,7 @@ class ByteLedger:
 
     def update(self, account: Account, positions: int, element_bytes: int) -> None:
         with self._lock:
+            self._close_queued()
             if not account.closed:
                 self._set(account, positions, element_bytes)
 
@@ -185,27 +196,40 @@ class ByteLedger:
 
     def close(self, account: Account) -> None:
         with self._lock:
-            if account.closed:
-                return
-            size = account.element_bytes
-            self._set(account, 0, 0)  # idle and unmeasured now: counted as such, so ...
-            self._idle_unmeasured -= 1  # ... no longer
-            account.closed = True
-            self._accounts.discard(account)
-            self._waiting.discard(account)
-            if size >= self._largest:
-                self._largest = max((a.element_bytes for a in self._accounts), default=0)
-            if self._waiting:
-                self._wake_pending = True
+            self._close_queued()
+            self._close(account)
+
+    def _close_queued(self) -> None:
+        """Closes the accounts finalisers queued (:meth:`Account.close_later`). Ledger lock
+        held."""
+        closing = self.closing
+        while closing:
+            self._close(closing.popleft())
+
+    def _close(self, account: Account) -> None:
+        """Releases ``account``'s bytes for good. Ledger lock held."""
+        if account.closed:
+            return
+        size = account.element_bytes
+        self._set(account, 0, 0)  # idle and unmeasured now: counted as such, so ...
+        self._idle_unmeasured -= 1  # ... no longer
+        account.closed = True
+        self._accounts.discard(account)
+        self._waiting.discard(account)
+        if size >= self._largest:
+            self._largest = max((a.element_bytes for a in self._accounts), default=0)
+        if self._waiting:
+            self._wake_pending = True
 
     # -- called with no core lock held ------------------------------------------------------
 
     def wake(self) -> None:
         """Wakes the stages waiting for bytes if some were released since the last wake
         (cheap otherwise: one attribute read). Call with no core's lock held."""
-        if not self._wake_pending:
+        if not self._wake_pending and not self.closing:
             return
         with self._lock:
+            self._close_queued()
             self._wake_pending = False
             waiting = list(self._waiting)
         for account in waiting:

@@ -130,7 +130,7 @@ class Core:
         # the chunk its consumer holds until its next call) on the one ledger.
         self.held = 0
         self.bytes = LEDGER.open(_waker(weakref.ref(self)))
-        weakref.finalize(self, self.bytes.close)  # an inline-only stage is never shut down
+        weakref.finalize(self, self.bytes.close_later)  # an inline-only one is never shut down
 
     def reset(self, position: int) -> None:
         """Repositions the feed; discards work in flight. Call with no lock held."""

@@ -7,6 +7,7 @@ sleeps a little between elements, so that a stage not held back would read far a
 tests assert counts and outputs only, never times.
 """
 
+import functools
 import os
 import threading
 import time
@@ -112,34 +113,36 @@ def test_a_mixture_of_sources_each_needing_room_makes_progress_and_keeps_its_out
 
 
 def _produce(directory: str, x: int) -> np.ndarray:
-    """An 8 MiB array, after recording in ``directory`` that element ``x`` was started."""
+    """A 1 MiB array, after recording in ``directory`` that element ``x`` was started."""
     with open(os.path.join(directory, str(x)), "w"):
         pass
-    return np.full(ELEMENT, x % 251, dtype=np.uint8)
+    return np.full(MiB, x % 251, dtype=np.uint8)
 
 
 def test_worker_processes_make_at_most_the_budget_of_elements_ahead(tmp_path):
-    import functools
-
+    # 1 MiB elements: the process stage's own bound (16 MiB a worker) would let 32 ahead
     produce = functools.partial(_produce, str(tmp_path))
     ds = (
-        gm.MapDataset.range(40)
+        gm.MapDataset.range(60)
         .map(produce)
         .to_iter_dataset()
         .mp_prefetch(gm.MultiprocessingOptions(num_workers=2))
     )
     ahead = []
-    with gm.options.budget(bytes_in_flight=64 * MiB):
+    with gm.options.budget(bytes_in_flight=4 * MiB):
         it = iter(ds)
         try:
             for received, element in enumerate(it, 1):
-                assert int(element[0]) == received - 1
+                assert int(element[0]) == (received - 1) % 251
                 del element
-                # started by a worker, not yet released by the consumer: the one it holds,
-                # what is in flight, and what it received and dropped since its last call
+                # started by a worker and not yet dropped by this consumer, counting the
+                # element just received
                 ahead.append(len(os.listdir(tmp_path)) - (received - 1))
                 time.sleep(CONSUMER_STEP_S)
         finally:
             it.close()
-    assert len(ahead) == 40
-    assert max(ahead) <= 8
+    assert len(ahead) == 60
+    # the budget's 4 (in flight, and the chunk the prefetch thread holds), the one in the
+    # prefetch thread's buffer (per_worker_buffer_size=1: not a reorder-window stage) and
+    # the one received
+    assert max(ahead) <= 4 + 2

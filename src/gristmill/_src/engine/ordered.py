@@ -260,8 +260,10 @@ class Core:
     def file(self, claimed: Claimed, chunk: Chunk, elapsed: float) -> None:
         """Records a finished task and wakes the consumer if it waits for it."""
         generation, seq, task = claimed
-        # measured here, off the lock: the element size the byte budget counts
-        element_bytes = per_position_bytes(chunk.values, task.size) if chunk.values else 0
+        # measured here, off the lock: the element size the byte budget counts (a chunk a
+        # filter emptied holds next to nothing; a failure measures nothing)
+        measured = chunk.values or chunk.error is None
+        element_bytes = per_position_bytes(chunk.values, task.size) if measured else 0
         with self.lock:
             if element_bytes:
                 self.bytes.measured(element_bytes)
@@ -631,7 +633,7 @@ class ChunkRunner:
         chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
         cpu = time.thread_time() - cpu_began if probe else 0.0
-        if chunk.values:
+        if chunk.values or chunk.error is None:  # as `Core.file` measures
             element_bytes = per_position_bytes(chunk.values, task.size)
             with core.lock:
                 core.bytes.measured(element_bytes)

@@ -26,24 +26,23 @@ CONSUMER_STEP_S = 0.005
 
 
 class Alive:
-    """Makes 8 MiB arrays and counts those alive; keeps the most at once."""
+    """Makes 8 MiB arrays and keeps the most alive at once (counted as each is made: the
+    only moment the count grows)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.alive = 0
+        self._arrays: weakref.WeakValueDictionary[int, np.ndarray]
+        self._arrays = weakref.WeakValueDictionary()  # by when made: gone once freed
+        self._made = 0
         self.peak = 0
 
     def make(self, x: int) -> np.ndarray:
         array = np.full(ELEMENT, x % 251, dtype=np.uint8)
         with self._lock:
-            self.alive += 1
-            self.peak = max(self.peak, self.alive)
-        weakref.finalize(array, self._freed)
+            self._made += 1
+            self._arrays[self._made] = array
+            self.peak = max(self.peak, len(self._arrays))
         return array
-
-    def _freed(self) -> None:
-        with self._lock:
-            self.alive -= 1
 
 
 def first_bytes(iterator, count=None):

@@ -9,7 +9,8 @@ bytes*, measured from what it produces (``core/sizes.per_position_bytes``). The 
 ``gristmill.options.bytes_in_flight``, read at each claim, so a change acts at once.
 
 A claim is granted the positions that fit: ``(limit - total - reserved) // element_bytes``,
-where ``total`` is every stage's charge and ``reserved`` keeps room for one element of each
+where ``total`` is every stage's charge (a stage not measured yet is charged as the largest
+element any stage measured) and ``reserved`` keeps room for one element of each
 *other* stage that holds nothing (its own element size, or, not yet measured, the largest
 any live stage measured): one stage's read-ahead never takes the element another needs
 next (two pipelines read in turn each get theirs within the budget).
@@ -30,7 +31,9 @@ Lock order: a core's ``feed_lock``, then its ``lock``, then the ledger's lock, t
 options' lock (``core/budget``). The ledger's lock is innermost: the ledger never calls a
 core while holding it, and :meth:`ByteLedger.wake` takes each waiting core's lock with no
 ledger lock and no core lock held (a ``feed_lock`` may be held: a core's lock is never
-held while a ``feed_lock`` is taken).
+held while a ``feed_lock`` is taken). A finaliser (a garbage collection, which may run
+inside any allocation, on a thread holding any of these) takes none of them: it queues the
+account (:meth:`Account.close_later`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,15 @@ class Account:
     """One stage's line on the ledger. Its fields change under the ledger's lock only;
     the stage calls these methods with its core's lock held (never the reverse)."""
 
-    __slots__ = ("__weakref__", "_ledger", "_wake", "closed", "element_bytes", "positions")
+    __slots__ = (
+        "__weakref__",
+        "_ledger",
+        "_wake",
+        "charge",
+        "closed",
+        "element_bytes",
+        "positions",
+    )
 
     def __init__(self, ledger: ByteLedger, wake: Callable[[], None]) -> None:
         self._ledger = ledger
@@ -59,11 +70,10 @@ class Account:
         """Positions claimed and not yet delivered, plus the chunk its consumer holds."""
         self.element_bytes = 0
         """Bytes per position, from what the stage produced last (0: not measured yet)."""
+        self.charge = 0
+        """Bytes counted for it: its positions times its element bytes (not measured yet:
+        the largest any stage measured, when it last changed)."""
         self.closed = False
-
-    @property
-    def charge(self) -> int:
-        return self.positions * self.element_bytes
 
     def grant(self, wanted: int, unmeasured: int, *, take: bool = True) -> int:
         """Positions (at most ``wanted``, >= 1) the stage may claim now; 0 if none (the
@@ -153,8 +163,9 @@ class ByteLedger:
                 return 0
             size = account.element_bytes
             free = self._limit() - self.total - self._reserve(account)
-            if not size:
-                allowed = 1 if account.positions < unmeasured and free > 0 else 0
+            if not size:  # room for one element as large as any measured
+                fits = free >= max(1, self._largest)
+                allowed = 1 if account.positions < unmeasured and fits else 0
             else:
                 allowed = min(wanted, free // size) if free > 0 else 0
             if account.positions == 0:
@@ -190,6 +201,7 @@ class ByteLedger:
                 self._idle_unmeasured += 1
         if element_bytes > self._largest:
             self._largest = element_bytes
+        account.charge = positions * (element_bytes or self._largest)
         self.total += account.charge - before
         if account.charge < before and self._waiting:
             self._wake_pending = True

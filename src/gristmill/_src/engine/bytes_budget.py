@@ -20,8 +20,8 @@ past the limit. A mixture of many sources, each of which must deliver before the
 consumer comes back to the others (and releases their bytes), therefore always moves; its
 sources then hold one element each at the least, which is all a budget smaller than that
 can mean. A stage that has not measured its element size yet (it delivered nothing) may
-have at most ``unmeasured`` positions out (one per worker: its first round), each claim one
-position, and none while the ledger is full.
+have at most ``unmeasured`` positions out (one per worker: its first round), each counted
+as the largest element measured.
 
 No polling: a claimer refused for bytes registers as waiting and sleeps on its core's
 condition; a release (a consumer's next call, a reset, a close) marks the ledger, and the
@@ -91,10 +91,11 @@ class Account:
         """
         return self._ledger.grant(self, wanted, unmeasured, take)
 
-    def set_positions(self, positions: int) -> None:
+    def set_positions(self, positions: int, element_bytes: int = 0) -> None:
         """The stage's positions now (in flight plus held): after a claim that took fewer
-        than granted, a delivery, a reset."""
-        self._ledger.update(self, positions, self.element_bytes)
+        than granted, a delivery, a reset; and what its last chunk measured per position,
+        if it measured one now (0: no new measurement)."""
+        self._ledger.update(self, positions, element_bytes or self.element_bytes)
 
     def measured(self, element_bytes: int) -> None:
         """What the stage's last chunk measured per position."""
@@ -163,9 +164,9 @@ class ByteLedger:
                 return 0
             size = account.element_bytes
             free = self._limit() - self.total - self._reserve(account)
-            if not size:  # room for one element as large as any measured
-                fits = free >= max(1, self._largest)
-                allowed = 1 if account.positions < unmeasured and fits else 0
+            if not size:  # its first round, each as large as any element measured
+                fits = free // self._largest if self._largest else (wanted if free > 0 else 0)
+                allowed = min(wanted, unmeasured - account.positions, fits)
             else:
                 allowed = min(wanted, free // size) if free > 0 else 0
             if account.positions == 0:

@@ -621,10 +621,9 @@ class ChunkRunner:
                 wanted = core.bytes.grant(self._policy.inline_chunk(), core.unmeasured())
             task = core.feed.take(max(1, wanted))
         self._counters.input_wait_s += time.perf_counter() - taking  # upstream's turn
-        with core.lock:  # the consumer holds what it reads (from here to its next call)
-            core.held = 0 if task is None else task.size
-            core.sync_bytes()
         if task is None:
+            with core.lock:
+                core.sync_bytes()  # nothing taken: the grant is given back
             return None
         tuner = self._tuner
         probe = tuner is not None and tuner.wants_probe
@@ -633,10 +632,13 @@ class ChunkRunner:
         chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
         cpu = time.thread_time() - cpu_began if probe else 0.0
-        if chunk.values or chunk.error is None:  # as `Core.file` measures
-            element_bytes = per_position_bytes(chunk.values, task.size)
-            with core.lock:
-                core.bytes.measured(element_bytes)
+        # the consumer holds what it read (from here to its next call), measured as
+        # `Core.file` measures
+        measured = chunk.values or chunk.error is None
+        element_bytes = per_position_bytes(chunk.values, task.size) if measured else 0
+        with core.lock:
+            core.held = task.size
+            core.bytes.set_positions(core.window.in_flight + task.size, element_bytes)
         counters = self._counters
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
@@ -691,8 +693,8 @@ class ChunkRunner:
                     core.waiting_for = -1
                     self._counters.set_consumer_waiting(False, time.perf_counter())
             chunk, occupancy = window.take(seq)
-            core.held = occupancy - window.in_flight  # in flight until now: the same charge
-            core.sync_bytes()
+            # in flight until now, held from now: the ledger's count does not change
+            core.held = occupancy - window.in_flight
             counters = self._counters
             counters.set_full(window.ready >= self._policy.buffer_size, time.perf_counter())
             counters.executor = core.executor

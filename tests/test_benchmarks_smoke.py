@@ -105,10 +105,10 @@ ISSUE_35_SCRIPTS = {
     "many_sources.py": ["defaults ", "1 thread, buffer 16 each", "defaults: threads "],
     "budgets.py": [
         "  no budget ",
-        "  TuningBudget(cpu_cores=1) ",
+        "  options.budget(cores=1) ",
         "  under a budget of 1: ",
         "  defaults ",
-        "  TuningBudget(ram_bytes=64 MiB) ",
+        "  bytes_in_flight=64 MiB ",
         "  under 64 MiB: ",
     ],
 }

@@ -21,6 +21,7 @@ EXPECTED = {
         "DataLoaderIterator",
         "load",
         "config",
+        "options",
         "checkpoint",
         "constants",
         "experimental",

@@ -22,6 +22,7 @@ from gristmill import (
     transforms,
 )
 from gristmill._src import dataset as _dataset  # registers the transformations
+from gristmill._src.core.budget import options
 from gristmill._src.core.config import config
 from gristmill._src.core.options import AUTOTUNE, MultiprocessingOptions, ReadOptions
 from gristmill._src.core.records import Record, RecordMetadata
@@ -59,6 +60,7 @@ __all__ = [
     "DataLoaderIterator",
     "load",
     "config",
+    "options",
     "checkpoint",
     "constants",
     "experimental",

@@ -5,6 +5,7 @@ Every message names the parameter, the rule, the value received and the fix.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -126,6 +127,19 @@ def check_int_in_range(
     elif not low <= result < high:
         raise ValueError(f"{name} must be in [{low}, {high}), got {value!r}{fix}")
     return int(result)
+
+
+def check_positive_real(value: Any, name: str, *, fix: str = "") -> float:
+    """A finite real number > 0 (``int``, ``float`` or numpy number, not ``bool``), as
+    ``float``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(
+            f"{name} must be a number > 0, got {value!r} of type {type(value).__name__}{fix}"
+        )
+    result = float(value)
+    if not math.isfinite(result) or result <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}{fix}")
+    return result
 
 
 def check_bool(value: Any, name: str) -> bool:

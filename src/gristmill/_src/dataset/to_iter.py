@@ -379,6 +379,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
             if chunk is None or self._pos >= len(chunk.values):
                 if chunk is not None and chunk.error is not None:
                     self._raise_chunk_error(chunk)
+                chunk = None  # read: not kept alive while the next one is made (_fetch)
                 if self._fetch() is None:
                     raise StopIteration
                 continue
@@ -428,6 +429,7 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
                         self._close_holes_window()
                     continue
             elif chunk is None or chunk.error is None:  # between chunks: as next() fetches
+                chunk = None  # as in next()
                 if self._fetch() is None:
                     break
                 continue
@@ -498,6 +500,9 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         if not self._checks_ready:
             self._make_checks()
         runner = self._get_runner()
+        # The chunk read is dropped before the next is asked for: the stage counts it
+        # against the byte budget until this call, and then makes the next in its room.
+        self._chunk = None
         try:
             with self._guard.waiting:
                 chunk = runner.next_chunk()

@@ -61,7 +61,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gristmill._src.core.machine import available_cores
+from gristmill._src.core.budget import options
 from gristmill._src.engine.stats import Tuning
 from gristmill._src.engine.tuner import Change
 
@@ -126,7 +126,7 @@ re-sizes the stage's tasks)."""
 
 def budget_cores() -> float:
     """The cores the process may use (``gristmill.options.cores``)."""
-    return float(available_cores())
+    return float(options.cores)
 
 
 @dataclasses.dataclass

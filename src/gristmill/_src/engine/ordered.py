@@ -18,7 +18,9 @@ closes its feed's upstream first, so a whole chain of runners stops from its las
 
 Locks: ``feed_lock`` (one claimer at a time: ``take`` may block on upstream) is always taken
 before ``lock`` (the bookkeeping); the consumer never holds ``lock`` while it takes
-``feed_lock``.
+``feed_lock``. The process's byte ledger (:mod:`bytes_budget`) has the innermost lock:
+taken under ``lock``, never the reverse; a release wakes the stages waiting for bytes
+with no ``lock`` held (``LEDGER.wake()``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from gristmill._src.engine import pool as pool_module
+from gristmill._src.core.sizes import per_position_bytes
 from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.backends import Backend, Executor, OutputOrder
+from gristmill._src.engine.bytes_budget import LEDGER
 from gristmill._src.engine.feeds import (
     CallTiming,
     Chunk,
@@ -90,6 +94,19 @@ def _probed(pool: pool_module.WorkerPool, core: weakref.ref[PooledCore], *measur
         pool.probed(alive, *measured)
 
 
+def _waker(core: weakref.ref[Core]) -> Callable[[], None]:
+    """What the byte ledger calls (with no lock held) to wake ``core``'s claimers; a weak
+    reference, so that the ledger keeps no stage alive."""
+
+    def wake() -> None:
+        alive = core()
+        if alive is not None:
+            with alive.lock:
+                alive.wake_workers(every=True)
+
+    return wake
+
+
 class RunnerClosedError(RuntimeError):
     """The runner was closed while the consumer waited for it."""
 
@@ -120,14 +137,22 @@ class Core:
         self.retiring = False
         self.threads: list[threading.Thread] = []
         self.live_workers: set[int] = set()  # indices of the workers that still claim
+        # The process's byte budget: this stage's positions in flight and `held` (those of
+        # the chunk its consumer holds until its next call) on the one ledger.
+        self.held = 0
+        self.bytes = LEDGER.open(_waker(weakref.ref(self)))
+        weakref.finalize(self, self.bytes.close_later)  # an inline-only one is never shut down
 
     def reset(self, position: int) -> None:
         """Repositions the feed; discards work in flight. Call with no lock held."""
         with self.feed_lock, self.lock:
             self.window.reset()
+            self.held = 0
+            self.sync_bytes()
             self.set_threaded(False)
             self.feed.reset(position)
             self.result_ready.notify_all()  # a consumer waiting elsewhere must not wait on
+        LEDGER.wake()
 
     def set_threaded(self, threaded: bool) -> None:
         """Lets workers claim tasks (True) or runs the stage on its puller's thread (False);
@@ -158,7 +183,29 @@ class Core:
         return self.bound()
 
     def _can_claim(self) -> bool:
-        return self.threaded and not self.feed.exhausted() and self.window.in_flight < self.bound()
+        return (
+            self.threaded
+            and not self.feed.exhausted()
+            and self.window.in_flight < self.bound()
+            and self.bytes.grant(1, self.unmeasured(), take=False) > 0
+        )
+
+    def unmeasured(self) -> int:
+        """Positions the stage may have out before it has measured its element size (the
+        byte ledger's rule): one per worker, its first round."""
+        return max(1, self.policy.workers)
+
+    def sync_bytes(self) -> None:
+        """Tells the byte ledger the positions the stage holds now: in flight, and the
+        chunk its consumer holds. Lock held, after either changed."""
+        self.bytes.set_positions(self.window.in_flight + self.held)
+
+    def release_held(self) -> None:
+        """The consumer came back for more: the chunk it held is no longer the stage's to
+        count. Lock held; ``LEDGER.wake()`` once no lock is held."""
+        if self.held:
+            self.held = 0
+            self.sync_bytes()
 
     def claimer_started(self) -> None:
         """Hook: the calling thread claimed a task (lock held); it files it or gives the
@@ -198,6 +245,7 @@ class Core:
         """
         counters = self.counters
         while True:
+            LEDGER.wake()  # bytes this thread released (a reservation given back below)
             with self.lock:
                 while (
                     wait
@@ -227,6 +275,12 @@ class Core:
                     room = min(self.bound() - window.in_flight, self.largest_task())
                     first_round = window.next_claim < self.policy.workers
                     limit = max(1, min(self.policy.thread_chunk(first_round), room))
+                    # what the byte budget lets it take (another stage may have taken
+                    # the room `_can_claim` saw: then wait for a release)
+                    limit = self.bytes.grant(limit, self.unmeasured())
+                    if not limit:
+                        counters.input_wait_s += time.perf_counter() - began
+                        continue
                     generation, seq = window.reserve(limit)  # held while `take` runs
                     self.claimer_started()
                 task = self.feed.take(limit)
@@ -235,16 +289,24 @@ class Core:
                     if task is None:  # the feed ended: give the reservation back
                         window.release(limit)
                         self.claimer_done()
+                        self.sync_bytes()
                         self.result_ready.notify_all()
                         continue
                     window.claimed(seq, limit, task)
+                    self.sync_bytes()
                     return generation, seq, task
 
     def file(self, claimed: Claimed, chunk: Chunk, elapsed: float) -> None:
         """Records a finished task and wakes the consumer if it waits for it."""
         generation, seq, task = claimed
+        # measured here, off the lock: the element size the byte budget counts (a chunk a
+        # filter emptied holds next to nothing; a failure measures nothing)
+        measured = chunk.values or chunk.error is None
+        element_bytes = per_position_bytes(chunk.values, task.size) if measured else 0
         with self.lock:
             self.claimer_done()
+            if element_bytes:
+                self.bytes.measured(element_bytes)
             self.counters.task_done(task.size, elapsed)
             record_task(self.policy, task.size, elapsed, chunk.call)
             if not self.closed and self.window.file(generation, seq, task, chunk):
@@ -384,8 +446,10 @@ class Core:
         with self.lock:
             self.closed = True
             self.window.clear_results()
+            self.bytes.close()
             self.work_ready.notify_all()
             self.result_ready.notify_all()
+        LEDGER.wake()
         close_upstream = getattr(self.feed, "close", None)
         if close_upstream is not None:
             close_upstream()  # wakes a worker blocked on upstream
@@ -732,7 +796,9 @@ class ChunkRunner:
         if serving and self._returned_at:
             self._policy.record_away(time.perf_counter() - self._returned_at)
         with core.lock:  # workers claim under this lock: decide on a consistent view
+            core.release_held()
             ended = core.window.tasks_out == 0 and core.feed.exhausted()
+        LEDGER.wake()
         if ended:
             core.release_at_end()
             return None
@@ -783,9 +849,13 @@ class ChunkRunner:
             core.retire_workers()  # e.g. the first element was a slow warm-up
         taking = time.perf_counter()
         with core.feed_lock:
-            task = core.feed.take(self._policy.inline_chunk())
+            with core.lock:  # as many as the byte budget lets it hold (at least one)
+                wanted = core.bytes.grant(self._policy.inline_chunk(), core.unmeasured())
+            task = core.feed.take(max(1, wanted))
         self._counters.input_wait_s += time.perf_counter() - taking  # upstream's turn
         if task is None:
+            with core.lock:
+                core.sync_bytes()  # nothing taken: the grant is given back
             return None
         tuner = self._tuner
         pooled = isinstance(core, PooledCore) and core.tuned is not None
@@ -796,6 +866,13 @@ class ChunkRunner:
         chunk = core.feed.run(task)
         elapsed = time.perf_counter() - began
         cpu = time.thread_time() - cpu_began if timed else 0.0
+        # the consumer holds what it read (from here to its next call), measured as
+        # `Core.file` measures
+        measured = chunk.values or chunk.error is None
+        element_bytes = per_position_bytes(chunk.values, task.size) if measured else 0
+        with core.lock:
+            core.held = task.size
+            core.bytes.set_positions(core.window.in_flight + task.size, element_bytes)
         counters = self._counters
         counters.executor = "inline"
         counters.task_done(task.size, elapsed)
@@ -853,6 +930,8 @@ class ChunkRunner:
                     core.waiting_for = -1
                     self._counters.set_consumer_waiting(False, time.perf_counter())
             chunk, occupancy = window.take(seq)
+            # in flight until now, held from now: the ledger's count does not change
+            core.held = occupancy - window.in_flight
             counters = self._counters
             counters.set_full(window.ready >= self._policy.buffer_size, time.perf_counter())
             counters.executor = core.executor

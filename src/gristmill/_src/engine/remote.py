@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gristmill._src.core.sizes import nbytes
 from gristmill._src.engine import remote_traceback, runtime, sending
 from gristmill._src.engine.backends import Executor
 from gristmill._src.engine.feeds import Chunk, Feed, RangeFeed, StreamFeed, Task
@@ -55,7 +56,6 @@ from gristmill._src.engine.remote_protocol import (
     worker_name,
 )
 from gristmill._src.engine.stats import StageCounters
-from gristmill._src.engine.tuner import nbytes
 
 WORKER_BYTES_IN_FLIGHT = 16 << 20
 """Bytes of results a worker may have in flight beyond its ``per_worker_buffer_size``

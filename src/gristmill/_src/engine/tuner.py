@@ -62,15 +62,13 @@ import dataclasses
 import logging
 import math
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from gristmill._src.core.machine import available_cores
+from gristmill._src.core.sizes import nbytes
 from gristmill._src.engine.stats import Tuning
 
 _logger = logging.getLogger("gristmill.autotune")
@@ -766,17 +764,3 @@ class StageTuner:
         if self.frozen:  # configured by hand: its settings are the user's now
             return Tuning(dict(self._knobs()), len(self.changes), None, frozen=True)
         return Tuning(self.chosen or dict(self._knobs()), len(self.changes), self.trying)
-
-
-def nbytes(value: Any, depth: int = 0) -> int:
-    """The approximate bytes a delivered element holds (arrays by their buffers)."""
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, bytes | bytearray | memoryview | str):
-        return len(value)
-    if depth < 3:
-        if isinstance(value, dict):
-            return sum(nbytes(v, depth + 1) for v in value.values()) + 64
-        if isinstance(value, list | tuple):
-            return sum(nbytes(v, depth + 1) for v in value[:64]) * max(1, len(value) // 64) + 56
-    return sys.getsizeof(value)

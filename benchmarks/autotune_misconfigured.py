@@ -24,7 +24,8 @@ For each deliberately mis-configured pipeline, this script measures, side by sid
 With ``--runs N`` the script ends with each case's median ratios (tuned, chosen, control)
 over the runs.
 
-Run: ``python benchmarks/autotune_misconfigured.py`` (about 6 minutes; ``--runs 3`` repeats every case).
+Run: ``python benchmarks/autotune_misconfigured.py`` (about 6 minutes; ``--runs 3``
+repeats every case).
 Every number is elements per second of a consumer that only iterates.
 """
 

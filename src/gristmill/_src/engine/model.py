@@ -240,8 +240,8 @@ class PoolModel:
         else its first measured window); the pool's threads bound it."""
         self._samples: dict[int, StageSample] = {}
         self._alone: dict[int, float] = {}
-        """Each stage's seconds per element with no other thread in the way: the least it
-        took (its probe on the consumer's thread, or a window's mean)."""
+        """Each stage's seconds per element with the least in the way: the least of its
+        windows' means (a mean over a window's elements, so a heavy tail is in it)."""
         self._elapsed = INTERVAL_S
         self._started = time.perf_counter()
         self.decisions: list[Decision] = []
@@ -261,9 +261,8 @@ class PoolModel:
 
     def probed(self, core: PooledCore, share: float, element_s: float) -> None:
         """A tuned stage's probe ran (pool lock held), ``element_s`` an element with
-        ``share`` of it on the CPU: its first guess."""
-        key = id(core)
-        self._alone[key] = min(self._alone.get(key, element_s), element_s)
+        ``share`` of it on the CPU: its first guess. (Not its time alone: one chunk of a
+        heavy-tailed stage is not its mean; the windows' means are.)"""
         if id(core) not in self._guess:
             self._guessed(core, share, "first guess: budget / CPU share of the probe")
 

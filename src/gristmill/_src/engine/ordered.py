@@ -34,8 +34,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from gristmill._src.engine import pool as pool_module
 from gristmill._src.core.sizes import per_position_bytes
+from gristmill._src.engine import pool as pool_module
 from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.bytes_budget import LEDGER

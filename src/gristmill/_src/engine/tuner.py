@@ -67,7 +67,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gristmill._src.core.machine import available_cores
+from gristmill._src.core.budget import options
 from gristmill._src.core.sizes import nbytes
 from gristmill._src.engine.stats import Tuning
 
@@ -171,14 +171,14 @@ class TuningBudget:
 
     Attributes:
       cpu_cores: more workers are tried only while the process uses less CPU than this
-        (default: the cores it may run on).
+        (default: the process's budget, ``gristmill.options.cores``).
       ram_bytes: bytes a stage's buffer may hold (its bound times the size of one
         delivered element); default 1 GiB.
       interval_s: how long each measurement window lasts.
       max_workers: the most workers a tuned stage gets.
     """
 
-    cpu_cores: float = dataclasses.field(default_factory=lambda: float(available_cores()))
+    cpu_cores: float = dataclasses.field(default_factory=lambda: float(options.cores))
     ram_bytes: int = 1 << 30
     interval_s: float = 0.5
     max_workers: int = MAX_WORKERS

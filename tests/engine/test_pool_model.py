@@ -40,7 +40,8 @@ class Work:
         """Elements per second ``threads`` threads reach: each element takes a thread for
         its whole time; the GIL serves one thread at a time; the cores serve at most
         ``cores`` threads' CPU at once. A thread beyond what the rate needs costs its
-        switches (0.2 % each)."""
+        switches (0.05 % each: 256 threads of 2 ms waits read fastest on a 2-core machine,
+        ``benchmarks/tuner_six.py``, though 100 would do)."""
         whole = self.wait + self.gil + self.free
         cpu = self.gil + self.free
         limits = [threads / whole, min(cores, MACHINE_CORES) / cpu]
@@ -48,7 +49,7 @@ class Work:
             limits.append(1 / self.gil)
         best = min(limits)
         crowd = max(0, threads - max(1, math.ceil(whole * best)))
-        return best * max(0.5, 1 - 0.002 * crowd)
+        return best * max(0.5, 1 - 0.0005 * crowd)
 
     def share(self) -> float:
         """The CPU share of one element alone (the probe's)."""

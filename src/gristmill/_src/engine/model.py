@@ -44,7 +44,9 @@ other threads go on only while the buffer has room. So a buffer that never stops
 holds what the stage's threads make while its slowest task runs: ``threads x slowest /
 per_element`` elements (the slowest task of the last ``TAIL_WINDOWS`` windows; a
 heavy-tailed stage's tail), and at least ``MIN_TASKS_PER_THREAD`` tasks per thread of the
-size its chunk policy wants (two: one running, one ready). Within ``MAX_BUFFER`` and the
+size its chunk policy wants with that many threads (two: one running, one ready; the
+hand-offs of many threads share the GIL, so many threads want larger tasks:
+``ChunkPolicy.wanted_thread_chunk``). Within ``MAX_BUFFER`` and the
 byte budget (the window's ledger).
 
 The constants are shares and counts of the measurement (how much of a window, how many
@@ -117,6 +119,9 @@ TAIL_WINDOWS = 4
 """The slowest task is the slowest of this many windows (a heavy tail's slow task is not in
 every window)."""
 MIN_TASKS_PER_THREAD = 2
+MAX_CHUNK = 64
+"""The most elements per task a buffer is sized for (a task's hand-off amortised over 64
+elements costs under 1 µs each at the contended rate of 256 threads)."""
 MIN_BUFFER = 16
 MAX_BUFFER = 4096
 RESIZE = 1.25
@@ -479,12 +484,16 @@ class PoolModel:
             if tuner.tune_buffer:
                 sample = samples.get(id(core))
                 slowest = max(self._slowest.get(id(core), ()), default=0.0)
+                # measured with the workers it had; sized for those it gets (a trial of
+                # more threads is judged with the buffer they need, not the old one's)
+                scale = max(1.0, (workers or 0) / max(core.policy.workers, 1))
+                chunk = math.ceil(core.policy.wanted_thread_chunk() * scale)
                 buffer = self.buffer_for(
                     workers if workers is not None else core.policy.workers,
                     sample,
                     slowest,
-                    core.policy.thread_chunk(),
-                    self._elapsed,
+                    min(chunk, MAX_CHUNK),
+                    self._elapsed / scale,
                 )
                 current = core.policy.buffer_size
                 if current and 1 / RESIZE < buffer / current < RESIZE:

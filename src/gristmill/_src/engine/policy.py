@@ -243,6 +243,17 @@ class ChunkPolicy:
         wanted = math.ceil(handoff / (MAX_OVERHEAD * max(cost, 1e-9)))
         return max(1, min(wanted, self.thread_chunk_cap))
 
+    def wanted_thread_chunk(self) -> int:
+        """The elements per task that :meth:`thread_chunk` would give if the buffer did not
+        cap them (``buffer_size / workers``): what a buffer must hold per worker for its
+        tasks to amortise their hand-offs (the pool's model sizes buffers with it)."""
+        if self.element_tasks or self.always_offload:
+            return self.thread_chunk()
+        cost = self.cost
+        if cost is None:
+            return 1
+        return max(1, math.ceil(self.contended_handoff_s() / (MAX_OVERHEAD * max(cost, 1e-9))))
+
     def contended_handoff_s(self) -> float:
         """What a hand-off costs a stage with this many workers: each task is claimed and
         filed under the stage's locks and the one GIL, and the hand-offs of all workers

@@ -4,9 +4,9 @@
 option ``gristmill.AUTOTUNE`` and ``it.plan().autotune()`` after the first element, read as
 fast as it comes for ``--seconds`` (10). Cores used = the process's CPU time over the wall
 time of the run (start-up included). Once with no budget, once under the process's core
-budget of 1, ``gristmill.options.budget(cores=1)``. The engine's threads do not read that
-budget yet (the shared worker pool will): the row prints what it measures. Target: ≤ 1.1
-cores under a budget of 1.
+budget of 1, ``gristmill.options.budget(cores=1)``, which the worker pool's model reads
+(``engine/model.py``: threads for the budget over the work's CPU share, fewer when the
+process uses more). Target: ≤ 1.1 cores under a budget of 1.
 
 (b) **Bytes**: elements of 8 MiB (``np.full``, so their pages are touched) made with default
 ``ReadOptions`` behind a slow consumer (20 ms an element) for ``--seconds`` (8). In flight =
@@ -134,10 +134,6 @@ def main() -> None:
         args.seconds = args.bytes_seconds = 2.0
     tm.watchdog(args.timeout)
     print(f"(a) cores: AUTOTUNE'd zlib decode, {args.seconds:g} s a run; {tm.machine()}")
-    print(
-        "  gristmill.options.cores is set, but no stage's threads read it yet: what the "
-        "process uses under it is printed as measured"
-    )
     cores_used(None, args.seconds)
     budgeted = cores_used(1.0, args.seconds)
     print(f"  under a budget of 1: {budgeted:.2f} cores (target <= 1.1) {tm.mark(budgeted <= 1.1)}")

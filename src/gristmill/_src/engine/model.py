@@ -20,9 +20,11 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
   used``.
 - **Threads that wait for each other** (``busy > CONTENDED * need``, where ``need`` is
   the threads the window's rate needs at each element's time alone, the least it took:
-  Little's law): the elements took far longer than alone, so the threads wait for
-  something they share (the GIL, a lock), and ``ceil(HEADROOM * need)`` make the same
-  rate.
+  Little's law; for work at least ``WAITING`` on the CPU alone): the elements took far
+  longer than alone, so the threads wait for something they share (the GIL, a lock), and
+  ``ceil(HEADROOM * need)`` make the same rate. Work that mostly waits is not judged so: a
+  wait's length varies by itself (a heavy tail's window means swing far from their
+  least).
 - **All threads busy, cores to spare** (``busy >= SATURATED * threads`` and ``used <
   ROOM * budget``): the work waits for something; if it is I/O, more threads raise the
   rate in proportion until the cores are used: predicted ``rate * min(new / threads,
@@ -30,8 +32,8 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
   keep the budget busy: ``budget * need / cpu`` (its time alone over its CPU time; a
   process on a loaded machine uses less than its budget, but CPU-bound work waits for a
   core then, not for I/O). That prediction is tried
-  and kept when the measured gain is at least half the predicted one (``VERIFIED``) and
-  the process stays within its budget; else the threads go back, and that count is the
+  and kept when the measured gain is at least a quarter of the predicted one (``VERIFIED``)
+  and beyond a window's noise (``NOISE``), and the process stays within its budget; else the threads go back, and that count is the
   most the pool grows to for ``RETRY_WINDOWS`` windows.
 - **Threads idle** (``busy < IDLE * threads`` for ``IDLE_WINDOWS`` windows in a row): cut
   to ``ceil(HEADROOM * need)``: the consumer, not the pool, bounds the rate, and idle
@@ -87,10 +89,15 @@ ROOM = 0.9
 is what one window's measurement of CPU time may be off by on a loaded machine)."""
 OVER = 1.05
 """The process is over its budget when it uses more than this many times it."""
-VERIFIED = 0.5
-"""A change is kept when the rate gained at least this share of the predicted gain: the
-prediction assumes nothing else limits the rate; half of it is a clear sign that the
-threads were what limited it, and less is what a window's noise may show."""
+VERIFIED = 0.25
+"""A change is kept when the rate gained at least this share of the predicted gain ...
+The prediction is in proportion to the threads (nothing else limits the rate); the
+hand-offs of many threads share the GIL, so what more threads really gain is a fraction
+of it (2 ms waits: 23 -> 56 threads gained 41 % of a predicted 143 %). A lock every thread
+waits for (GIL-bound work) gains nothing."""
+NOISE = 0.10
+"""... and at least this share of the rate: what one window's rate moves by on a quiet
+2-core machine with nothing changed."""
 IDLE = 0.5
 """Threads are idle when fewer than this share of them run a task on average ..."""
 IDLE_WINDOWS = 3
@@ -248,6 +255,7 @@ class PoolModel:
         """Each stage's seconds per element with the least in the way: the least of its
         windows' means (a mean over a window's elements, so a heavy tail is in it)."""
         self._elapsed = INTERVAL_S
+        self._wall = 0.0
         self._started = time.perf_counter()
         self.decisions: list[Decision] = []
         self.last: dict[str, float] = {}
@@ -343,6 +351,7 @@ class PoolModel:
                 slow.append(sample.slowest)
         self._samples = dict(window.stages)
         self._elapsed = elapsed
+        self._wall = window.wall
         for key, sample in window.stages.items():
             if sample.elements:
                 latency = sample.wall / sample.elements
@@ -376,7 +385,11 @@ class PoolModel:
         queued = window.waited_for_cores or 0.0
         if window.wall > 0 and (window.wall - window.cpu - queued) < WAITING * window.wall:
             useful = min(useful, threads)  # CPU-bound work on busy cores: no more threads
-        new = self._step(threads, total, rate, busy, need, used, cores, useful)
+        # the work's CPU share alone: only work that is mostly on the CPU can make its
+        # threads wait for each other (the GIL); a wait's time varies by itself (a heavy
+        # tail's window means swing far from their least)
+        on_cpu = cpu / need >= WAITING if need > 0 else True
+        new = self._step(threads, total, rate, busy, need, used, cores, useful, on_cpu)
         if new is None or new == threads:
             return True
         for key, guess in self._guess.items():
@@ -397,6 +410,7 @@ class PoolModel:
         used: float,
         cores: float,
         useful: int = MAX_THREADS,
+        on_cpu: bool = True,
     ) -> int | None:
         """The tuned stages' threads after a window (None: unchanged). ``need``: the
         threads the window's rate needs at the work's own latency (Little's law)."""
@@ -416,7 +430,8 @@ class PoolModel:
             self._record(threads, new, f"over the budget of {cores:g} cores", rate, 0.0)
             return new
         enough = max(1, math.ceil(HEADROOM * need) - (total - threads))
-        if busy > CONTENDED * need and busy >= SATURATED * total and enough < threads:
+        contended = on_cpu and busy > CONTENDED * need
+        if contended and busy >= SATURATED * total and enough < threads:
             # each element took far longer than alone: the threads wait for each other
             # (the GIL, a lock), and fewer make the same rate
             self._record(threads, enough, "threads wait for each other: Little's law", rate, rate)
@@ -455,7 +470,7 @@ class PoolModel:
             self.cap, self._cap_windows = trial.old, 0
             self._record(trial.new, trial.old, "over the budget: back", rate, trial.predicted)
             return trial.old
-        if rate >= trial.rate + VERIFIED * gain:
+        if rate >= trial.rate + max(VERIFIED * gain, NOISE * trial.rate):
             self._record(trial.new, trial.new, "verified", rate, trial.predicted)
             return trial.new
         # the threads waited for something every thread shares: not more of them
@@ -494,6 +509,7 @@ class PoolModel:
                     slowest,
                     min(chunk, MAX_CHUNK),
                     self._elapsed / scale,
+                    sample.wall / self._wall if sample is not None and self._wall else 0.0,
                 )
                 current = core.policy.buffer_size
                 if current and 1 / RESIZE < buffer / current < RESIZE:
@@ -509,14 +525,18 @@ class PoolModel:
         slowest: float,
         chunk: int,
         elapsed: float = INTERVAL_S,
+        share: float = 0.0,
     ) -> int:
         """The buffer that keeps the stage's threads going while its slowest task runs (see
         the module docstring), in ``[MIN_BUFFER, MAX_BUFFER]``. Its threads: those busy with
         its tasks on average over the window (Little's law; a mixture's source shares the
-        pool with the others) and one more, up to ``workers``."""
+        pool with the others) and one more, or its ``share`` of the pool's busy time in
+        ``workers`` (a stage alone in the pool: all of them, so that a buffer the threads
+        could not fill does not keep them idle), up to ``workers``."""
         workers = max(workers, 1)
         if sample is not None and sample.wall > 0:
-            workers = min(workers, math.ceil(sample.wall / elapsed) + 1)
+            own = max(math.ceil(sample.wall / elapsed) + 1, math.ceil(workers * share))
+            workers = min(workers, own)
         least = MIN_TASKS_PER_THREAD * workers * max(chunk, 1)
         if sample is None or sample.elements == 0 or sample.wall <= 0:
             return max(MIN_BUFFER, min(least, MAX_BUFFER))

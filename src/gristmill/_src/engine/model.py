@@ -31,10 +31,10 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
   budget / used)``, with as many more as the spare cores serve, and never more than can
   keep the budget busy: ``budget * need / cpu`` (its time alone over its CPU time; a
   process on a loaded machine uses less than its budget, but CPU-bound work waits for a
-  core then, not for I/O). That prediction is tried
-  and kept when the measured gain is at least a quarter of the predicted one (``VERIFIED``)
-  and beyond a window's noise (``NOISE``), and the process stays within its budget; else the threads go back, and that count is the
-  most the pool grows to for ``RETRY_WINDOWS`` windows.
+  core then, not for I/O). That prediction is tried and kept when the measured gain is at
+  least a quarter of the predicted one (``VERIFIED``) and beyond a window's noise
+  (``NOISE``), and the process stays within its budget; else the threads go back, and that
+  count is the most the pool grows to for ``RETRY_WINDOWS`` windows.
 - **Threads idle** (``busy < IDLE * threads`` for ``IDLE_WINDOWS`` windows in a row): cut
   to ``ceil(HEADROOM * need)``: the consumer, not the pool, bounds the rate, and idle
   threads only cost memory and wake-ups.

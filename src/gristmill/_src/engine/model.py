@@ -35,6 +35,10 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
   least a quarter of the predicted one (``VERIFIED``) and beyond a window's noise
   (``NOISE``), and the process stays within its budget; else the threads go back, and that
   count is the most the pool grows to for ``RETRY_WINDOWS`` windows.
+- **The GIL** (threads run CPU-bound work, at least ``WAITING`` on the CPU alone, while the
+  process uses under ``GIL_CORES`` cores and they did not wait for a core):
+  one thread, and no more for ``RETRY_WINDOWS`` windows; with one worker a stage runs on
+  its consumer's thread while the consumer is idle.
 - **Threads idle** (``busy < IDLE * threads`` for ``IDLE_WINDOWS`` windows in a row): cut
   to ``ceil(HEADROOM * need)``: the consumer, not the pool, bounds the rate, and idle
   threads only cost memory and wake-ups.
@@ -111,6 +115,9 @@ HEADROOM = 1.5
 the mean; the headroom covers a window's bursts."""
 RETRY_WINDOWS = 20
 """A count the pool stopped growing at is the most it grows to for this many windows."""
+GIL_CORES = 1.25
+"""A process whose CPU-bound threads use fewer cores than this uses one, the GIL's (a
+quarter over one: the consumer's own time and a window's noise)."""
 WAITING = 0.25
 """More threads can only help work whose threads spend at least this share of their task
 time off the CPU and off the run queue (waiting for I/O or a lock): CPU-bound work on a
@@ -389,7 +396,16 @@ class PoolModel:
         # threads wait for each other (the GIL); a wait's time varies by itself (a heavy
         # tail's window means swing far from their least)
         on_cpu = cpu / need >= WAITING if need > 0 else True
-        new = self._step(threads, total, rate, busy, need, used, cores, useful, on_cpu)
+        # threads on CPU work while the process uses about one core, not for want of a core
+        # (they were not on the run queue): the GIL runs one of them at a time (or the
+        # consumer bounds the rate: one thread serves it as well)
+        gil_bound = (
+            on_cpu
+            and used < GIL_CORES
+            and queued < WAITING * window.wall
+            and cores >= 2
+        )
+        new = self._step(threads, total, rate, busy, need, used, cores, useful, on_cpu, gil_bound)
         if new is None or new == threads:
             return True
         for key, guess in self._guess.items():
@@ -411,6 +427,7 @@ class PoolModel:
         cores: float,
         useful: int = MAX_THREADS,
         on_cpu: bool = True,
+        gil_bound: bool = False,
     ) -> int | None:
         """The tuned stages' threads after a window (None: unchanged). ``need``: the
         threads the window's rate needs at the work's own latency (Little's law)."""
@@ -429,6 +446,12 @@ class PoolModel:
             new = max(1, math.floor(threads * cores / used))
             self._record(threads, new, f"over the budget of {cores:g} cores", rate, 0.0)
             return new
+        if gil_bound and threads > 1:
+            # one thread does what they do; with one worker the stage runs on its
+            # consumer's thread while the consumer is idle (no hand-off at all)
+            self.cap, self._cap_windows = 1, 0
+            self._record(threads, 1, "CPU-bound threads on one core: the GIL", rate, rate)
+            return 1
         enough = max(1, math.ceil(HEADROOM * need) - (total - threads))
         contended = on_cpu and busy > CONTENDED * need
         if contended and busy >= SATURATED * total and enough < threads:

@@ -399,12 +399,7 @@ class PoolModel:
         # threads on CPU work while the process uses about one core, not for want of a core
         # (they were not on the run queue): the GIL runs one of them at a time (or the
         # consumer bounds the rate: one thread serves it as well)
-        gil_bound = (
-            on_cpu
-            and used < GIL_CORES
-            and queued < WAITING * window.wall
-            and cores >= 2
-        )
+        gil_bound = on_cpu and used < GIL_CORES and queued < WAITING * window.wall and cores >= 2
         new = self._step(threads, total, rate, busy, need, used, cores, useful, on_cpu, gil_bound)
         if new is None or new == threads:
             return True

@@ -39,9 +39,11 @@ class Work:
     def rate(self, threads: int, cores: float) -> float:
         """Elements per second ``threads`` threads reach: each element takes a thread for
         its whole time; the GIL serves one thread at a time; the cores serve at most
-        ``cores`` threads' CPU at once. A thread beyond what the rate needs costs its
+        ``cores`` threads' CPU at once (no worker: the work runs on its consumer's
+        thread, one thread). A thread beyond what the rate needs costs its
         switches (0.05 % each: 256 threads of 2 ms waits read fastest on a 2-core machine,
         ``benchmarks/tuner_six.py``, though 100 would do)."""
+        threads = max(threads, 1)
         whole = self.wait + self.gil + self.free
         cpu = self.gil + self.free
         limits = [threads / whole, min(cores, MACHINE_CORES) / cpu]

@@ -36,9 +36,9 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
   (``NOISE``), and the process stays within its budget; else the threads go back, and that
   count is the most the pool grows to for ``RETRY_WINDOWS`` windows.
 - **The GIL** (threads run CPU-bound work, at least ``WAITING`` on the CPU alone, while the
-  process uses under ``GIL_CORES`` cores and they did not wait for a core):
-  one thread, and no more for ``RETRY_WINDOWS`` windows; with one worker a stage runs on
-  its consumer's thread while the consumer is idle.
+  process uses under ``GIL_CORES`` cores and they did not wait for a core): the CPU-bound
+  stages get no worker (inline, on their consumer's thread: no hand-off, no second thread
+  waiting for the GIL), and the pool no more threads, for ``RETRY_WINDOWS`` windows.
 - **Threads idle** (``busy < IDLE * threads`` for ``IDLE_WINDOWS`` windows in a row): cut
   to ``ceil(HEADROOM * need)``: the consumer, not the pool, bounds the rate, and idle
   threads only cost memory and wake-ups.
@@ -437,16 +437,23 @@ class PoolModel:
             self._cap_windows += 1
             if self._cap_windows >= RETRY_WINDOWS:
                 self.cap, self._cap_windows = None, 0
+                for key, guess in self._guess.items():
+                    self._guess[key] = max(guess, 1)  # inline ones may try a thread again
         if used > OVER * cores and threads > 1:
             new = max(1, math.floor(threads * cores / used))
             self._record(threads, new, f"over the budget of {cores:g} cores", rate, 0.0)
             return new
-        if gil_bound and threads > 1:
-            # one thread does what they do; with one worker the stage runs on its
-            # consumer's thread while the consumer is idle (no hand-off at all)
-            self.cap, self._cap_windows = 1, 0
-            self._record(threads, 1, "CPU-bound threads on one core: the GIL", rate, rate)
-            return 1
+        cpu_bound = [key for key, share in self._shares.items() if share >= WAITING]
+        if gil_bound and any(self._guess.get(key) for key in cpu_bound):
+            # no thread does better than the consumer's own: the stages on the CPU run on
+            # it (inline: no hand-off, no second thread waiting for the GIL)
+            for key in cpu_bound:
+                self._guess[key] = 0
+            self.cap, self._cap_windows = max(1, threads), 0
+            self._record(
+                threads, threads, "CPU-bound work on one core: the GIL; inline", rate, rate
+            )
+            return threads
         enough = max(1, math.ceil(HEADROOM * need) - (total - threads))
         contended = on_cpu and busy > CONTENDED * need
         if contended and busy >= SATURATED * total and enough < threads:

@@ -515,10 +515,12 @@ class PoolModel:
         """Gives every tuned member the pool's threads and the buffer its tail needs
         (called with no lock held)."""
         samples = self._samples
+        reason = self.decisions[-1].describe() if self.decisions else None
         for core in members:
             tuner = core.tuned
             if tuner is None:
                 continue
+            tuner.reason = reason
             workers = self.workers_for(core) if tuner.tune_workers else None
             buffer = None
             if tuner.tune_buffer:
@@ -604,6 +606,8 @@ class PooledTuner:
         self.on_probe: Callable[[float, float], None] | None = None
         """Hands the probe's share to the pool's model (its first guess)."""
         self.changes: list[Any] = []
+        self.reason: str | None = None
+        """The pool's model's last decision, as its statistics report it."""
         self.active = True
         self.frozen = False
         self._knobs = knobs
@@ -675,4 +679,4 @@ class PooledTuner:
 
     def record(self) -> Tuning:
         knobs = dict(self._knobs() or {})
-        return Tuning(knobs, len(self.changes), None, frozen=self.frozen)
+        return Tuning(knobs, len(self.changes), None, frozen=self.frozen, reason=self.reason)

@@ -169,7 +169,8 @@ def test_an_io_bound_read_gets_more_threads_and_the_decisions_are_logged(caplog)
     assert "to freeze it: plan().apply(" in lines[0]
     row = it.statistics().stages[0]
     # why, as data: the pool's model's last decision, its measured and predicted rates
-    assert row.tuning.reason is not None and row.tuning.reason.startswith("threads ")
+    assert row.tuning.reason is not None
+    assert row.tuning.reason.startswith("threads ")
     assert "elements/s" in row.tuning.reason or "first guess" in row.tuning.reason
     assert row.tuning.changes == len(changes)
     assert row.tuning.chosen == it.plan().settings()[name]

@@ -168,7 +168,6 @@ class PoolWindow:
     elements: int = 0
     wall: float = 0.0
     cpu: float = 0.0
-    tuned_elements: int = 0
     stages: dict[int, StageSample] = dataclasses.field(default_factory=dict)
     runqueue_s: float | None = None
     """The pool's threads' time waiting for a core until ``began`` (None: unknown)."""
@@ -189,8 +188,6 @@ class PoolWindow:
         self.elements += size
         self.wall += wall
         self.cpu += cpu
-        if core.tuned is not None:
-            self.tuned_elements += size
         sample = self.stages.setdefault(id(core), StageSample())
         sample.elements += size
         sample.wall += wall
@@ -265,8 +262,6 @@ class PoolModel:
         self._wall = 0.0
         self._started = time.perf_counter()
         self.decisions: list[Decision] = []
-        self.last: dict[str, float] = {}
-        """The last window's measurements (``describe``)."""
 
     # -- members ------------------------------------------------------------------------
 
@@ -370,9 +365,7 @@ class PoolModel:
                 self._guessed(core, sample.cpu / sample.wall, "first guess: budget / CPU share")
         rate = window.elements / elapsed
         busy = window.wall / elapsed
-        share = window.cpu / window.wall if window.wall > 0 else 1.0
         cores = min((self.budget(core) for core in tuned), default=self.budget())
-        self.last = {"rate": rate, "busy": busy, "cpu_share": share, "cores_used": used}
         threads = self.threads_tuned
         if not tuned or threads is None:
             return bool(members)
@@ -570,14 +563,6 @@ class PoolModel:
         per_element = sample.wall / sample.elements
         tail = math.ceil(workers * slowest / per_element)
         return max(MIN_BUFFER, min(max(least, tail), MAX_BUFFER))
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "threads_tuned": self.threads_tuned,
-            "cap": self.cap,
-            "last_window": dict(self.last),
-            "decisions": [d.describe() for d in self.decisions[-8:]],
-        }
 
 
 class PooledTuner:

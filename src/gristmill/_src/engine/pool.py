@@ -36,7 +36,7 @@ import collections
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gristmill._src.core.schedstat import runqueue_wait_s
 from gristmill._src.engine import runtime
@@ -148,25 +148,6 @@ class WorkerPool:
         for thread in threads:
             if thread is not threading.current_thread() and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
-
-    # -- introspection ------------------------------------------------------------------
-
-    @property
-    def threads(self) -> int:
-        """Threads alive or starting."""
-        with self._lock:
-            return len(self._threads)
-
-    @property
-    def target(self) -> int:
-        """Threads the pool runs while it has members (the model's count)."""
-        with self._lock:
-            return self._target
-
-    @property
-    def members(self) -> int:
-        with self._lock:
-            return len(self._members)
 
     # -- threads ------------------------------------------------------------------------
 
@@ -310,16 +291,3 @@ def shared_pool() -> WorkerPool:
         if _state.pool is None:
             _state.pool = WorkerPool()
         return _state.pool
-
-
-def current_pool() -> WorkerPool | None:
-    """The process's pool if one was made (introspection: tests, statistics)."""
-    return _state.pool
-
-
-def describe() -> dict[str, Any]:
-    """The pool as plain data: threads, members and the model's state."""
-    pool = _state.pool
-    if pool is None:
-        return {"threads": 0, "members": 0}
-    return {"threads": pool.threads, "members": pool.members, **pool.model.describe()}

@@ -49,6 +49,25 @@ def test_the_pools_threads_end_with_the_last_stage_that_uses_them():
     assert not [name for name in gristmill_threads() if name.startswith("gristmill[pool]")]
 
 
+def waits(x: int) -> int:
+    time.sleep(0.01)  # a probe that waits: the model's first guess would be many threads
+    return x
+
+
+def test_threads_given_by_hand_are_the_pools_threads_while_only_the_buffer_is_tuned():
+    # num_threads=2 with the default (tuned) buffer: the model tunes the buffer only, and
+    # a wait that would make it guess hundreds of threads for a tuned stage starts two
+    it = iter(gm.MapDataset.range(40).map(waits).to_iter_dataset(gm.ReadOptions(num_threads=2)))
+    most = 0
+    elements = []
+    for element in it:
+        elements.append(element)
+        most = max(most, len([n for n in gristmill_threads() if n.startswith("gristmill[pool]")]))
+    it.close()
+    assert elements == list(range(40))
+    assert 1 <= most <= 2
+
+
 def test_a_task_that_reads_another_pooled_stage_never_waits_for_a_busy_pool():
     # a budget of a hundredth of a core: a pool of one thread for tuned stages; the outer
     # stage's task holds it while it reads an inner stage, whose consumer (that very

@@ -483,6 +483,13 @@ class PooledCore(Core):
         tuner = self.tuner
         return tuner if tuner is not None and tuner.active else None
 
+    @property
+    def threads_tuned(self) -> bool:
+        """Whether the model decides its workers (a stage tuned for its buffer only keeps
+        the workers it was configured with: the pool counts them as fixed)."""
+        tuner = self.tuned
+        return tuner is not None and tuner.tune_workers
+
     def _can_claim(self) -> bool:
         """:meth:`Core._can_claim` within the stage's workers; lock held. A stage whose
         bound stops it is *blocked* from now until room appears (:meth:`wake_workers`): its

@@ -114,7 +114,7 @@ class WorkerPool:
         """A tuned stage's probe took ``element_s`` an element, ``share`` of it on the CPU:
         the model's first guess."""
         with self._lock:
-            if id(core) in self._tuned:
+            if id(core) in self._tuned and core.threads_tuned:
                 self.model.probed(core, share, element_s)
 
     def forget(self, core: PooledCore) -> None:
@@ -156,13 +156,14 @@ class WorkerPool:
         tuned members, if any is one, and those the others were configured with."""
         if not self._members:
             return 0
-        tuned = any(core.tuned is not None for core in self._members.values())
+        tuned = any(core.threads_tuned for core in self._members.values())
         return self.model.threads(self._fixed_threads(), tuned=tuned)
 
     def _fixed_threads(self) -> int:
         """Threads the members configured by hand asked for, together (lock held): a
         user's ``num_threads=8`` is 8 threads for that stage, whatever the model says."""
-        return sum(max(core.policy.workers, 1) for core in self._members.values() if not core.tuned)
+        members = self._members.values()
+        return sum(max(core.policy.workers, 1) for core in members if not core.threads_tuned)
 
     def _threads_to_start(self) -> list[threading.Thread]:
         """Threads for the missing indices below the target, registered (lock held)."""

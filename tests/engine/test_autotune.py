@@ -179,6 +179,67 @@ def test_an_io_bound_read_gets_more_threads_and_the_decisions_are_logged(caplog)
     )
 
 
+def wait_2ms(x):
+    time.sleep(0.002)
+    return x
+
+
+def spin_1ms(x):
+    end = time.thread_time() + 0.001
+    while time.thread_time() < end:
+        pass
+    return x
+
+
+def auto_pipe(fn, *, num_threads, seconds):
+    """The items of an auto pipe's first ``seconds`` (completion order), its row, and its
+    first guess of workers (the first change the model made; none: the one per core it
+    started with)."""
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10**6))
+        .pipe(fn, concurrency="auto")
+        .add_sink(16)
+        .build(num_threads=num_threads)
+    )
+    items = []
+    deadline = time.monotonic() + seconds
+    with pipeline.auto_stop():
+        for item in pipeline:
+            items.append(item)
+            if time.monotonic() > deadline:
+                break
+        stats = pipeline.statistics()
+        row = next(s for s in stats.stages if s.role == "map")
+        changes = [c for c in pipeline.plan().changes()[row.name] if c.knob == "workers"]
+    guess = changes[0].new if changes else gm.options.cores
+    return items, row, guess
+
+
+def test_an_auto_pipe_stage_that_waits_gets_threads_from_the_model_within_num_threads(caplog):
+    with caplog.at_level(logging.INFO, logger="gristmill.autotune.pool"):
+        items, row, _ = auto_pipe(wait_2ms, num_threads=8, seconds=1.5)
+    assert len(set(items)) == len(items) > 0
+    # its own threads, sized by the model as the pool's are: more than one per core for a
+    # wait, never more than the pipeline's threads (the op runs on them)
+    assert 2 < row.concurrency <= 8
+    assert row.tuning is not None
+    assert row.tuning.reason.startswith("threads ")
+    lines = [r.getMessage() for r in caplog.records if r.name == "gristmill.autotune.pool"]
+    assert any(f"stage {row.name!r}'s threads: threads " in line for line in lines), lines
+
+
+def test_an_auto_pipe_stage_on_python_work_guesses_fewer_threads_than_one_that_waits():
+    # the first guess is the budget over the work's CPU share: a wait's share is tiny, and
+    # Python work's is large (smaller on a loaded machine, where it waits for a core and
+    # for the GIL, but far from a sleep's)
+    _, spinning, spin_guess = auto_pipe(spin_1ms, num_threads=256, seconds=0.75)
+    _, waiting, wait_guess = auto_pipe(wait_2ms, num_threads=256, seconds=0.75)
+    assert spin_guess < wait_guess
+    assert spinning.tuning.reason is not None
+    assert waiting.tuning.reason is not None
+
+
 def test_frozen_settings_pasted_back_stop_the_tuning():
     ds = gm.MapDataset.range(400).map(sleepy)
     it = iter(ds.to_iter_dataset(gm.ReadOptions(num_threads=gm.AUTOTUNE)))

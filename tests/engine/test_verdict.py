@@ -505,6 +505,23 @@ def test_a_slow_threaded_stage_is_the_bottleneck_with_a_predicted_gain_for_more_
     assert "next: +" in str(verdict)
 
 
+def test_a_stage_whose_threads_the_autotuner_sets_gets_its_reason_not_a_move_of_threads():
+    # a budget of a hundredth of a core: the model gives the waits a thread or two, which
+    # stay busy (a verdict on a stage, not a start-up's)
+    with gm.options.budget(cores=0.01):
+        ds = gm.MapDataset.range(N).map(slow)
+        options = gm.ReadOptions(num_threads=gm.AUTOTUNE)
+        stats = verdict_of(ds.to_iter_dataset(options))
+    verdict = stats.verdict()
+    assert verdict.limit == "stage", str(verdict)
+    assert verdict.busiest.tuned
+    assert verdict.busiest.tuning_reason.startswith("threads "), verdict.busiest
+    # the autotuner's move to make (and to verify): none for the user
+    assert verdict.next_move is None
+    assert f"the autotuner sets its workers: {verdict.busiest.tuning_reason}" in str(verdict)
+    assert verdict.to_dict()["busiest"]["tuning_reason"] == verdict.busiest.tuning_reason
+
+
 @DIALECTS
 def test_a_training_consumer_is_the_bottleneck_and_no_gain_is_predicted(stats_of):
     verdict = stats_of(cheap, consumer_s=SLOW_S).verdict()

@@ -66,7 +66,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gristmill._src.core.budget import options
@@ -74,7 +74,7 @@ from gristmill._src.engine.stats import Tuning
 from gristmill._src.engine.tuner import Change
 
 if TYPE_CHECKING:
-    from gristmill._src.engine.ordered import PooledCore
+    from gristmill._src.engine.ordered import Core
 
 _logger = logging.getLogger("gristmill.autotune")
 _pool_logger = logging.getLogger("gristmill.autotune.pool")
@@ -239,8 +239,15 @@ class _Trial:
 class PoolModel:
     """Decides the pool's threads for its tuned members, and their buffers."""
 
-    def __init__(self, budget: Callable[[], float] = budget_cores) -> None:
+    def __init__(
+        self, budget: Callable[[], float] = budget_cores, max_threads: int = MAX_THREADS
+    ) -> None:
         self._budget = budget
+        self.max_threads = max_threads
+        self.label = "worker pool"
+        """What its threads are, in its log lines (``"stage 'x''s threads"``)."""
+        """The most threads it gives (``MAX_THREADS``, or fewer where the stage's workers
+        are bounded: an SPDL op on its pipeline's ``num_threads``)."""
         self.threads_tuned: int | None = None
         """The threads the model gives the tuned members (None until a member probed)."""
         self.cap: int | None = None
@@ -274,48 +281,48 @@ class PoolModel:
         for table in (self._slowest, self._alone, self._shares, self._guess, self._samples):
             table.clear()
 
-    def probed(self, core: PooledCore, share: float, element_s: float) -> None:
+    def probed(self, core: Core, share: float, element_s: float) -> None:
         """A tuned stage's probe ran (pool lock held), ``element_s`` an element with
         ``share`` of it on the CPU: its first guess. (Not its time alone: one chunk of a
         heavy-tailed stage is not its mean; the windows' means are.)"""
         if id(core) not in self._guess:
             self._guessed(core, share, "first guess: budget / CPU share of the probe")
 
-    def stage_tuned(self, core: PooledCore) -> None:
+    def stage_tuned(self, core: Core) -> None:
         """A stage is tuned from now on (pool lock held): its probe is the first guess."""
         tuner = core.tuned
         if tuner is None or not tuner.tune_workers or tuner.probe_share is None:
             return
         self._guessed(core, tuner.probe_share, "first guess: budget / CPU share of the probe")
 
-    def _guessed(self, core: PooledCore, share: float, why: str) -> None:
+    def _guessed(self, core: Core, share: float, why: str) -> None:
         """A stage's own count from its ``share``, and the pool's from every stage's: the
         budget over their mean share (one probe each, of one chunk: a probe preempted on a
         loaded machine reads as waiting, and the mean of many is not moved by one)."""
         cores = self.budget(core)
-        self._guess[id(core)] = self.first_guess(share, cores)
+        self._guess[id(core)] = self.first_guess(share, cores, self.max_threads)
         self._shares[id(core)] = min(1.0, max(share, MIN_CPU_SHARE))
         mean = sum(self._shares.values()) / len(self._shares)
-        guess = self.first_guess(mean, cores)
+        guess = self.first_guess(mean, cores, self.max_threads)
         if self.threads_tuned is None or guess > self.threads_tuned:
             old = self.threads_tuned or 0
             self.threads_tuned = guess
             self._record(old, guess, why, 0.0, 0.0)
 
-    def stage_gone(self, core: PooledCore) -> None:
+    def stage_gone(self, core: Core) -> None:
         self._slowest.pop(id(core), None)
         self._alone.pop(id(core), None)
         self._guess.pop(id(core), None)
         self._shares.pop(id(core), None)
         self._samples.pop(id(core), None)
 
-    def workers_for(self, core: PooledCore) -> int:
+    def workers_for(self, core: Core) -> int:
         """A tuned member's workers: its own count, within the pool's threads (one per
         core before any measurement)."""
-        threads = self.threads_tuned or self.first_guess(None, self.budget(core))
+        threads = self.threads_tuned or self.first_guess(None, self.budget(core), self.max_threads)
         return min(threads, self._guess.get(id(core), threads))
 
-    def budget(self, core: PooledCore | None = None) -> float:
+    def budget(self, core: Core | None = None) -> float:
         """The cores the process may use, or less where a member's pipeline caps it."""
         cores = self._budget()
         tuner = core.tuned if core is not None else None
@@ -324,12 +331,12 @@ class PoolModel:
         return cores
 
     @staticmethod
-    def first_guess(share: float | None, cores: float) -> int:
-        """``cores / share`` threads (one per core before any probe)."""
+    def first_guess(share: float | None, cores: float, most: int = MAX_THREADS) -> int:
+        """``cores / share`` threads (one per core before any probe), at most ``most``."""
         if share is None:
-            return max(1, math.ceil(cores))
+            return max(1, min(most, math.ceil(cores)))
         share = min(1.0, max(share, MIN_CPU_SHARE))
-        return max(1, min(MAX_THREADS, math.ceil(cores / share)))
+        return max(1, min(most, math.ceil(cores / share)))
 
     def threads(self, fixed: int, *, tuned: bool) -> int:
         """The pool's threads: the tuned members' (if ``tuned``: one is a member) and
@@ -341,7 +348,7 @@ class PoolModel:
 
     # -- windows ------------------------------------------------------------------------
 
-    def decide(self, window: PoolWindow, members: list[PooledCore]) -> bool:
+    def decide(self, window: PoolWindow, members: Sequence[Core]) -> bool:
         """Decides the tuned stages' threads after ``window``; True when ``members`` (the
         tuned stages) should get the model's settings now."""
         elapsed, used = window.elapsed, window.used
@@ -379,7 +386,7 @@ class PoolModel:
         # threads that can keep the budget's cores busy: the work's time alone over its CPU
         # time (CPU time is not inflated by waits for the GIL or for a core)
         cpu = window.cpu / elapsed
-        useful = math.ceil(cores * need / cpu) if cpu > 0 else MAX_THREADS
+        useful = math.ceil(cores * need / cpu) if cpu > 0 else self.max_threads
         # the threads' time off the CPU that was not a wait for a core: what more threads
         # can overlap (a wait for I/O, or for the GIL, which a trial tells apart)
         queued = window.waited_for_cores or 0.0
@@ -389,10 +396,17 @@ class PoolModel:
         # threads wait for each other (the GIL); a wait's time varies by itself (a heavy
         # tail's window means swing far from their least)
         on_cpu = cpu / need >= WAITING if need > 0 else True
-        # threads on CPU work while the process uses about one core, not for want of a core
-        # (they were not on the run queue): the GIL runs one of them at a time (or the
-        # consumer bounds the rate: one thread serves it as well)
-        gil_bound = on_cpu and used < GIL_CORES and queued < WAITING * window.wall and cores >= 2
+        # threads busy with CPU work while the process uses about one core, not for want of
+        # a core (they were not on the run queue): the GIL runs one of them at a time (threads
+        # that are not all busy say nothing of it: what bounds them is another stage, or
+        # the consumer, and the idle rule sizes them)
+        gil_bound = (
+            on_cpu
+            and busy >= SATURATED * total
+            and used < GIL_CORES
+            and queued < WAITING * window.wall
+            and cores >= 2
+        )
         new = self._step(threads, total, rate, busy, need, used, cores, useful, on_cpu, gil_bound)
         if new is None or new == threads:
             return True
@@ -413,7 +427,7 @@ class PoolModel:
         need: float,
         used: float,
         cores: float,
-        useful: int = MAX_THREADS,
+        useful: int | None = None,
         on_cpu: bool = True,
         gil_bound: bool = False,
     ) -> int | None:
@@ -460,7 +474,8 @@ class PoolModel:
             # process over its budget), four times as many at most (the waits' share of a
             # window's measurement is only as good as the window)
             factor = min(4.0, ROOM * cores / max(used, 1e-3))
-            new = min(MAX_THREADS, math.floor(threads * factor), max(useful, threads))
+            most = self.max_threads if useful is None else useful
+            new = min(self.max_threads, math.floor(threads * factor), max(most, threads))
             if self.cap is not None:
                 new = min(new, self.cap)
             if new > threads:
@@ -500,15 +515,19 @@ class PoolModel:
         decision = Decision(time.perf_counter() - self._started, old, new, why, rate, predicted)
         self.decisions.append(decision)
         del self.decisions[:-64]
-        _pool_logger.info("autotune: worker pool: %s", decision.describe())
+        _pool_logger.info("autotune: %s: %s", self.label, decision.describe())
+
+    def last_reason(self) -> str | None:
+        """Its last decision, as a stage's statistics report it (None before any)."""
+        return self.decisions[-1].describe() if self.decisions else None
 
     # -- members' settings --------------------------------------------------------------
 
-    def apply_to_members(self, members: list[PooledCore]) -> None:
+    def apply_to_members(self, members: Sequence[Core]) -> None:
         """Gives every tuned member the pool's threads and the buffer its tail needs
         (called with no lock held)."""
         samples = self._samples
-        reason = self.decisions[-1].describe() if self.decisions else None
+        reason = self.last_reason()
         for core in members:
             tuner = core.tuned
             if tuner is None:
@@ -566,9 +585,11 @@ class PoolModel:
 
 
 class PooledTuner:
-    """The autotuner of one pooled stage: the pool's model decides its workers (the pool's
-    threads) and its buffer; this object is what the runner, the plan and the statistics
-    see of it (the interface of ``tuner.StageTuner``)."""
+    """The autotuner of one stage the model sizes: a pooled stage (the pool's model decides
+    its workers, within the pool's threads, and its buffer) or a stage with threads of its
+    own (``engine.stage_threads``: a model of its own decides them). This object is what
+    the runner, the plan and the statistics see of it (the interface of
+    ``tuner.StageTuner``)."""
 
     def __init__(
         self,
@@ -580,10 +601,14 @@ class PooledTuner:
         tune_buffer: bool = True,
         cap_cores: float | None = None,
         freeze: Callable[[dict[str, int]], str] | None = None,
+        buffer_follows: Callable[[int], int] | None = None,
     ) -> None:
         self.name = name
         self.tune_workers = tune_workers
         self.tune_buffer = tune_buffer
+        self.buffer_follows = buffer_follows
+        """The buffer for a number of workers, where it follows them (an SPDL pipe's
+        read-ahead); None: the model sizes it (``tune_buffer``) or it stays."""
         self.cap_cores = cap_cores
         """A pipeline's own cap on the cores (``plan().autotune(TuningBudget(cpu_cores=…))``)."""
         self.probe_share: float | None = None
@@ -636,6 +661,8 @@ class PooledTuner:
         move = {}
         if workers is not None and workers != knobs["workers"]:
             move["workers"] = workers
+        if "workers" in move and self.buffer_follows is not None:
+            buffer_size = self.buffer_follows(max(workers or 0, 1))
         if buffer_size is not None and buffer_size != knobs["buffer_size"]:
             move["buffer_size"] = buffer_size
         if not move:
@@ -664,4 +691,11 @@ class PooledTuner:
 
     def record(self) -> Tuning:
         knobs = dict(self._knobs() or {})
-        return Tuning(knobs, len(self.changes), None, frozen=self.frozen, reason=self.reason)
+        return Tuning(
+            knobs,
+            len(self.changes),
+            None,
+            frozen=self.frozen,
+            reason=self.reason,
+            workers_tuned=self.tune_workers,
+        )

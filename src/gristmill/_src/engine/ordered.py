@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from gristmill._src.core.sizes import per_position_bytes
 from gristmill._src.engine import pool as pool_module
-from gristmill._src.engine import reaper, runtime
+from gristmill._src.engine import reaper, runtime, stage_threads
 from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.bytes_budget import LEDGER
 from gristmill._src.engine.feeds import (
@@ -86,12 +86,16 @@ def record_task(policy: ChunkPolicy, size: int, elapsed: float, call: CallTiming
         policy.record(size, call.work_s, worker_wait_s=call.worker_wait_s)
 
 
-def _probed(pool: pool_module.WorkerPool, core: weakref.ref[PooledCore], *measured: float) -> None:
-    """Hands a tuned stage's probe to the pool's model (the core held weakly: the tuner is
-    the core's, and a reference back would make a cycle that keeps the dataset alive)."""
+def _probed(
+    sizer: pool_module.WorkerPool | stage_threads.StageThreads,
+    core: weakref.ref[Core],
+    *measured: float,
+) -> None:
+    """Hands a tuned stage's probe to its model (the core held weakly: the tuner is the
+    core's, and a reference back would make a cycle that keeps the dataset alive)."""
     alive = core()
     if alive is not None:
-        pool.probed(alive, *measured)
+        sizer.probed(alive, *measured)
 
 
 def _waker(core: weakref.ref[Core]) -> Callable[[], None]:
@@ -120,6 +124,10 @@ class Core:
     """
 
     executor = Executor.THREADS.value
+    tuner: PooledTuner | None = None
+    """The stage's tuner where a model sizes it (``ChunkRunner.autotune``)."""
+    sizer: stage_threads.StageThreads | None = None
+    """The measurements and model of its own threads, while a model tunes them."""
 
     def __init__(self, feed: Feed, counters: StageCounters, policy: ChunkPolicy) -> None:
         self.feed = feed
@@ -142,6 +150,26 @@ class Core:
         self.held = 0
         self.bytes = LEDGER.open(_waker(weakref.ref(self)))
         weakref.finalize(self, self.bytes.close_later)  # an inline-only one is never shut down
+
+    @property
+    def tuned(self) -> PooledTuner | None:
+        """The stage's tuner while a model tunes it."""
+        tuner = self.tuner
+        return tuner if tuner is not None and tuner.active else None
+
+    @property
+    def threads_tuned(self) -> bool:
+        """Whether the model decides its workers (a stage tuned for its buffer only keeps
+        the workers it was configured with: a pool counts them as fixed)."""
+        tuner = self.tuned
+        return tuner is not None and tuner.tune_workers
+
+    def ran_inline(self, size: int, wall: float, cpu: float) -> None:
+        """A chunk of ``size`` ran on the consumer's thread: the model measures it as a task
+        of the tuned stage (a stage that runs inline is one busy thread)."""
+        sizer = self.sizer
+        if sizer is not None and self.tuned is not None:
+            sizer.account(self, size, wall, cpu)
 
     def reset(self, position: int) -> None:
         """Repositions the feed; discards work in flight. Call with no lock held."""
@@ -327,15 +355,21 @@ class Core:
                 self._work_calls(self.feed, lambda: index < policy.workers)
                 return
             while (claimed := self.claim(lambda: index < policy.workers)) is not None:
+                sizer = self.sizer  # a model measures the tasks (the CPU time too)
+                cpu_began = time.thread_time() if sizer is not None else 0.0
                 began = time.perf_counter()
                 try:
                     chunk = run(claimed[2])
                 except BaseException as e:  # not an Exception (e.g. SystemExit): report it
                     chunk = Chunk(claimed[2].start, [], e)
-                self.file(claimed, chunk, time.perf_counter() - began)
+                elapsed = time.perf_counter() - began
+                self.file(claimed, chunk, elapsed)
+                size = claimed[2].size
                 # Drop the references: an error re-raised by the consumer grows a traceback
                 # that reaches the iterator, and a live thread must not keep that alive.
                 del chunk, claimed
+                if sizer is not None and self.tuned is not None:
+                    sizer.account(self, size, elapsed, time.thread_time() - cpu_began)
         finally:
             with self.lock:
                 self.live_workers.discard(index)
@@ -473,22 +507,8 @@ class PooledCore(Core):
         self.runners: set[int] = set()  # the threads running (or claiming) a task of ours
         self.runners_done = threading.Condition(self.lock)
         self.pool: pool_module.WorkerPool | None = None  # while a member
-        self.tuner: PooledTuner | None = None
         self.name = ""
         self._full_since: float | None = None  # since when no task fits in the bound
-
-    @property
-    def tuned(self) -> PooledTuner | None:
-        """The stage's tuner while the model tunes it."""
-        tuner = self.tuner
-        return tuner if tuner is not None and tuner.active else None
-
-    @property
-    def threads_tuned(self) -> bool:
-        """Whether the model decides its workers (a stage tuned for its buffer only keeps
-        the workers it was configured with: the pool counts them as fixed)."""
-        tuner = self.tuned
-        return tuner is not None and tuner.tune_workers
 
     def _can_claim(self) -> bool:
         """:meth:`Core._can_claim` within the stage's workers; lock held. A stage whose
@@ -548,6 +568,8 @@ class PooledCore(Core):
         pool.join(self)
         tuner = self.tuned
         threads = pool.model.workers_for(self)
+        if tuner is not None and tuner.reason is None:
+            tuner.reason = pool.model.last_reason()  # its first guess, before any window
         if tuner is not None and tuner.tune_workers and threads and threads != self.policy.workers:
             old = self.policy.workers
             self.policy.configure(threads, self.policy.buffer_size)
@@ -715,7 +737,13 @@ class ChunkRunner:
         other remote backends' workers are not tuned."""
         core = self._core
         if isinstance(core, PooledCore):
-            return self._autotune_pooled(core, budget, **options)
+            pool = pool_module.shared_pool()
+            return self._autotune_model(core, pool, budget, **options)
+        if core.executor == Executor.THREADS.value and not getattr(
+            core.feed, "starts_calls", False
+        ):
+            threads = stage_threads.StageThreads(self._name, options.get("max_workers"))
+            return self._autotune_model(core, threads, budget, **options)
         if self._core.executor in (Executor.RAY.value, Executor.REMOTE.value):
             options["tune_workers"] = False
         elif self._core.executor == Executor.PROCESSES.value:  # started once: no more
@@ -737,20 +765,24 @@ class ChunkRunner:
             self._tuner.changes[:0] = earlier.changes
         return self._tuner
 
-    def _autotune_pooled(
+    def _autotune_model(
         self,
-        core: PooledCore,
+        core: Core,
+        sizer: pool_module.WorkerPool | stage_threads.StageThreads,
         budget: TuningBudget | None,
         *,
         tune_workers: bool = True,
         tune_buffer: bool = True,
         freeze: Callable[[dict[str, int]], str] | None = None,
+        buffer_follows: Callable[[int], int] | None = None,
         **ignored: Any,
     ) -> PooledTuner:
-        """:meth:`autotune` of a pooled stage: the pool's model (``engine/model.py``) tunes
-        it; ``budget.cpu_cores`` caps the cores it counts on. (``ignored``: the trial
-        tuner's options — a trial token, a first guess's direction — which a model that
-        decides from measurements has no use for.)"""
+        """:meth:`autotune` of a stage on threads: a model (``engine/model.py``) tunes it,
+        the pool's (``sizer``: the process's :class:`~engine.pool.WorkerPool`) for a pooled
+        stage, else one of its own threads' (a :class:`~engine.stage_threads.StageThreads`,
+        which got ``max_workers``); ``budget.cpu_cores`` caps the cores it counts on.
+        (``ignored``: the trial tuner's options — a trial token, a first guess's direction
+        — which a model that decides from measurements has no use for.)"""
         runner = weakref.ref(self)
 
         def knobs() -> dict[str, int] | None:
@@ -771,15 +803,17 @@ class ChunkRunner:
             tune_buffer=tune_buffer,
             cap_cores=budget.cpu_cores if budget is not None else None,
             freeze=freeze,
+            buffer_follows=buffer_follows,
         )
         if earlier is not None:
             tuner.changes[:0] = earlier.changes
             tuner.probe_share = getattr(earlier, "probe_share", None)
         self._tuner = tuner
         core.tuner = tuner
-        pool = pool_module.shared_pool()
-        tuner.on_probe = functools.partial(_probed, pool, weakref.ref(core))
-        pool.tune(core)
+        tuner.on_probe = functools.partial(_probed, sizer, weakref.ref(core))
+        if isinstance(sizer, stage_threads.StageThreads):
+            core.sizer = sizer  # its threads measure their tasks from now on
+        sizer.tune(core)
         return tuner
 
     @property
@@ -865,9 +899,9 @@ class ChunkRunner:
                 core.sync_bytes()  # nothing taken: the grant is given back
             return None
         tuner = self._tuner
-        pooled = isinstance(core, PooledCore) and core.tuned is not None
+        modelled = core.tuned is not None  # a model measures its tasks
         probe = tuner is not None and tuner.wants_probe
-        timed = probe or pooled
+        timed = probe or modelled
         cpu_began = time.thread_time() if timed else 0.0
         began = time.perf_counter()
         chunk = core.feed.run(task)
@@ -887,8 +921,8 @@ class ChunkRunner:
         record_task(self._policy, task.size, elapsed, chunk.call)
         if probe:  # after the policy's first measurement: the guess consults it
             tuner.probed(cpu, elapsed, task.size)  # type: ignore[union-attr]
-        if pooled:
-            core.ran_inline(task.size, elapsed, cpu)  # type: ignore[attr-defined]
+        if modelled:
+            core.ran_inline(task.size, elapsed, cpu)
         if self._policy.threads_pay_after_warmup():
             # Inline chunks showed costly work: start the workers now, so that they read
             # ahead while the consumer handles this chunk (a training step overlaps reads).

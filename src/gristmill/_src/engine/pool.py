@@ -44,7 +44,7 @@ from gristmill._src.engine.feeds import Chunk
 from gristmill._src.engine.model import PoolModel, PoolWindow
 
 if TYPE_CHECKING:
-    from gristmill._src.engine.ordered import PooledCore
+    from gristmill._src.engine.ordered import Core, PooledCore
 
 JOIN_TIMEOUT_S = 1.0
 
@@ -58,7 +58,7 @@ class WorkerPool:
         self._ready: collections.deque[PooledCore] = collections.deque()
         self._queued: set[int] = set()  # id() of the cores in `_ready`
         self._members: dict[int, PooledCore] = {}
-        self._tuned: weakref.WeakValueDictionary[int, PooledCore] = weakref.WeakValueDictionary()
+        self._tuned: weakref.WeakValueDictionary[int, Core] = weakref.WeakValueDictionary()
         """The stages the model tunes, members or not (one that runs inline measures its
         chunks on its consumer's thread: :meth:`account`); held weakly: a stage that is no
         member keeps its dataset alive through nothing of the pool's."""
@@ -99,7 +99,7 @@ class WorkerPool:
             if thread is not current and thread.ident is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
-    def tune(self, core: PooledCore) -> None:
+    def tune(self, core: Core) -> None:
         """The model tunes ``core`` from now on (its probe, if it ran one, is the first
         guess)."""
         with self._lock:
@@ -110,7 +110,7 @@ class WorkerPool:
             self._tuned[id(core)] = core
             self.model.stage_tuned(core)
 
-    def probed(self, core: PooledCore, share: float, element_s: float) -> None:
+    def probed(self, core: Core, share: float, element_s: float) -> None:
         """A tuned stage's probe took ``element_s`` an element, ``share`` of it on the CPU:
         the model's first guess."""
         with self._lock:

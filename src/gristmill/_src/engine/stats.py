@@ -138,6 +138,9 @@ class Tuning:
     """Why, where the tuner says: the worker pool's model's last decision for the process,
     with the rate it measured and the one it predicts (``"threads 36 -> 64: all threads
     busy, cores to spare (13,045 elements/s, predicted 23,191)"``)."""
+    workers_tuned: bool = True
+    """Whether it sets the stage's workers (False: its buffer only; the workers are the
+    ones it was given)."""
 
     def describe(self) -> str:
         """``"auto, 3 changes"`` (``"frozen, ..."`` once configured by hand), with the trial

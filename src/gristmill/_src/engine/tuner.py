@@ -762,5 +762,16 @@ class StageTuner:
         """What it chose so far, as the statistics report it: the settings it goes back to
         while a trial runs (else the stage's), the changes kept, the trial under way."""
         if self.frozen:  # configured by hand: its settings are the user's now
-            return Tuning(dict(self._knobs()), len(self.changes), None, frozen=True)
-        return Tuning(self.chosen or dict(self._knobs()), len(self.changes), self.trying)
+            return Tuning(
+                dict(self._knobs()),
+                len(self.changes),
+                None,
+                frozen=True,
+                workers_tuned=self.tune_workers,
+            )
+        return Tuning(
+            self.chosen or dict(self._knobs()),
+            len(self.changes),
+            self.trying,
+            workers_tuned=self.tune_workers,
+        )

@@ -75,6 +75,9 @@ class Busiest:
     """That op's mean µs of work per element."""
     op_share: float | None = None
     """That op's share of the stage's work."""
+    tuning_reason: str | None = None
+    """The autotuner's last decision for it, with the rate it measured and the one it
+    predicted, where a model sizes it (``Tuning.reason``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +190,8 @@ class Verdict:
             reason = _reason(top)
         if self.next_move is not None:
             reason += f"; next: {self.next_move}"
+        elif top.tuned and top.tuning_reason:
+            reason += f"; the autotuner sets its workers: {top.tuning_reason}"
         if top.op is not None:
             return (
                 f"op {top.op!r} ({top.op_element_us or 0.0:,.1f} µs per element, "
@@ -261,10 +266,14 @@ def next_move(top: Busiest, waiting: float, *, contended: bool, cores: int) -> M
 
     Returns None where no move is predicted to gain: the stage has no workers to add (its
     role is not in ``WORKER_ROLES``), the workers needed are already there, the cores are
-    full, or (contended) the stage does not run on threads, where what stalls it is a
-    bursty stage upstream (raise buffers: no rate predicts that).
+    full, (contended) the stage does not run on threads, where what stalls it is a bursty
+    stage upstream (raise buffers: no rate predicts that), or (not contended) the
+    autotuner sets its workers: adding them is its move, which it predicts and verifies
+    itself (:attr:`Busiest.tuning_reason` says its last).
     """
     if top.role not in WORKER_ROLES:
+        return None
+    if top.tuned and not contended:
         return None
     ceiling = 1.0 / (1.0 - waiting) if waiting < 1.0 else math.inf
     if contended:
@@ -347,7 +356,8 @@ def _busiest(stats: PipelineStatistics, top: StageStatistics) -> Busiest:
         working_share=load(top),
         executor=top.executor,
         workers=top.concurrency,
-        tuned=top.tuning is not None,
+        tuned=top.tuning is not None and top.tuning.workers_tuned,
+        tuning_reason=top.tuning.reason if top.tuning is not None else None,
         element_us=top.mean_element_s * 1e6,
     )
     parts = [s for s in stats.ops if s.part_of == top.name]

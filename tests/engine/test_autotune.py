@@ -307,6 +307,33 @@ def test_autotuned_worker_processes_are_one_per_core():
     assert settings_["workers"] == TuningBudget().cpu_cores
 
 
+def spin_2ms(x):
+    end = time.thread_time() + 0.002
+    while time.thread_time() < end:
+        pass
+    return x
+
+
+@pytest.mark.skipif(gm.options.cores < 2, reason="one worker process per core: two at least")
+def test_autotuned_worker_processes_count_against_the_process_core_budget():
+    ds = gm.MapDataset.range(10**6).map(spin_2ms).to_iter_dataset()
+    it = iter(ds.mp_prefetch(gm.MultiprocessingOptions(num_workers=gm.AUTOTUNE)))
+    assert next(it) == 0
+    (name,) = it.plan().settings()
+    started = it.plan().settings()[name]["workers"]
+    # half a core: two processes that spin use more than that on any machine, and the
+    # model, which adds each reply's CPU time to the parent's, gives one back
+    with gm.options.budget(cores=0.5):
+        deadline = time.monotonic() + 30
+        while it.plan().settings()[name]["workers"] > 1 and time.monotonic() < deadline:
+            next(it)
+        row = next(s for s in it.statistics().stages if s.name == name)
+    it.close()
+    assert started == gm.options.cores
+    assert row.concurrency == 1, row.tuning
+    assert row.tuning.reason.startswith(f"processes {started} -> 1: over the budget of 0.5")
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("cpu_cores", 0), ("ram_bytes", -1), ("interval_s", "1"), ("max_workers", 0)],

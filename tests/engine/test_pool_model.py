@@ -68,7 +68,9 @@ def a_stage(work: Work, *, cap_cores: float | None = None) -> types.SimpleNamesp
     tuner = types.SimpleNamespace(
         tune_workers=True, tune_buffer=False, cap_cores=cap_cores, probe_share=work.share()
     )
-    return types.SimpleNamespace(tuned=tuner)
+    # its threads' waits for input and for room (none: a read by index, a fast consumer)
+    counters = types.SimpleNamespace(input_wait_s=0.0, room_wait_s=0.0)
+    return types.SimpleNamespace(tuned=tuner, counters=counters)
 
 
 def window(stage: object, work: Work, threads: int, cores: float, noise: float) -> PoolWindow:
@@ -168,3 +170,39 @@ def test_the_buffer_covers_what_the_threads_make_while_the_slowest_task_runs():
     # threads' worth, not the pool's
     share = StageSample(elements=500, wall=0.5, cpu=0.0, slowest=0.001)
     assert PoolModel.buffer_for(8, share, 0.001, chunk=4, elapsed=0.5) == 16
+
+
+@pytest.mark.parametrize("waits_for_data", [False, True])
+def test_cpu_work_on_one_core_is_the_gils_only_while_its_threads_do_not_wait_for_data(
+    waits_for_data,
+):
+    # three threads of GIL-free work (zlib), each busy a third of the time, while the
+    # process uses one core: threads that waited the rest of it for input or room are
+    # bounded by another stage (they keep their threads); threads that did not wait for
+    # data waited for each other's GIL (their stage runs inline)
+    model = PoolModel(budget=lambda: 2.0)
+    stage = a_stage(GIL_FREE)
+    stage.tuned.probe_share = None
+    model.stage_tuned(stage)  # type: ignore[arg-type]
+    model.probed(stage, GIL_FREE.share(), 200e-6)  # type: ignore[arg-type]
+    threads = []
+    for _ in range(6):
+        if waits_for_data:
+            stage.counters.input_wait_s += 2.0 * INTERVAL_S  # two of three threads
+        elements = 2500
+        sample = StageSample(elements=elements, wall=INTERVAL_S, cpu=0.5, slowest=2e-4)
+        window = PoolWindow(
+            began=0.0,
+            process_cpu=0.0,
+            tasks=elements,
+            elements=elements,
+            wall=INTERVAL_S,
+            cpu=0.5,
+            stages={id(stage): sample},
+            elapsed=INTERVAL_S,
+            used=1.02,
+            waited_for_cores=0.0,
+        )
+        model.decide(window, [stage])  # type: ignore[list-item]
+        threads.append(model.workers_for(stage))  # type: ignore[arg-type]
+    assert (0 in threads) is not waits_for_data, threads

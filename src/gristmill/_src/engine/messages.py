@@ -83,12 +83,15 @@ class Task(_Message):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Result(_Message):
-    """A task's values (``shm.encode``'s ``payload`` and ``segments``) and what the worker's
-    read counted (``side``: per-op statistics of a range feed, or None)."""
+    """A task's values (``shm.encode``'s ``payload`` and ``segments``), what the worker's
+    read counted (``side``: per-op statistics of a range feed, or None) and the worker
+    process's CPU time while it ran the task (``cpu_s``: what the autotuner's model counts
+    against the process's core budget)."""
 
     payload: bytes
     segments: Any
     side: Any = None
+    cpu_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

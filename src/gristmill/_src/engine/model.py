@@ -36,9 +36,21 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
   (``NOISE``), and the process stays within its budget; else the threads go back, and that
   count is the most the pool grows to for ``RETRY_WINDOWS`` windows.
 - **The GIL** (threads run CPU-bound work, at least ``WAITING`` on the CPU alone, while the
-  process uses under ``GIL_CORES`` cores and they did not wait for a core): the CPU-bound
-  stages get no worker (inline, on their consumer's thread: no hand-off, no second thread
-  waiting for the GIL), and the pool no more threads, for ``RETRY_WINDOWS`` windows.
+  process uses under ``GIL_CORES`` cores, and they waited neither for a core nor for data:
+  input or room, their counters' ``input_wait_s + room_wait_s`` under ``1 - SATURATED``
+  of their time): the CPU-bound stages get no worker (inline, on their consumer's thread:
+  no hand-off, no second thread waiting for the GIL), and the pool no more threads, for
+  ``RETRY_WINDOWS`` windows. That is a trial too: if the next settled window's rate lost
+  more than ``NOISE``, what held the GIL was not their threads (another stage's work that
+  inline work would wait behind), and they get their threads back; the rule then waits
+  ``RETRY_WINDOWS`` windows.
+- **A first guess from a window** (a stage tuned from the settings it ran with, which ran
+  no probe): its share was measured under those settings (under contention, for CPU
+  work), so the guess is a trial against them, kept unless the rate lost more than
+  ``NOISE``.
+- **Worker processes** (``tasks_in_process = False``: ``engine/stage_threads.py``): the
+  tasks' CPU time, from the workers' replies, is added to the process's own for the
+  budget, and no GIL rule applies between processes.
 - **Threads idle** (``busy < IDLE * threads`` for ``IDLE_WINDOWS`` windows in a row): cut
   to ``ceil(HEADROOM * need)``: the consumer, not the pool, bounds the rate, and idle
   threads only cost memory and wake-ups.
@@ -219,9 +231,11 @@ class Decision:
     """Elements per second measured before it."""
     predicted: float
     """... and what the model predicts with it (0 when it predicts nothing)."""
+    unit: str = "threads"
+    """What it counts: ``"threads"``, or a stage's worker ``"processes"``."""
 
     def describe(self) -> str:
-        text = f"threads {self.old} -> {self.new}: {self.why}"
+        text = f"{self.unit} {self.old} -> {self.new}: {self.why}"
         if self.rate:
             text += f" ({self.rate:,.0f} elements/s"
             text += f", predicted {self.predicted:,.0f})" if self.predicted else ")"
@@ -234,6 +248,10 @@ class _Trial:
     new: int
     rate: float
     predicted: float
+    inline: dict[int, int] | None = None
+    """For a trial of running the CPU-bound stages inline: their own counts before it."""
+    guess: bool = False
+    """A first guess from a window of the settings a stage ran with (``old`` of them)."""
 
 
 class PoolModel:
@@ -245,6 +263,11 @@ class PoolModel:
         self._budget = budget
         self.max_threads = max_threads
         self.label = "worker pool"
+        self.tasks_in_process = True
+        """Whether its tasks run on threads of this process (their CPU time is in the
+        process's, and they share its GIL); False: worker processes run them, whose CPU
+        time (each reply's) is added to the process's own for the budget, and no GIL is
+        shared between them."""
         """What its threads are, in its log lines (``"stage 'x''s threads"``)."""
         """The most threads it gives (``MAX_THREADS``, or fewer where the stage's workers
         are bounded: an SPDL op on its pipeline's ``num_threads``)."""
@@ -254,6 +277,8 @@ class PoolModel:
         """The most threads it grows to for now (a growth that did not pay)."""
         self._cap_windows = 0
         self._idle_windows = 0
+        self._gil_refuted = 0
+        """Windows left before the GIL rule may apply again (inline did not pay)."""
         self._trial: _Trial | None = None
         self._unsettled = 0
         self._slowest: dict[int, deque[float]] = {}
@@ -262,6 +287,9 @@ class PoolModel:
         """Each tuned member's own count: ``budget / share`` of its work alone (its probe,
         else its first measured window); the pool's threads bound it."""
         self._samples: dict[int, StageSample] = {}
+        self._data_waits: dict[int, float] = {}
+        """Each member's thread-seconds waiting for input or for room, at the last window's
+        end (its counters': ``input_wait_s + room_wait_s``)."""
         self._alone: dict[int, float] = {}
         """Each stage's seconds per element with the least in the way: the least of its
         windows' means (a mean over a window's elements, so a heavy tail is in it)."""
@@ -276,9 +304,16 @@ class PoolModel:
         """Forgets what it decided (no stage is tuned any more: the next ones are others)."""
         self.threads_tuned = None
         self.cap = None
-        self._cap_windows = self._idle_windows = self._unsettled = 0
+        self._cap_windows = self._idle_windows = self._unsettled = self._gil_refuted = 0
         self._trial = None
-        for table in (self._slowest, self._alone, self._shares, self._guess, self._samples):
+        for table in (
+            self._slowest,
+            self._alone,
+            self._shares,
+            self._guess,
+            self._samples,
+            self._data_waits,
+        ):
             table.clear()
 
     def probed(self, core: Core, share: float, element_s: float) -> None:
@@ -315,6 +350,7 @@ class PoolModel:
         self._guess.pop(id(core), None)
         self._shares.pop(id(core), None)
         self._samples.pop(id(core), None)
+        self._data_waits.pop(id(core), None)
 
     def workers_for(self, core: Core) -> int:
         """A tuned member's workers: its own count, within the pool's threads (one per
@@ -352,7 +388,10 @@ class PoolModel:
         """Decides the tuned stages' threads after ``window``; True when ``members`` (the
         tuned stages) should get the model's settings now."""
         elapsed, used = window.elapsed, window.used
+        if not self.tasks_in_process:  # the workers' CPU time is their processes'
+            used += window.cpu / elapsed
         tuned = [core for core in members if core.tuned is not None and core.tuned.tune_workers]
+        for_data = self._waited_for_data(tuned)
         for core in members:
             sample = window.stages.get(id(core))
             if sample is not None:
@@ -365,11 +404,23 @@ class PoolModel:
             if sample.elements:
                 latency = sample.wall / sample.elements
                 self._alone[key] = min(self._alone.get(key, latency), latency)
+        ran_with = 0
         for core in tuned:
             sample = window.stages.get(id(core))
             if id(core) not in self._guess and sample is not None and sample.wall > 0:
                 # tuned from the settings it ran with: its window's share stands for a probe
                 self._guessed(core, sample.cpu / sample.wall, "first guess: budget / CPU share")
+                ran_with = max(ran_with, core.policy.workers, 1)
+        if ran_with:
+            # this window measured the settings it ran with: the guess is judged against
+            # them (a share measured under contention is not the work's own), after a
+            # window that settles
+            guess = self.threads_tuned or ran_with
+            if guess != ran_with:
+                rate = window.elements / elapsed
+                self._trial = _Trial(ran_with, guess, rate, rate, guess=True)
+            self._unsettled = 1
+            return True
         rate = window.elements / elapsed
         busy = window.wall / elapsed
         cores = min((self.budget(core) for core in tuned), default=self.budget())
@@ -400,9 +451,14 @@ class PoolModel:
         # a core (they were not on the run queue): the GIL runs one of them at a time (threads
         # that are not all busy say nothing of it: what bounds them is another stage, or
         # the consumer, and the idle rule sizes them)
+        # ... and threads that wait for each other's GIL, not for data: threads that wait
+        # for input or for room (another stage, or the consumer, bounds them) say nothing
+        # of the GIL
         gil_bound = (
-            on_cpu
-            and busy >= SATURATED * total
+            self.tasks_in_process
+            and on_cpu
+            and for_data is not None
+            and for_data < (1 - SATURATED) * threads * elapsed
             and used < GIL_CORES
             and queued < WAITING * window.wall
             and cores >= 2
@@ -417,6 +473,20 @@ class PoolModel:
         self.threads_tuned = new
         self._unsettled = 1
         return True
+
+    def _waited_for_data(self, members: Sequence[Core]) -> float | None:
+        """Thread-seconds ``members``' threads waited for input or for room since the last
+        window's end (their counters); None where a member has no count from then yet."""
+        waited: float | None = 0.0
+        for core in members:
+            total = core.counters.input_wait_s + core.counters.room_wait_s
+            last = self._data_waits.get(id(core))
+            self._data_waits[id(core)] = total
+            if last is None or waited is None:
+                waited = None
+            else:
+                waited += max(0.0, total - last)
+        return waited
 
     def _step(
         self,
@@ -439,7 +509,13 @@ class PoolModel:
         trial = self._trial
         if trial is not None:
             self._trial = None
+            if trial.inline is not None:
+                return self._verify_inline(trial, rate)
+            if trial.guess:
+                return self._verify_guess(trial, rate)
             return self._verify(trial, rate, over=used > OVER * cores)
+        if self._gil_refuted:
+            self._gil_refuted -= 1
         if self.cap is not None:
             self._cap_windows += 1
             if self._cap_windows >= RETRY_WINDOWS:
@@ -451,12 +527,16 @@ class PoolModel:
             self._record(threads, new, f"over the budget of {cores:g} cores", rate, 0.0)
             return new
         cpu_bound = [key for key, share in self._shares.items() if share >= WAITING]
-        if gil_bound and any(self._guess.get(key) for key in cpu_bound):
+        if gil_bound and not self._gil_refuted and any(self._guess.get(key) for key in cpu_bound):
             # no thread does better than the consumer's own: the stages on the CPU run on
-            # it (inline: no hand-off, no second thread waiting for the GIL)
-            for key in cpu_bound:
+            # it (inline: no hand-off, no second thread waiting for the GIL); a trial, as
+            # what holds the GIL may be work elsewhere that inline work would wait behind
+            before = {key: self._guess[key] for key in cpu_bound if self._guess.get(key)}
+            for key in before:
                 self._guess[key] = 0
             self.cap, self._cap_windows = max(1, threads), 0
+            self._trial = _Trial(threads, threads, rate, rate, inline=before)
+            self._unsettled = 1
             self._record(
                 threads, threads, "CPU-bound work on one core: the GIL; inline", rate, rate
             )
@@ -511,8 +591,45 @@ class PoolModel:
         self._record(trial.new, trial.old, "more did not pay: back", rate, trial.predicted)
         return trial.old
 
+    def _verify_guess(self, trial: _Trial, rate: float) -> int:
+        """Keeps a first guess made from the settings a stage ran with unless the rate lost
+        more than a window's noise; then back to those settings, the most it grows to for
+        ``RETRY_WINDOWS`` windows."""
+        if rate >= (1 - NOISE) * trial.rate:
+            why = f"first guess verified against {trial.old} ({trial.rate:,.0f} elements/s)"
+            self._record(trial.new, trial.new, why, rate, 0.0)
+            return trial.new
+        for key, guess in self._guess.items():
+            self._guess[key] = min(guess, trial.old) if guess else guess
+        if trial.new > trial.old:
+            self.cap, self._cap_windows = trial.old, 0
+        why = f"first guess did not pay: back ({trial.rate:,.0f} elements/s with {trial.old})"
+        self._record(trial.new, trial.old, why, rate, 0.0)
+        return trial.old
+
+    def _verify_inline(self, trial: _Trial, rate: float) -> int:
+        """Keeps the CPU-bound stages inline (``trial``) unless the rate lost more than a
+        window's noise; then they get their threads back, and the GIL rule waits
+        ``RETRY_WINDOWS`` windows (what held the GIL was not their threads)."""
+        assert trial.inline is not None
+        if rate >= (1 - NOISE) * trial.rate:
+            why = f"inline verified ({trial.rate:,.0f} elements/s on threads)"
+            self._record(trial.old, trial.old, why, rate, 0.0)
+            return trial.old
+        for key, guess in trial.inline.items():
+            if key in self._guess:
+                self._guess[key] = guess
+        self.cap, self._cap_windows = None, 0
+        self._gil_refuted = RETRY_WINDOWS
+        self._unsettled = 1
+        why = f"inline did not pay: threads back ({trial.rate:,.0f} elements/s on them)"
+        self._record(trial.old, trial.old, why, rate, 0.0)
+        return trial.old
+
     def _record(self, old: int, new: int, why: str, rate: float, predicted: float) -> None:
-        decision = Decision(time.perf_counter() - self._started, old, new, why, rate, predicted)
+        at = time.perf_counter() - self._started
+        unit = "threads" if self.tasks_in_process else "processes"
+        decision = Decision(at, old, new, why, rate, predicted, unit)
         self.decisions.append(decision)
         del self.decisions[:-64]
         _pool_logger.info("autotune: %s: %s", self.label, decision.describe())

@@ -744,11 +744,13 @@ class ChunkRunner:
         ):
             threads = stage_threads.StageThreads(self._name, options.get("max_workers"))
             return self._autotune_model(core, threads, budget, **options)
+        if core.executor == Executor.PROCESSES.value:  # started once: no more
+            started, given = self._policy.workers, options.get("max_workers")
+            most = started if given is None else min(given, started)
+            processes = stage_threads.StageThreads(self._name, most, processes=True)
+            return self._autotune_model(core, processes, budget, **options)
         if self._core.executor in (Executor.RAY.value, Executor.REMOTE.value):
             options["tune_workers"] = False
-        elif self._core.executor == Executor.PROCESSES.value:  # started once: no more
-            started, given = self._policy.workers, options.get("max_workers")
-            options["max_workers"] = started if given is None else min(given, started)
         # no reference cycle through the tuner: dropping the runner still stops its threads
         runner = weakref.ref(self)
         earlier = self._tuner  # tuned already (a default setting): its changes stay listed

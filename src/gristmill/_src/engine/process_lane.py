@@ -36,6 +36,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar, NoReturn, cast
 
@@ -92,6 +93,7 @@ def run_tasks(
             if isinstance(message, messages.End):
                 return True
             raise SystemExit(0)  # messages.Stop
+        cpu_began = time.process_time()
         try:
             if isinstance(job, RangeFeed):
                 chunk = job.run(Task(message.start, message.size))
@@ -107,8 +109,10 @@ def run_tasks(
             _send_failure(conn, chunk.error, chunk.values)
             continue
         side = job.side_counts() if isinstance(job, RangeFeed) else None
+        cpu_s = time.process_time() - cpu_began
         try:
-            conn.send(messages.Result(*shm.encode(chunk.values, shm_prefix, segments), side))
+            encoded = shm.encode(chunk.values, shm_prefix, segments)
+            conn.send(messages.Result(*encoded, side, cpu_s))
         except Exception as error:  # a value that cannot be pickled
             _send_failure(conn, error)
 
@@ -231,7 +235,7 @@ class ProcessStageWorkers(StageWorkersBase):
             except Exception as error:
                 future.set_exception(error)
                 return
-            future.set_result(TaskReply(values, side=reply.side, nbytes=transit))
+            future.set_result(TaskReply(values, side=reply.side, nbytes=transit, cpu_s=reply.cpu_s))
         elif isinstance(reply, messages.Failure):
             self._failed.add(slot)
             future.set_result(TaskReply(reply.values, reply.remote))

@@ -159,6 +159,7 @@ class _Call:
     sent: float = 0.0
     attempts: int = 0
     failed: BaseException | None = None  # submitting it failed (the backend's error)
+    cpu_s: float = 0.0  # the worker's CPU time on it, as its reply says
 
 
 @dataclasses.dataclass
@@ -337,8 +338,12 @@ class RemoteCore(Core):
                 now = time.perf_counter()
                 # the worker's time on it: from when it could start (sent, or the call
                 # before it done) to its reply
-                self.file(call.claimed, chunk, now - max(call.sent, calls.last_done))
+                wall = now - max(call.sent, calls.last_done)
+                self.file(call.claimed, chunk, wall)
                 calls.last_done = now
+                sizer = self.sizer  # a model sizes the workers: it measures the task
+                if sizer is not None and self.tuned is not None:
+                    sizer.account(self, call.claimed[2].size, wall, call.cpu_s)
                 del call, chunk
         finally:
             workers.release(slot)
@@ -387,6 +392,7 @@ class RemoteCore(Core):
                 continue
             except Exception as error:  # the backend's own failure (shut down under us)
                 return closed if self.closed else Chunk(task.start, [], error)
+            call.cpu_s = result.cpu_s
             return self._chunk(task, result, self._where(workers, calls.slot))
 
     def _wait(self, workers: StageWorkers, slot: int, call: _Call) -> bool:

@@ -18,6 +18,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -58,6 +59,8 @@ class TaskReply:
     exit_code: Any = None
     side: Any = None
     nbytes: int = 0
+    cpu_s: float = 0.0
+    """The worker process's CPU time while it ran the task (0: not measured)."""
 
 
 class WorkerLost(RuntimeError):
@@ -122,6 +125,7 @@ class LoadedWork:
         if self.failed is not None:
             return _failure(self.failed, [])
         job = self.job
+        cpu_began = time.process_time()
         try:
             if isinstance(job, RangeFeed):
                 chunk: Chunk = job.run(Task(request.start, request.size))
@@ -134,7 +138,7 @@ class LoadedWork:
         if chunk.error is not None:
             return _failure(chunk.error, chunk.values)
         side = job.side_counts() if isinstance(job, RangeFeed) else None
-        return TaskReply(chunk.values, side=side)
+        return TaskReply(chunk.values, side=side, cpu_s=time.process_time() - cpu_began)
 
 
 def run_task(work: LoadedWork, request: TaskRequest) -> TaskReply:

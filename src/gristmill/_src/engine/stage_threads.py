@@ -14,6 +14,11 @@ Little's law.
 The process's budget is one: each window's ``used`` is the whole process's CPU time, so a
 stage grows only while the process has cores to spare, and every stage shrinks in
 proportion once the process is over ``gristmill.options.cores``.
+
+A stage's worker processes (``mp_prefetch``'s ``num_workers=AUTOTUNE``) are sized the same
+way (``processes=True``): each reply carries its worker's CPU time for the task, which the
+window adds to the process's own (the budget covers the workers too), and no GIL rule
+applies between processes. They are started once: the model uses as many or fewer.
 """
 
 from __future__ import annotations
@@ -30,11 +35,15 @@ if TYPE_CHECKING:
 
 
 class StageThreads:
-    """The measurements and the model of one tuned stage's own threads."""
+    """The measurements and the model of one tuned stage's own threads (or its worker
+    processes: ``processes``), at most ``max_threads`` of them."""
 
-    def __init__(self, name: str, max_threads: int | None = None) -> None:
+    def __init__(
+        self, name: str, max_threads: int | None = None, *, processes: bool = False
+    ) -> None:
         self.model = PoolModel(max_threads=min(max_threads or MAX_THREADS, MAX_THREADS))
-        self.model.label = f"stage {name!r}'s threads"
+        self.model.label = f"stage {name!r}'s {'worker processes' if processes else 'threads'}"
+        self.model.tasks_in_process = not processes
         self._lock = threading.Lock()
         self._window = PoolWindow.start()
         self._native_ids: set[int] = set()  # the threads that ran its tasks (the kernel's)

@@ -66,7 +66,12 @@ HALF_GIL = Work(wait=0, gil=50e-6, free=50e-6)
 
 def a_stage(work: Work, *, cap_cores: float | None = None) -> types.SimpleNamespace:
     tuner = types.SimpleNamespace(
-        tune_workers=True, tune_buffer=False, cap_cores=cap_cores, probe_share=work.share()
+        tune_workers=True,
+        tune_buffer=False,
+        cap_cores=cap_cores,
+        probe_share=work.share(),
+        max_workers=None,
+        ram_bytes=None,
     )
     # its threads' waits for input and for room (none: a read by index, a fast consumer)
     counters = types.SimpleNamespace(input_wait_s=0.0, room_wait_s=0.0)

@@ -368,7 +368,6 @@ class PrefetchDatasetIterator(DatasetIterator[Any]):
         return AutotuneOptions(
             workers=tune_workers,
             buffer=tune_buffer,
-            guess_down=options.num_threads is AUTOTUNE,
             freeze=functools.partial(_freeze, freeze),
         )
 

@@ -12,7 +12,7 @@ the model has, for the process:
 - the cores it may use (``budget``: ``gristmill.options.cores``, or a pipeline's cap).
 
 **Threads.** The first guess is ``budget / share`` threads, from the probe the stage ran
-on its consumer's thread, alone (``PooledTuner.probed``): threads that each spend ``share``
+on its consumer's thread, alone (``ModelTuner.probed``): threads that each spend ``share``
 of their time on the CPU keep ``budget`` cores busy. A 2 ms read that spends 1 % of it on
 the CPU gets 200 threads, Python or numpy work one per core. Then each window:
 
@@ -76,7 +76,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -155,6 +157,45 @@ RESIZE = 1.25
 re-sizes the stage's tasks)."""
 
 
+class _OneTrial:
+    """One trial at a time in the process: a stage's rate moves with the other stages'
+    settings, so two trials at once (the pool's and a stage's own threads', or two
+    stages') would judge each other's change. Held weakly: a model that is gone holds
+    nothing; nor does one that held it for ``TRIAL_EXPIRES_S`` (its stages stopped before
+    a window verified the trial)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holder: weakref.ref[PoolModel] | None = None
+        self._since = 0.0
+
+    def take(self, model: PoolModel) -> bool:
+        """Whether ``model`` may run a trial now (it holds the claim until :meth:`give`)."""
+        with self._lock:
+            holder = self._holder() if self._holder is not None else None
+            now = time.monotonic()
+            if holder is not None and holder is not model and now - self._since > TRIAL_EXPIRES_S:
+                holder = None
+            if holder is None or holder is model:
+                if holder is None:
+                    self._since = now
+                self._holder = weakref.ref(model)
+                return True
+            return False
+
+    def give(self, model: PoolModel) -> None:
+        with self._lock:
+            if self._holder is not None and self._holder() is model:
+                self._holder = None
+
+
+TRIAL_EXPIRES_S = 10 * INTERVAL_S
+"""A trial is verified in its second window after it starts (one settles, one measures);
+a claim held for ten windows belongs to stages that stopped before that."""
+
+TRIALS = _OneTrial()
+
+
 def budget_cores() -> float:
     """The cores the process may use (``gristmill.options.cores``)."""
     return float(options.cores)
@@ -206,8 +247,8 @@ class PoolWindow:
         sample.cpu += cpu
         sample.slowest = max(sample.slowest, wall)
 
-    def due(self) -> bool:
-        return self.tasks >= MIN_TASKS and time.perf_counter() - self.began >= INTERVAL_S
+    def due(self, interval: float = INTERVAL_S) -> bool:
+        return self.tasks >= MIN_TASKS and time.perf_counter() - self.began >= interval
 
     def close(self, runqueue_s: float | None = None) -> PoolWindow:
         """Ends the window: its length, the cores the process used over it, and (given the
@@ -306,6 +347,7 @@ class PoolModel:
         self.cap = None
         self._cap_windows = self._idle_windows = self._unsettled = self._gil_refuted = 0
         self._trial = None
+        TRIALS.give(self)
         for table in (
             self._slowest,
             self._alone,
@@ -356,7 +398,11 @@ class PoolModel:
         """A tuned member's workers: its own count, within the pool's threads (one per
         core before any measurement)."""
         threads = self.threads_tuned or self.first_guess(None, self.budget(core), self.max_threads)
-        return min(threads, self._guess.get(id(core), threads))
+        workers = min(threads, self._guess.get(id(core), threads))
+        tuner = core.tuned
+        if tuner is not None and tuner.max_workers is not None:
+            workers = min(workers, tuner.max_workers)
+        return workers
 
     def budget(self, core: Core | None = None) -> float:
         """The cores the process may use, or less where a member's pipeline caps it."""
@@ -416,7 +462,7 @@ class PoolModel:
             # them (a share measured under contention is not the work's own), after a
             # window that settles
             guess = self.threads_tuned or ran_with
-            if guess != ran_with:
+            if guess != ran_with and TRIALS.take(self):
                 rate = window.elements / elapsed
                 self._trial = _Trial(ran_with, guess, rate, rate, guess=True)
             self._unsettled = 1
@@ -509,6 +555,7 @@ class PoolModel:
         trial = self._trial
         if trial is not None:
             self._trial = None
+            TRIALS.give(self)
             if trial.inline is not None:
                 return self._verify_inline(trial, rate)
             if trial.guess:
@@ -527,7 +574,12 @@ class PoolModel:
             self._record(threads, new, f"over the budget of {cores:g} cores", rate, 0.0)
             return new
         cpu_bound = [key for key, share in self._shares.items() if share >= WAITING]
-        if gil_bound and not self._gil_refuted and any(self._guess.get(key) for key in cpu_bound):
+        if (
+            gil_bound
+            and not self._gil_refuted
+            and any(self._guess.get(key) for key in cpu_bound)
+            and TRIALS.take(self)
+        ):
             # no thread does better than the consumer's own: the stages on the CPU run on
             # it (inline: no hand-off, no second thread waiting for the GIL); a trial, as
             # what holds the GIL may be work elsewhere that inline work would wait behind
@@ -558,7 +610,7 @@ class PoolModel:
             new = min(self.max_threads, math.floor(threads * factor), max(most, threads))
             if self.cap is not None:
                 new = min(new, self.cap)
-            if new > threads:
+            if new > threads and TRIALS.take(self):
                 predicted = rate * min(new / threads, cores / max(used, 1e-3))
                 self._trial = _Trial(threads, new, rate, predicted)
                 self._record(threads, new, "all threads busy, cores to spare", rate, predicted)
@@ -667,12 +719,17 @@ class PoolModel:
                     self._elapsed / scale,
                     sample.wall / self._wall if sample is not None and self._wall else 0.0,
                 )
+                element = core.bytes.element_bytes
+                if tuner.ram_bytes is not None and element:  # a pipeline's own cap
+                    buffer = max(1, min(buffer, tuner.ram_bytes // element))
                 current = core.policy.buffer_size
                 if current and 1 / RESIZE < buffer / current < RESIZE:
                     buffer = None
             sample = samples.get(id(core))
             rate = sample.elements / self._elapsed if sample is not None else 0.0
-            tuner.apply(workers=workers, buffer_size=buffer, rate=rate)
+            tuner.apply(
+                workers=workers, buffer_size=buffer, rate=rate, trial=self._trial is not None
+            )
 
     @staticmethod
     def buffer_for(
@@ -701,12 +758,11 @@ class PoolModel:
         return max(MIN_BUFFER, min(max(least, tail), MAX_BUFFER))
 
 
-class PooledTuner:
-    """The autotuner of one stage the model sizes: a pooled stage (the pool's model decides
-    its workers, within the pool's threads, and its buffer) or a stage with threads of its
-    own (``engine.stage_threads``: a model of its own decides them). This object is what
-    the runner, the plan and the statistics see of it (the interface of
-    ``tuner.StageTuner``)."""
+class ModelTuner:
+    """The autotuner of one stage, as the runner, the plan and the statistics see it: a
+    model decides its settings, the pool's for a pooled stage (its workers within the
+    pool's threads, and its buffer), else one of its own (``engine.stage_threads``); this
+    object applies them, records the changes and says why."""
 
     def __init__(
         self,
@@ -719,8 +775,14 @@ class PooledTuner:
         cap_cores: float | None = None,
         freeze: Callable[[dict[str, int]], str] | None = None,
         buffer_follows: Callable[[int], int] | None = None,
+        max_workers: int | None = None,
+        ram_bytes: int | None = None,
     ) -> None:
         self.name = name
+        self.max_workers = max_workers
+        """The most workers it gives the stage (None: the model's own most)."""
+        self.ram_bytes = ram_bytes
+        """The most bytes the stage's buffer may hold (a pipeline's ``TuningBudget``)."""
         self.tune_workers = tune_workers
         self.tune_buffer = tune_buffer
         self.buffer_follows = buffer_follows
@@ -741,9 +803,11 @@ class PooledTuner:
         self._configure = configure
         self._freeze = freeze
         self._started = time.perf_counter()
-
-    chosen: dict[str, int] | None = None  # no trial of its own: the knobs are the choice
-    trying: dict[str, int] | None = None
+        self.chosen: dict[str, int] | None = None
+        """While the model tries a change: the settings before it (what ``plan().settings()``
+        shows and ``apply()`` freezes); None: the stage's settings are the choice."""
+        self.trying: dict[str, int] | None = None
+        """... and the settings on trial (they run now)."""
 
     @property
     def wants_probe(self) -> bool:
@@ -757,24 +821,35 @@ class PooledTuner:
             if self.on_probe is not None:
                 self.on_probe(self.probe_share, wall_s / max(elements, 1))
 
-    def delivered(self, values: list[Any]) -> None:
-        """A chunk was delivered (the pool's threads measure; nothing to do here)."""
-
     def stop(self, *, frozen: bool = False) -> None:
         self.active = False
+        self.chosen = self.trying = None  # a trial under way is no choice now
         self.frozen = self.frozen or frozen
 
     def adopted(self, knob: str, old: int, new: int) -> None:
         """The stage took ``new`` for ``knob`` from the model as it joined the pool."""
         self.changes.append(Change(time.perf_counter() - self._started, knob, old, new, 0.0, 0.0))
 
-    def apply(self, *, workers: int | None, buffer_size: int | None, rate: float = 0.0) -> None:
+    def apply(
+        self,
+        *,
+        workers: int | None,
+        buffer_size: int | None,
+        rate: float = 0.0,
+        trial: bool = False,
+    ) -> None:
         """The model's settings (None: that knob unchanged), after a window in which the
         stage computed ``rate`` elements per second; recorded as changes, each with the
-        rate the model predicts (in proportion to the workers; the same for a buffer)."""
+        rate the model predicts (in proportion to the workers; the same for a buffer).
+        ``trial``: the model is trying them (verified by a later window), so the settings
+        before them stay the choice until then."""
         knobs = self._knobs() if self.active else None
         if knobs is None:  # stopped, or its runner is gone
             return
+        if not trial:
+            self.chosen = self.trying = None
+        elif self.chosen is None:
+            self.chosen = dict(knobs)
         move = {}
         if workers is not None and workers != knobs["workers"]:
             move["workers"] = workers
@@ -785,6 +860,8 @@ class PooledTuner:
         if not move:
             return
         self._configure(**move)
+        if self.chosen is not None:
+            self.trying = dict(self._knobs() or knobs)
         at = time.perf_counter() - self._started
         for knob, new in move.items():
             old = knobs[knob]
@@ -808,10 +885,11 @@ class PooledTuner:
 
     def record(self) -> Tuning:
         knobs = dict(self._knobs() or {})
+        trying = self.trying if self.active else None
         return Tuning(
-            knobs,
+            self.chosen if trying is not None and self.chosen is not None else knobs,
             len(self.changes),
-            None,
+            trying,
             frozen=self.frozen,
             reason=self.reason,
             workers_tuned=self.tune_workers,

@@ -51,11 +51,11 @@ from gristmill._src.engine.feeds import (
     take_failed_input,
 )
 from gristmill._src.engine.main_guard import UnguardedScriptError
-from gristmill._src.engine.model import PooledTuner
+from gristmill._src.engine.model import ModelTuner
 from gristmill._src.engine.policy import HANDOFF_S, ChunkPolicy
 from gristmill._src.engine.remote_traceback import element_note
 from gristmill._src.engine.stats import StageCounters, StageStatistics
-from gristmill._src.engine.tuner import StageTuner, TuningBudget
+from gristmill._src.engine.tuner import TuningBudget
 from gristmill._src.engine.window import ReorderWindow
 
 __all__ = ["Chunk", "ChunkRunner", "OrderedChunkRunner", "RunnerClosedError"]
@@ -124,7 +124,7 @@ class Core:
     """
 
     executor = Executor.THREADS.value
-    tuner: PooledTuner | None = None
+    tuner: ModelTuner | None = None
     """The stage's tuner where a model sizes it (``ChunkRunner.autotune``)."""
     sizer: stage_threads.StageThreads | None = None
     """The measurements and model of its own threads, while a model tunes them."""
@@ -152,7 +152,7 @@ class Core:
         weakref.finalize(self, self.bytes.close_later)  # an inline-only one is never shut down
 
     @property
-    def tuned(self) -> PooledTuner | None:
+    def tuned(self) -> ModelTuner | None:
         """The stage's tuner while a model tunes it."""
         tuner = self.tuner
         return tuner if tuner is not None and tuner.active else None
@@ -400,9 +400,14 @@ class Core:
                 chunk = Chunk(claimed[2].start, [], e)
             now = time.perf_counter()
             # the task's time: from when it could start (sent, or the one before it done)
-            self.file(claimed, chunk, now - max(sent, last_done))
+            wall = now - max(sent, last_done)
+            self.file(claimed, chunk, wall)
             last_done = now
+            size = claimed[2].size
             del chunk, claimed, finish  # as in `work`: no traceback kept alive
+            sizer = self.sizer  # a model measures the calls (their CPU time is elsewhere)
+            if sizer is not None and self.tuned is not None:
+                sizer.account(self, size, wall, 0.0)
 
     def spawn_then_work(self, indices: list[int], name: str) -> None:
         """A worker's entry: start half of ``indices[1:]`` each in two children, then work
@@ -693,7 +698,7 @@ class ChunkRunner:
         # armed when the executor starts (`_enable_workers`): an inline-only stage holds no
         # thread, and its iterator should not start the reaper's
         self._finalizer = reaper.watch(self, self._core, armed=False)
-        self._tuner: StageTuner | PooledTuner | None = None
+        self._tuner: ModelTuner | None = None
 
     @property
     def name(self) -> str:
@@ -728,44 +733,38 @@ class ChunkRunner:
         self._policy.serve_idle_consumer = True
 
     def autotune(
-        self, budget: TuningBudget | None = None, **options: Any
-    ) -> StageTuner | PooledTuner:
-        """From now on the autotuner changes this stage's knobs (``engine/tuner.py``);
-        ``options`` are :class:`StageTuner`'s (``tune_workers``, ``buffer_follows``,
-        ``freeze``, ``token``, ...). Worker processes are started once: the tuner may use
-        fewer of them (an idle one waits for its index to be used again); Ray actors and
-        other remote backends' workers are not tuned."""
+        self,
+        budget: TuningBudget | None = None,
+        *,
+        max_workers: int | None = None,
+        **options: Any,
+    ) -> ModelTuner:
+        """From now on the autotuner (a model: ``engine/model.py``) changes this stage's
+        knobs; ``options`` are :meth:`_autotune_model`'s (``tune_workers``,
+        ``buffer_follows``, ``freeze``, ...). A read stage on the process's worker pool is
+        sized by the pool's model; a stage whose workers are its own (threads, asyncio
+        tasks, worker processes) by a model of its own (``engine/stage_threads.py``).
+        Worker processes are started once: the model uses as many or fewer (an idle one
+        waits for its index to be used again); Ray actors and other remote backends'
+        workers are not tuned (their buffers are)."""
         core = self._core
+        most = budget.max_workers if budget is not None else None
+        if max_workers is not None:
+            most = max_workers if most is None else min(most, max_workers)
+        interval = budget.interval_s if budget is not None else None
+        sizer: pool_module.WorkerPool | stage_threads.StageThreads
         if isinstance(core, PooledCore):
-            pool = pool_module.shared_pool()
-            return self._autotune_model(core, pool, budget, **options)
-        if core.executor == Executor.THREADS.value and not getattr(
-            core.feed, "starts_calls", False
-        ):
-            threads = stage_threads.StageThreads(self._name, options.get("max_workers"))
-            return self._autotune_model(core, threads, budget, **options)
-        if core.executor == Executor.PROCESSES.value:  # started once: no more
-            started, given = self._policy.workers, options.get("max_workers")
-            most = started if given is None else min(given, started)
-            processes = stage_threads.StageThreads(self._name, most, processes=True)
-            return self._autotune_model(core, processes, budget, **options)
-        if self._core.executor in (Executor.RAY.value, Executor.REMOTE.value):
-            options["tune_workers"] = False
-        # no reference cycle through the tuner: dropping the runner still stops its threads
-        runner = weakref.ref(self)
-        earlier = self._tuner  # tuned already (a default setting): its changes stay listed
-        self._tuner = StageTuner(
-            self._name,
-            knobs=lambda: runner().knobs,  # type: ignore[union-attr]
-            configure=lambda **knobs: runner()._set_knobs(**knobs),  # type: ignore[union-attr]
-            counters=self._counters,
-            budget=budget,
-            buffer_for_threads=self._policy.buffer_for_threads,
-            **options,
-        )
-        if earlier is not None:
-            self._tuner.changes[:0] = earlier.changes
-        return self._tuner
+            sizer = pool_module.shared_pool()
+        elif core.executor == Executor.PROCESSES.value:  # started once: no more
+            started = self._policy.workers
+            most = started if most is None else min(most, started)
+            sizer = stage_threads.StageThreads(self._name, most, processes=True, interval=interval)
+        elif core.executor in (Executor.RAY.value, Executor.REMOTE.value):
+            options["tune_workers"] = False  # not ours to start: their buffers only
+            sizer = stage_threads.StageThreads(self._name, most, processes=True, interval=interval)
+        else:  # threads of its own (or a stage's calls to another executor), asyncio tasks
+            sizer = stage_threads.StageThreads(self._name, most, interval=interval)
+        return self._autotune_model(core, sizer, budget, max_workers=most, **options)
 
     def _autotune_model(
         self,
@@ -777,14 +776,14 @@ class ChunkRunner:
         tune_buffer: bool = True,
         freeze: Callable[[dict[str, int]], str] | None = None,
         buffer_follows: Callable[[int], int] | None = None,
-        **ignored: Any,
-    ) -> PooledTuner:
+        max_workers: int | None = None,
+    ) -> ModelTuner:
         """:meth:`autotune` of a stage on threads: a model (``engine/model.py``) tunes it,
         the pool's (``sizer``: the process's :class:`~engine.pool.WorkerPool`) for a pooled
         stage, else one of its own threads' (a :class:`~engine.stage_threads.StageThreads`,
-        which got ``max_workers``); ``budget.cpu_cores`` caps the cores it counts on.
-        (``ignored``: the trial tuner's options — a trial token, a first guess's direction
-        — which a model that decides from measurements has no use for.)"""
+        which got ``max_workers``); ``budget.cpu_cores`` caps the cores it counts on,
+        ``budget.ram_bytes`` the bytes the stage's buffer holds, ``max_workers`` its
+        workers."""
         runner = weakref.ref(self)
 
         def knobs() -> dict[str, int] | None:
@@ -797,7 +796,7 @@ class ChunkRunner:
                 alive._set_knobs(**settings)
 
         earlier = self._tuner
-        tuner = PooledTuner(
+        tuner = ModelTuner(
             self._name,
             knobs=knobs,
             configure=configure,
@@ -806,6 +805,8 @@ class ChunkRunner:
             cap_cores=budget.cpu_cores if budget is not None else None,
             freeze=freeze,
             buffer_follows=buffer_follows,
+            max_workers=max_workers,
+            ram_bytes=budget.ram_bytes if budget is not None else None,
         )
         if earlier is not None:
             tuner.changes[:0] = earlier.changes
@@ -819,7 +820,7 @@ class ChunkRunner:
         return tuner
 
     @property
-    def tuner(self) -> StageTuner | PooledTuner | None:
+    def tuner(self) -> ModelTuner | None:
         """The stage's autotuner, if it is tuned."""
         return self._tuner
 
@@ -859,11 +860,8 @@ class ChunkRunner:
             self._mark_origin(chunk)
         if chunk is None:
             core.release_at_end()
-        if self._tuner is not None:
-            if chunk is None:
-                self._tuner.stop()
-            else:
-                self._tuner.delivered(chunk.values)
+        if self._tuner is not None and chunk is None:
+            self._tuner.stop()
         if serving:
             self._returned_at = time.perf_counter()
         return chunk

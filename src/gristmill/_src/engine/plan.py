@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gristmill._src.engine.stats import PipelineStatistics, StageStatistics
-from gristmill._src.engine.tuner import Change, TrialToken, TuningBudget
+from gristmill._src.engine.tuner import Change, TuningBudget
 
 if TYPE_CHECKING:  # stage_spec builds PlannedStages: it imports this module
     from gristmill._src.engine.stage_spec import StageSpec
@@ -225,12 +225,10 @@ class Plan:
                 "its first next(), so call it.plan().autotune() after next(it); a stage "
                 "with no workers of ours (a source, a sink) is not tuned"
             )
-        token = TrialToken()  # one trial at a time across the plan's stages
         for stage in tunable:
             stage.piece.autotune(
                 budget,
                 freeze=lambda knobs, name=stage.name: f"plan().apply({{{name!r}: {knobs}}})",
-                token=token,
             )
 
     def changes(self) -> dict[str, list[Change]]:

@@ -41,7 +41,6 @@ from gristmill._src.engine.backends import Backend, Executor, OutputOrder
 from gristmill._src.engine.feeds import FailedInput, Feed
 from gristmill._src.engine.ordered import THREADS, ChunkRunner
 from gristmill._src.engine.plan import PlannedStage, Role
-from gristmill._src.engine.tuner import TrialToken
 
 
 class OpKind(enum.Enum):
@@ -122,15 +121,13 @@ others change what the stage outputs, or are fixed once it is built."""
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AutotuneOptions:
-    """How the autotuner starts on a stage (``engine/tuner.StageTuner``'s options): part of
+    """How the autotuner starts on a stage (``ChunkRunner.autotune``'s options): part of
     the stage's description, so that :func:`build_stage` starts it, not the dialect."""
 
     workers: bool = True
     """Whether it changes the workers."""
     buffer: bool = True
     """Whether it changes the buffer bound."""
-    guess_down: bool = True
-    """Whether its first guess may lower the workers (``StageTuner.guess_down``)."""
     max_workers: int | None = None
     """The most workers it may give the stage (None: the tuner's own cap)."""
     buffer_follows: Callable[[int], int] | None = None
@@ -143,7 +140,6 @@ class AutotuneOptions:
         return {
             "tune_workers": self.workers,
             "tune_buffer": self.buffer,
-            "guess_down": self.guess_down,
             "max_workers": self.max_workers,
             "buffer_follows": self.buffer_follows,
             "freeze": self.freeze,
@@ -282,7 +278,6 @@ def build_stage(
     *,
     annotate_errors: bool = True,
     describe_input: Callable[[FailedInput], str | None] | None = None,
-    token: TrialToken | None = None,
 ) -> tuple[ChunkRunner, PlannedStage]:
     """The runner of ``spec`` over ``feed``, and its entry in the plan.
 
@@ -293,8 +288,6 @@ def build_stage(
         the dialect's element function for ``spec.ops`` applied in it.
       annotate_errors: whether an element's failure gets the stage and index noted on it.
       describe_input: how a failed input is named in that note.
-      token: the trial token the autotuner shares with the pipeline's other stages (one
-        trial at a time); None: its own.
 
     Returns:
       The runner, and the :class:`PlannedStage` (``spec`` and the runner).
@@ -323,7 +316,7 @@ def build_stage(
         call_s=settings.call_s,
     )
     if settings.tuning is not None:
-        runner.autotune(token=token, **settings.tuning.options())
+        runner.autotune(**settings.tuning.options())
     return runner, PlannedStage(spec, runner)
 
 

@@ -28,7 +28,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from gristmill._src.core.schedstat import runqueue_wait_s
-from gristmill._src.engine.model import MAX_THREADS, PoolModel, PoolWindow
+from gristmill._src.engine.model import INTERVAL_S, MAX_THREADS, PoolModel, PoolWindow
 
 if TYPE_CHECKING:
     from gristmill._src.engine.ordered import Core
@@ -39,7 +39,12 @@ class StageThreads:
     processes: ``processes``), at most ``max_threads`` of them."""
 
     def __init__(
-        self, name: str, max_threads: int | None = None, *, processes: bool = False
+        self,
+        name: str,
+        max_threads: int | None = None,
+        *,
+        processes: bool = False,
+        interval: float | None = None,
     ) -> None:
         self.model = PoolModel(max_threads=min(max_threads or MAX_THREADS, MAX_THREADS))
         self.model.label = f"stage {name!r}'s {'worker processes' if processes else 'threads'}"
@@ -48,6 +53,7 @@ class StageThreads:
         self._window = PoolWindow.start()
         self._native_ids: set[int] = set()  # the threads that ran its tasks (the kernel's)
         self._core: weakref.ref[Core] | None = None
+        self._interval = INTERVAL_S if interval is None else interval
 
     def tune(self, core: Core) -> None:
         """The model tunes ``core`` from now on (its probe, if it ran one, is the first
@@ -75,7 +81,7 @@ class StageThreads:
             self._native_ids.add(threading.get_native_id())
             window = self._window
             window.add(core, size, wall, cpu)
-            if not window.due():
+            if not window.due(self._interval):
                 return
             threads = list(self._native_ids)
             self._window = PoolWindow.start(runqueue_wait_s(threads))

@@ -26,7 +26,6 @@ from gristmill._src.engine.stage_spec import (
     build_stage,
     fixed_spec,
 )
-from gristmill._src.engine.tuner import TrialToken
 from gristmill._src.spdl import defs, ops
 from gristmill._src.spdl.aggregate import AggregateStream
 from gristmill._src.spdl.executors import ExecutorCall, runs_regions
@@ -83,7 +82,6 @@ class Lowering:
         self.batch_keys = False
         self.queues = queues
         self.num_threads = num_threads
-        self.trial_token = TrialToken()  # the auto stages try one change at a time
         self.build_limit = build_limit
         self.task_hook_factory = task_hook_factory
         self.continuous = continuous
@@ -205,7 +203,6 @@ class Lowering:
             feed,
             annotate_errors=False,
             describe_input=describe_failed_input,
-            token=self.trial_token,
         )
         self.last_runner = None if own_threads else runner
         return self._observed(info, runner, planned), chunk_keyed

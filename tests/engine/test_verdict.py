@@ -522,6 +522,34 @@ def test_a_stage_whose_threads_the_autotuner_sets_gets_its_reason_not_a_move_of_
     assert verdict.to_dict()["busiest"]["tuning_reason"] == verdict.busiest.tuning_reason
 
 
+def wait_2ms(x):
+    time.sleep(0.002)
+    return x
+
+
+def test_an_auto_pipe_of_waits_is_never_sent_to_processes():
+    # 64 threads of 2 ms waits hand their items on faster than one consumer thread takes
+    # them: they work little of their time while data is waited for, which alone reads as
+    # threads contending for the GIL; the model measured their work waiting off the CPU
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10**6))
+        .pipe(wait_2ms, concurrency="auto")
+        .add_sink(16)
+        .build(num_threads=64)
+    )
+    deadline = time.monotonic() + 2.0
+    with pipeline.auto_stop():
+        for _ in pipeline:
+            if time.monotonic() > deadline:
+                break
+        verdict = check_shares(pipeline.statistics()).verdict()
+    assert verdict.busiest.cpu_share is not None, verdict
+    assert verdict.busiest.cpu_share < 0.25, verdict
+    assert not verdict.contended, str(verdict)
+    assert verdict.next_move is None, str(verdict)
+
+
 @DIALECTS
 def test_a_training_consumer_is_the_bottleneck_and_no_gain_is_predicted(stats_of):
     verdict = stats_of(cheap, consumer_s=SLOW_S).verdict()

@@ -275,11 +275,19 @@ class Decision:
     unit: str = "threads"
     """What it counts: ``"threads"``, or a stage's worker ``"processes"``."""
 
+    before: str = ""
+    """For a verified trial: the rate before it, as text (``"914 with 2"``)."""
+
     def describe(self) -> str:
-        text = f"{self.unit} {self.old} -> {self.new}: {self.why}"
+        change = f"{self.old} -> {self.new}" if self.old != self.new else f"{self.new}"
+        text = f"{self.unit} {change}: {self.why}"
         if self.rate:
             text += f" ({self.rate:,.0f} elements/s"
-            text += f", predicted {self.predicted:,.0f})" if self.predicted else ")"
+            if self.predicted:
+                text += f", predicted {self.predicted:,.0f}"
+            if self.before:
+                text += f"; {self.before}"
+            text += ")"
         return text
 
 
@@ -648,15 +656,15 @@ class PoolModel:
         more than a window's noise; then back to those settings, the most it grows to for
         ``RETRY_WINDOWS`` windows."""
         if rate >= (1 - NOISE) * trial.rate:
-            why = f"first guess verified against {trial.old} ({trial.rate:,.0f} elements/s)"
-            self._record(trial.new, trial.new, why, rate, 0.0)
+            before = f"{trial.rate:,.0f} with {trial.old}"
+            self._record(trial.new, trial.new, "first guess verified", rate, 0.0, before)
             return trial.new
         for key, guess in self._guess.items():
             self._guess[key] = min(guess, trial.old) if guess else guess
         if trial.new > trial.old:
             self.cap, self._cap_windows = trial.old, 0
-        why = f"first guess did not pay: back ({trial.rate:,.0f} elements/s with {trial.old})"
-        self._record(trial.new, trial.old, why, rate, 0.0)
+        before = f"{trial.rate:,.0f} with {trial.old}"
+        self._record(trial.new, trial.old, "first guess did not pay: back", rate, 0.0, before)
         return trial.old
 
     def _verify_inline(self, trial: _Trial, rate: float) -> int:
@@ -665,8 +673,8 @@ class PoolModel:
         ``RETRY_WINDOWS`` windows (what held the GIL was not their threads)."""
         assert trial.inline is not None
         if rate >= (1 - NOISE) * trial.rate:
-            why = f"inline verified ({trial.rate:,.0f} elements/s on threads)"
-            self._record(trial.old, trial.old, why, rate, 0.0)
+            before = f"{trial.rate:,.0f} on threads"
+            self._record(trial.old, trial.old, "inline verified", rate, 0.0, before)
             return trial.old
         for key, guess in trial.inline.items():
             if key in self._guess:
@@ -674,14 +682,16 @@ class PoolModel:
         self.cap, self._cap_windows = None, 0
         self._gil_refuted = RETRY_WINDOWS
         self._unsettled = 1
-        why = f"inline did not pay: threads back ({trial.rate:,.0f} elements/s on them)"
-        self._record(trial.old, trial.old, why, rate, 0.0)
+        before = f"{trial.rate:,.0f} on threads"
+        self._record(trial.old, trial.old, "inline did not pay: threads back", rate, 0.0, before)
         return trial.old
 
-    def _record(self, old: int, new: int, why: str, rate: float, predicted: float) -> None:
+    def _record(
+        self, old: int, new: int, why: str, rate: float, predicted: float, before: str = ""
+    ) -> None:
         at = time.perf_counter() - self._started
         unit = "threads" if self.tasks_in_process else "processes"
-        decision = Decision(at, old, new, why, rate, predicted, unit)
+        decision = Decision(at, old, new, why, rate, predicted, unit, before)
         self.decisions.append(decision)
         del self.decisions[:-64]
         _pool_logger.info("autotune: %s: %s", self.label, decision.describe())
@@ -702,6 +712,9 @@ class PoolModel:
             if tuner is None:
                 continue
             tuner.reason = reason
+            measured = samples.get(id(core))
+            if measured is not None and measured.wall > 0:
+                tuner.cpu_share = min(1.0, measured.cpu / measured.wall)
             workers = self.workers_for(core) if tuner.tune_workers else None
             buffer = None
             if tuner.tune_buffer:
@@ -797,6 +810,8 @@ class ModelTuner:
         self.changes: list[Any] = []
         self.reason: str | None = None
         """The pool's model's last decision, as its statistics report it."""
+        self.cpu_share: float | None = None
+        """The CPU share of its tasks' time in the model's last window."""
         self.active = True
         self.frozen = False
         self._knobs = knobs
@@ -893,4 +908,5 @@ class ModelTuner:
             frozen=self.frozen,
             reason=self.reason,
             workers_tuned=self.tune_workers,
+            cpu_share=self.cpu_share,
         )

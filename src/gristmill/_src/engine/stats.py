@@ -141,6 +141,10 @@ class Tuning:
     workers_tuned: bool = True
     """Whether it sets the stage's workers (False: its buffer only; the workers are the
     ones it was given)."""
+    cpu_share: float | None = None
+    """The share of the stage's task time spent on the CPU in the model's last window (its
+    tasks' CPU time over their wall time: near 1 for Python or numpy work, near 0 for a
+    wait); None before one."""
 
     def describe(self) -> str:
         """``"auto, 3 changes"`` (``"frozen, ..."`` once configured by hand), with the trial

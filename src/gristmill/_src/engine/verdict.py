@@ -31,6 +31,11 @@ mix, a shuffle, ...) take their elements one at a time, in order: no worker coun
 raise, so no move is predicted for them."""
 MOSTLY_WAITED = 0.5
 """Data waited for at least this share of the time: the consumer is not what limits."""
+WAITING_WORK = 0.25
+"""Work whose tasks spend less than this share of their time on the CPU waits (I/O, a
+sleep; the autotuner's model measures it): its threads hold the GIL briefly, so a stage of
+it whose threads work under ``BUSY_LOAD`` is not contended for the GIL, and processes
+would not help it."""
 
 Limit = Literal["stage", "consumer", "unmeasured"]
 Change = Literal["threads", "processes", "workers", "concurrent tasks"]
@@ -78,6 +83,9 @@ class Busiest:
     tuning_reason: str | None = None
     """The autotuner's last decision for it, with the rate it measured and the one it
     predicted, where a model sizes it (``Tuning.reason``)."""
+    cpu_share: float | None = None
+    """The CPU share of its tasks' time, where the autotuner's model measured it
+    (``Tuning.cpu_share``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,7 +348,10 @@ def verdict(stats: PipelineStatistics, cores: int | None = None) -> Verdict:
     )
     if busiest.working_share < BUSY_LOAD and waited < MOSTLY_WAITED:
         return facts
-    contended = busiest.working_share < BUSY_LOAD
+    # threads that worked little while data was waited for wait on each other's GIL, unless
+    # their work is measured to wait off the CPU (then a hand-off, not the GIL, holds them)
+    waits = busiest.cpu_share is not None and busiest.cpu_share < WAITING_WORK
+    contended = busiest.working_share < BUSY_LOAD and not waits
     if cores is None:
         cores = available_cores()
     move = next_move(busiest, waiting, contended=contended, cores=cores)
@@ -358,6 +369,7 @@ def _busiest(stats: PipelineStatistics, top: StageStatistics) -> Busiest:
         workers=top.concurrency,
         tuned=top.tuning is not None and top.tuning.workers_tuned,
         tuning_reason=top.tuning.reason if top.tuning is not None else None,
+        cpu_share=top.tuning.cpu_share if top.tuning is not None else None,
         element_us=top.mean_element_s * 1e6,
     )
     parts = [s for s in stats.ops if s.part_of == top.name]

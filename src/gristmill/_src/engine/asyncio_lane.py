@@ -181,9 +181,7 @@ class AsyncCore(Core):
             chunk = task.chunk(pending.results, task.upstream_error)
         wall = time.perf_counter() - pending.began
         self.file(pending.claimed, chunk, wall)
-        sizer = self.sizer  # a model measures the tasks (their CPU time is the loop's)
-        if sizer is not None and self.tuned is not None:
-            sizer.account(self, task.size, wall, 0.0)
+        self.task_measured(task.size, wall, 0.0)  # its CPU time is the loop's
 
     # -- control ----------------------------------------------------------------------------
 

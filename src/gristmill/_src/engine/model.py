@@ -311,15 +311,15 @@ class PoolModel:
     ) -> None:
         self._budget = budget
         self.max_threads = max_threads
+        """The most threads it gives (``MAX_THREADS``, or fewer where the stage's workers
+        are bounded: an SPDL op on its pipeline's ``num_threads``)."""
         self.label = "worker pool"
+        """What its threads are, in its log lines (``"stage 'x''s threads"``)."""
         self.tasks_in_process = True
         """Whether its tasks run on threads of this process (their CPU time is in the
         process's, and they share its GIL); False: worker processes run them, whose CPU
         time (each reply's) is added to the process's own for the budget, and no GIL is
         shared between them."""
-        """What its threads are, in its log lines (``"stage 'x''s threads"``)."""
-        """The most threads it gives (``MAX_THREADS``, or fewer where the stage's workers
-        are bounded: an SPDL op on its pipeline's ``num_threads``)."""
         self.threads_tuned: int | None = None
         """The threads the model gives the tuned members (None until a member probed)."""
         self.cap: int | None = None
@@ -501,13 +501,10 @@ class PoolModel:
         # threads wait for each other (the GIL); a wait's time varies by itself (a heavy
         # tail's window means swing far from their least)
         on_cpu = cpu / need >= WAITING if need > 0 else True
-        # threads busy with CPU work while the process uses about one core, not for want of
-        # a core (they were not on the run queue): the GIL runs one of them at a time (threads
-        # that are not all busy say nothing of it: what bounds them is another stage, or
-        # the consumer, and the idle rule sizes them)
-        # ... and threads that wait for each other's GIL, not for data: threads that wait
-        # for input or for room (another stage, or the consumer, bounds them) say nothing
-        # of the GIL
+        # threads on CPU work while the process uses about one core, not for want of a core
+        # (they were not on the run queue) nor for data (threads that wait for input or for
+        # room are bounded by another stage or the consumer, and say nothing of the GIL):
+        # the GIL runs one of them at a time
         gil_bound = (
             self.tasks_in_process
             and on_cpu
@@ -551,7 +548,7 @@ class PoolModel:
         need: float,
         used: float,
         cores: float,
-        useful: int | None = None,
+        useful: int,
         on_cpu: bool = True,
         gil_bound: bool = False,
     ) -> int | None:
@@ -614,8 +611,7 @@ class PoolModel:
             # process over its budget), four times as many at most (the waits' share of a
             # window's measurement is only as good as the window)
             factor = min(4.0, ROOM * cores / max(used, 1e-3))
-            most = self.max_threads if useful is None else useful
-            new = min(self.max_threads, math.floor(threads * factor), max(most, threads))
+            new = min(self.max_threads, math.floor(threads * factor), max(useful, threads))
             if self.cap is not None:
                 new = min(new, self.cap)
             if new > threads and TRIALS.take(self):
@@ -712,13 +708,12 @@ class PoolModel:
             if tuner is None:
                 continue
             tuner.reason = reason
-            measured = samples.get(id(core))
-            if measured is not None and measured.wall > 0:
-                tuner.cpu_share = min(1.0, measured.cpu / measured.wall)
+            sample = samples.get(id(core))
+            if sample is not None and sample.wall > 0:
+                tuner.cpu_share = min(1.0, sample.cpu / sample.wall)
             workers = self.workers_for(core) if tuner.tune_workers else None
             buffer = None
             if tuner.tune_buffer:
-                sample = samples.get(id(core))
                 slowest = max(self._slowest.get(id(core), ()), default=0.0)
                 # measured with the workers it had; sized for those it gets (a trial of
                 # more threads is judged with the buffer they need, not the old one's)
@@ -738,7 +733,6 @@ class PoolModel:
                 current = core.policy.buffer_size
                 if current and 1 / RESIZE < buffer / current < RESIZE:
                     buffer = None
-            sample = samples.get(id(core))
             rate = sample.elements / self._elapsed if sample is not None else 0.0
             tuner.apply(
                 workers=workers, buffer_size=buffer, rate=rate, trial=self._trial is not None
@@ -900,11 +894,10 @@ class ModelTuner:
 
     def record(self) -> Tuning:
         knobs = dict(self._knobs() or {})
-        trying = self.trying if self.active else None
         return Tuning(
-            self.chosen if trying is not None and self.chosen is not None else knobs,
+            self.chosen if self.trying is not None and self.chosen is not None else knobs,
             len(self.changes),
-            trying,
+            self.trying,
             frozen=self.frozen,
             reason=self.reason,
             workers_tuned=self.tune_workers,

@@ -164,9 +164,11 @@ class Core:
         tuner = self.tuned
         return tuner is not None and tuner.tune_workers
 
-    def ran_inline(self, size: int, wall: float, cpu: float) -> None:
-        """A chunk of ``size`` ran on the consumer's thread: the model measures it as a task
-        of the tuned stage (a stage that runs inline is one busy thread)."""
+    def task_measured(self, size: int, wall: float, cpu: float) -> None:
+        """A task of ``size`` elements took ``wall`` seconds, ``cpu`` of them on this
+        thread's CPU (0: its work ran elsewhere): the model that sizes the stage, if one
+        does, counts it (a chunk run inline on the consumer's thread too: one busy
+        thread)."""
         sizer = self.sizer
         if sizer is not None and self.tuned is not None:
             sizer.account(self, size, wall, cpu)
@@ -363,13 +365,13 @@ class Core:
                 except BaseException as e:  # not an Exception (e.g. SystemExit): report it
                     chunk = Chunk(claimed[2].start, [], e)
                 elapsed = time.perf_counter() - began
+                cpu = time.thread_time() - cpu_began if sizer is not None else 0.0
                 self.file(claimed, chunk, elapsed)
                 size = claimed[2].size
                 # Drop the references: an error re-raised by the consumer grows a traceback
                 # that reaches the iterator, and a live thread must not keep that alive.
                 del chunk, claimed
-                if sizer is not None and self.tuned is not None:
-                    sizer.account(self, size, elapsed, time.thread_time() - cpu_began)
+                self.task_measured(size, elapsed, cpu)
         finally:
             with self.lock:
                 self.live_workers.discard(index)
@@ -405,9 +407,7 @@ class Core:
             last_done = now
             size = claimed[2].size
             del chunk, claimed, finish  # as in `work`: no traceback kept alive
-            sizer = self.sizer  # a model measures the calls (their CPU time is elsewhere)
-            if sizer is not None and self.tuned is not None:
-                sizer.account(self, size, wall, 0.0)
+            self.task_measured(size, wall, 0.0)  # the call's CPU time is elsewhere
 
     def spawn_then_work(self, indices: list[int], name: str) -> None:
         """A worker's entry: start half of ``indices[1:]`` each in two children, then work
@@ -619,9 +619,9 @@ class PooledCore(Core):
             self.lock.acquire()
         return True
 
-    def ran_inline(self, size: int, wall: float, cpu: float) -> None:
-        """A chunk of ``size`` ran on the consumer's thread: the model measures it as a task
-        of a tuned stage (a stage that runs inline is one busy thread)."""
+    def task_measured(self, size: int, wall: float, cpu: float) -> None:
+        """:meth:`Core.task_measured` for the pool's model (the pool's threads count their
+        tasks themselves: this is a chunk run on the consumer's thread)."""
         if self.tuned is not None:
             pool_module.shared_pool().account(self, size, wall, cpu)
 
@@ -922,7 +922,7 @@ class ChunkRunner:
         if probe:  # after the policy's first measurement: the guess consults it
             tuner.probed(cpu, elapsed, task.size)  # type: ignore[union-attr]
         if modelled:
-            core.ran_inline(task.size, elapsed, cpu)
+            core.task_measured(task.size, elapsed, cpu)
         if self._policy.threads_pay_after_warmup():
             # Inline chunks showed costly work: start the workers now, so that they read
             # ahead while the consumer handles this chunk (a training step overlaps reads).

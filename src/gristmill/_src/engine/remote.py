@@ -341,9 +341,7 @@ class RemoteCore(Core):
                 wall = now - max(call.sent, calls.last_done)
                 self.file(call.claimed, chunk, wall)
                 calls.last_done = now
-                sizer = self.sizer  # a model sizes the workers: it measures the task
-                if sizer is not None and self.tuned is not None:
-                    sizer.account(self, call.claimed[2].size, wall, call.cpu_s)
+                self.task_measured(call.claimed[2].size, wall, call.cpu_s)
                 del call, chunk
         finally:
             workers.release(slot)

@@ -24,7 +24,6 @@ applies between processes. They are started once: the model uses as many or fewe
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import TYPE_CHECKING
 
 from gristmill._src.core.schedstat import runqueue_wait_s
@@ -52,14 +51,12 @@ class StageThreads:
         self._lock = threading.Lock()
         self._window = PoolWindow.start()
         self._native_ids: set[int] = set()  # the threads that ran its tasks (the kernel's)
-        self._core: weakref.ref[Core] | None = None
         self._interval = INTERVAL_S if interval is None else interval
 
     def tune(self, core: Core) -> None:
         """The model tunes ``core`` from now on (its probe, if it ran one, is the first
         guess; else its first window is)."""
         with self._lock:
-            self._core = weakref.ref(core)
             self._window = PoolWindow.start()
             self.model.stage_tuned(core)
         self.model.apply_to_members([core])

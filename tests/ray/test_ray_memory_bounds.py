@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.support.proc import pss
+from tests.support.proc import end_forked_children, pss
 
 import gristmill as gm
 from gristmill.pipeline import PipelineBuilder, defs
@@ -142,6 +142,7 @@ def measure(kind, backend):
     actors = _actor_pids(names)
     assert len(actors) == W, (names, actors)
     me = os.getpid()
+    end_forked_children()  # one ending mid-measurement would move its shared pages here
     store = _store_file()
     base = {"main": pss(me), "actors": sum(map(pss, actors)), "store": _store_bytes(store)}
     peaks = dict.fromkeys(base, 0)

@@ -87,17 +87,31 @@ def test_signatures_match(target):
 
 
 def test_log_lines_match_and_count_data_items_only_s2_fix(caplog):
-    """SPDL 0.8.0 counts its EOF sentinel as an item (21 for 20 items through a stage's
+    """SPDL 0.8.0 counts its EOF sentinel as an item (up to 21 for 20 items through a stage's
     queue); gristmill counts data items only (20 at every boundary), as the reference's S2
-    fix asks."""
+    fix asks. SPDL logs a queue's count when its producer ends, so a consumer that lags
+    (a loaded machine) shows fewer: its runs are repeated until one shows the sentinel."""
+    builder = lambda b: b.add_source(range(20)).pipe(plus_one).add_sink(3)  # noqa: E731
     with caplog.at_level(logging.INFO):
-        for which in MODULES:
-            builder = lambda b: b.add_source(range(20)).pipe(plus_one).add_sink(3)  # noqa: E731
-            assert run(which, builder) == list(range(1, 21))
-    ours, theirs = queue_counts(caplog, "gristmill"), queue_counts(caplog, "spdl")
-    assert ours.keys() == theirs.keys() == {"0:src_queue", "1:plus_one_queue", "2:sink_queue"}
-    assert theirs["1:plus_one_queue"] == 21
+        assert run("gristmill", builder) == list(range(1, 21))
+    ours = queue_counts(caplog, "gristmill")
+    assert ours.keys() == {"0:src_queue", "1:plus_one_queue", "2:sink_queue"}
     assert ours == dict.fromkeys(ours, 20)
+    seen = []
+    for _ in range(SPDL_TRIES):
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            assert run("spdl", builder) == list(range(1, 21))
+        theirs = queue_counts(caplog, "spdl")
+        assert theirs.keys() == ours.keys()
+        seen.append(theirs["1:plus_one_queue"])
+        if seen[-1] == 21:
+            break
+    assert max(seen) == 21, seen
+    assert all(count <= 21 for count in seen), seen
+
+
+SPDL_TRIES = 20
 
 
 def test_queue_names_match(caplog):

@@ -37,6 +37,7 @@ def backend():
     from gristmill.ray import RayBackend
 
     shared = RayBackend(num_actors=2, actor_options={"num_cpus": 0.25})
+    start_actors(shared, 2)
     yield shared
     shared.shutdown()
 
@@ -56,3 +57,22 @@ def wait_for_actor_names(predicate, timeout_s=120.0):
     while not predicate(names := pool_actor_names()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return names
+
+
+def start_actors(backend, n):
+    """Has ``backend``'s ``n`` actors start (a short mp_prefetch on all of them), and waits
+    until the last has answered: a module's shared backend then holds no start notice's
+    timer thread (``ray/pool.py``) that the test which happened to start it would leave
+    behind where an actor is slow to start (a loaded machine)."""
+    import gristmill as gm
+
+    ds = gm.MapDataset.range(2 * n).to_iter_dataset()
+    options = gm.MultiprocessingOptions(num_workers=n, per_worker_buffer_size=1)
+    it = iter(ds.mp_prefetch(options, backend=backend))
+    assert list(it) == list(range(2 * n))
+    it.close()
+    pool = backend.pool  # its record of the actors still starting (internal)
+    deadline = time.monotonic() + 120
+    while pool._starting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not pool._starting, pool._starting

@@ -117,7 +117,8 @@ class ActorPool:
         # take only locks that no thread holds across a Ray call: this one, for these two
         self._start_lock = threading.Lock()
         self._starting: dict[str, int] = {}  # actor name -> slot, until the actor is up
-        self._notice: threading.Timer | None = None
+        self._notice: threading.Timer | None = None  # the one waiting to fire
+        self._notices: list[threading.Timer] = []  # every one started and not yet joined
         self._regions = 0  # to() regions running on the actors
         runtime.add_pool(self)  # shut down at interpreter exit
 
@@ -179,6 +180,7 @@ class ActorPool:
                 self._notice = threading.Timer(START_NOTICE_S, self._notice_due)
                 self._notice.name = f"gristmill[ray-{self._id}]-start-notice"
                 self._notice.daemon = True
+                self._notices = [t for t in self._notices if t.is_alive()] + [self._notice]
                 self._notice.start()
         actor = self._actor_class.options(name=name, **self._options).remote()
         # the first call the actor runs: its reply says the actor is up
@@ -313,6 +315,10 @@ class ActorPool:
             if self._notice is not None:
                 self._notice.cancel()
                 self._notice = None
+            notices, self._notices = self._notices, []
+        for notice in notices:  # one that fired may still be asking Ray: it ends on its own
+            if notice is not threading.current_thread():
+                notice.join(_DRAIN_S)
         if not slots:
             return
         ray = import_ray()

@@ -93,9 +93,10 @@ def test_slice_step_zero():
         M.range(10)[::0]
 
 
-def test_slice_method_takes_slice_objects_only():
-    with raises(ValueError, "sl must be a slice", "[1, 2]", "ds.slice(slice(2, 8))"):
-        M.range(10).slice([1, 2])
+@pytest.mark.parametrize("sl", [5, "12", [1, 2.5], [[1], [2]], [True, False]])
+def test_slice_method_takes_a_slice_or_integer_indices(sl):
+    with raises(TypeError, "sl must be a slice or a sequence of integer indices", "ds.slice([3"):
+        M.range(10).slice(sl)
 
 
 @pytest.mark.parametrize("method", ["map", "filter", "map_with_index"])

@@ -715,7 +715,13 @@ def test_elastic_state_is_validated_and_pipeline_checked():
         ((M.range(8), 5, shard(0, 2)), {}, ValueError, ["Global batch size 5", "shard count 2"]),
         ((M.range(8), 0, shard(0, 1)), {}, ValueError, ["global_batch_size must be >= 1", "0"]),
         ((M.range(8), 2.0, shard(0, 1)), {}, TypeError, ["global_batch_size must be an int"]),
-        ((it_range(0, 8), 2, shard(0, 1)), {}, TypeError, ["ds must be a MapDataset"]),
+        (
+            (it_range(0, 8), 2, shard(0, 1)),
+            {},
+            ValueError,
+            ["needs an InterleaveIterDataset", "found PrefetchIterDataset"],
+        ),
+        (([0, 1], 2, shard(0, 1)), {}, TypeError, ["ds must be a MapDataset or an IterDataset"]),
         ((M.range(8), 2, (0, 1)), {}, TypeError, ["shard_options must be a ShardOptions"]),
         (
             (M.range(8).filter(every_tenth).map(str), 2, shard(0, 1)),

@@ -38,8 +38,13 @@ def encode(state: Any) -> str:
 def write_state(directory: str | os.PathLike[str], state: Any) -> pathlib.Path:
     """Writes ``state`` atomically (a temporary file renamed into place); returns the path."""
     path = state_path(directory)
+    write_text_atomically(path, encode(state))
+    return path
+
+
+def write_text_atomically(path: pathlib.Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = encode(state)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -48,7 +53,6 @@ def write_state(directory: str | os.PathLike[str], state: Any) -> pathlib.Path:
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def read_state_text(directory: str | os.PathLike[str]) -> str:
@@ -69,6 +73,11 @@ def read_state(directory: str | os.PathLike[str]) -> Any:
     return _load(directory)[1]
 
 
+def parse_file(path: pathlib.Path) -> Any:
+    """The state in the JSON file ``path`` (errors as :func:`read_state_text`)."""
+    return _parse(path, path.read_bytes())[1]
+
+
 def _load(directory: str | os.PathLike[str]) -> tuple[str, Any]:
     path = state_path(directory)
     try:
@@ -78,6 +87,10 @@ def _load(directory: str | os.PathLike[str]) -> tuple[str, Any]:
             f"no checkpoint for this process at {str(path)!r}; save one there first (the file "
             "name carries the process index and count, which must match the saving run's)"
         ) from None
+    return _parse(path, raw)
+
+
+def _parse(path: pathlib.Path, raw: bytes) -> tuple[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

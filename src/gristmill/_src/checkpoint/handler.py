@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gristmill._src.checkpoint import files
+from gristmill._src.checkpoint import elastic_files, files
 
 
 def _item(item: Any, args: Any, method: str) -> Any:
@@ -26,6 +26,10 @@ def _item(item: Any, args: Any, method: str) -> Any:
 class CheckpointHandler:
     """Writes ``process_{i}-of-{n}.json`` with the iterator's state; restores it.
 
+    An ``ElasticIterator`` over an IterDataset also writes ``shard_state_{g}.json`` for each
+    shard it reads; restored under another process count, it resumes the shards it now
+    reads from those files. One over a MapDataset restores from any process's file then.
+
     >>> import tempfile, gristmill as gm
     >>> it = iter(gm.MapDataset.range(6).to_iter_dataset())
     >>> _ = next(it), next(it)
@@ -39,11 +43,16 @@ class CheckpointHandler:
 
     def save(self, directory: str | os.PathLike[str], item: Any = None, args: Any = None) -> None:
         """Saves ``item.get_state()`` (or ``args.item``'s) under ``directory``."""
-        files.write_state(directory, _item(item, args, "save").get_state())
+        item = _item(item, args, "save")
+        elastic_files.save_elastic(directory, item)  # shard_state_{g}.json, if it has shards
+        files.write_state(directory, item.get_state())
 
     def restore(self, directory: str | os.PathLike[str], item: Any = None, args: Any = None) -> Any:
         """Restores the iterator from ``directory``, starts its prefetch, returns it."""
         iterator = _item(item, args, "restore")
+        if elastic_files.restore_rescaled(directory, iterator):
+            iterator.start_prefetch()
+            return iterator
         text = files.read_state_text(directory)
         state = files.read_state(directory)
         if isinstance(iterator.get_state(), (bytes, bytearray)):

@@ -10,6 +10,7 @@ from gristmill._src.dataset import (  # noqa: F401  (imported for registration)
     mapping,
     perf_config,
     prefetch,
+    reindex,
     shuffle,
     slicing,
     source,

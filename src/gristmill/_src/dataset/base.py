@@ -278,9 +278,18 @@ class MapDataset(Generic[T], grain_types.MapDataset, metaclass=_MapDatasetMeta):
         """A new permutation of every epoch; ``seed`` in [0, 2**32) or from ``ds.seed()``."""
         return op("shuffle")(self, seed)  # type: ignore[no-any-return]
 
-    def slice(self, sl: slice) -> MapDataset[T]:
-        """The elements at ``range(len(self))[sl]``; later epochs read later parent epochs."""
-        return op("slice")(self, sl)  # type: ignore[no-any-return]
+    def slice(self, sl: slice | Sequence[int] | MapDataset[int]) -> MapDataset[T]:
+        """The elements at ``range(len(self))[sl]``, or at the indices ``sl`` (a sequence
+        or a MapDataset of ints in ``[0, len(self))``, in its order, repeats allowed); later
+        epochs read later parent epochs.
+
+        >>> import gristmill as gm
+        >>> list(gm.MapDataset.range(10, 20).slice([3, 1, 4, 1]))
+        [13, 11, 14, 11]
+        """
+        if isinstance(sl, slice):
+            return op("slice")(self, sl)  # type: ignore[no-any-return]
+        return op("reindex")(self, sl)  # type: ignore[no-any-return]
 
     def repeat(
         self, num_epochs: int | None = None, *, reseed_each_epoch: bool = True

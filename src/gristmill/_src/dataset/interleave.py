@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from gristmill._src.core import specs, validation
 from gristmill._src.core.dataset_options import IteratorContext
+from gristmill._src.dataset import interleave_shards
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.in_place_slicing import check_set_slice
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
@@ -129,6 +130,13 @@ class InterleaveIterDataset(IterDataset[Any]):
         if isinstance(self._datasets, MapDataset):  # a MapDataset of datasets is the parent
             self._parents = (self._datasets,)
 
+    def _dataset_count(self) -> int:
+        return len(self._datasets)
+
+    def _start_state(self, index: int) -> Any:
+        """The state of a fresh iterator of ``datasets[index]`` (a shard not started yet)."""
+        return start_state(self._datasets, index)
+
     @property
     def _element_spec(self) -> Any:
         return specs.get_element_spec(self._datasets[0])
@@ -157,6 +165,15 @@ def _open(
     if own is not None:  # the interleave's options (explicit fields) reach the datasets
         own.options = ctx.options.merge(own.options)
     return iterator
+
+
+def start_state(datasets: Any, index: int) -> Any:
+    """The state of a fresh iterator of ``datasets[index]``."""
+    iterator = _open(datasets, index, 0, IteratorContext())
+    try:
+        return iterator.get_state()
+    finally:
+        iterator.close()
 
 
 def _close_all(iterators: Sequence[DatasetIterator[Any]]) -> None:
@@ -320,6 +337,10 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._exhausted = [0] * slots
         self._next_in_cycle = 0
         self._next_in_datasets = slots
+        # Saved states of datasets not opened yet (None: exhausted, skipped): set by a
+        # restore from shard states (interleave_shards.join).
+        self._future: dict[int, Any] = {}
+        self._start_states: dict[int, Any] = {}
         # Opening ahead: the runner delivers the iterator of dataset `_position` next.
         self._make_iter_threads = num_make_iter_threads
         self._make_iter_buffer_size = make_iter_buffer_size
@@ -399,7 +420,21 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
             else:
                 iterator = _open(self._datasets, index, self._iter_buffer_size, self._ctx)
             self._iterators[slot] = iterator
+            saved = self._future.pop(index, None)
+            if saved is not None:
+                iterator.set_state(saved)
         return iterator
+
+    def _skip_finished(self) -> None:
+        """Moves past the datasets ahead that a restore found exhausted already."""
+        skipped = False
+        future = self._future
+        while self._next_in_datasets in future and future[self._next_in_datasets] is None:
+            del future[self._next_in_datasets]
+            self._next_in_datasets += 1
+            skipped = True
+        if skipped:
+            self._reposition(self._next_in_datasets)
 
     def _replace(self, slot: int) -> None:
         old = self._iterators[slot]
@@ -423,6 +458,8 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         while True:
             slot = self._next_in_cycle
             if self._exhausted[slot]:
+                if self._future:
+                    self._skip_finished()
                 if self._next_in_datasets >= self._count:
                     if all(self._exhausted):
                         row.left += 1  # the call that ends it delivers no element
@@ -452,18 +489,43 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         return f"interleave(cycle_length={self._cycle_length}, datasets={self._count})"
 
     def get_state(self) -> dict[str, Any]:
-        return self._export_state(
-            {
-                "next_index_in_cycle": self._next_in_cycle,
-                "next_index_in_datasets": self._next_in_datasets,
-                "iterators_in_use_indices": list(self._in_use),
-                "iterators_in_use_states": [
-                    self._slot_iterator(slot).get_state() for slot in range(len(self._in_use))
-                ],
-                "exhausted": list(self._exhausted),
-                "future_states": {},
-            }
-        )
+        return self._export_state(self._state())
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "next_index_in_cycle": self._next_in_cycle,
+            "next_index_in_datasets": self._next_in_datasets,
+            "iterators_in_use_indices": list(self._in_use),
+            "iterators_in_use_states": [
+                self._slot_iterator(slot).get_state() for slot in range(len(self._in_use))
+            ],
+            "exhausted": list(self._exhausted),
+            # string keys: the same after a JSON round trip
+            "future_states": {str(index): state for index, state in self._future.items()},
+        }
+
+    def get_shard_states(self) -> list[dict[str, Any]]:
+        """The position of each dataset on its own: ``{"exhausted": 0 | 1, "state": ...}``
+        per dataset, in dataset order (see ``interleave_shards``)."""
+        return interleave_shards.split(self._state(), self._count, self._start_state)
+
+    def set_shard_states(self, shard_states: Sequence[Any]) -> None:
+        """Resumes every dataset at its shard state (one per dataset, in dataset order)."""
+        if not isinstance(shard_states, Sequence) or len(shard_states) != self._count:
+            raise ValueError(
+                f"shard_states must be a list of {self._count} shard states (one per "
+                f"dataset), got {shard_states!r}; pass the value of get_shard_states()"
+            )
+        shards = [
+            interleave_shards.check_shard(value, f"shard_states[{index}]")
+            for index, value in enumerate(shard_states)
+        ]
+        self.set_state(interleave_shards.join(shards, self._cycle_length))
+
+    def _start_state(self, index: int) -> Any:
+        if index not in self._start_states:
+            self._start_states[index] = start_state(self._datasets, index)
+        return self._start_states[index]
 
     def set_state(self, state: dict[str, Any]) -> None:
         state = self._import_state(state)
@@ -497,6 +559,9 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         next_in_datasets = state_count(
             values["next_index_in_datasets"], owner, "next_index_in_datasets", high=self._count
         )
+        future = interleave_shards.future_states(
+            state.get("future_states"), next_in_datasets, self._count
+        )
         # An open iterator of a dataset the state also has open is repositioned, not
         # reopened: its resources (a worker process, an open file) stay.
         reusable = {
@@ -520,6 +585,7 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._exhausted = exhausted
         self._next_in_cycle = next_in_cycle
         self._next_in_datasets = next_in_datasets
+        self._future = future
         self._reposition(next_in_datasets)
 
     def _get_next_index(self) -> int:

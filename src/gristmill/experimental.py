@@ -34,6 +34,7 @@ from gristmill._src.engine.reporting import log_statistics_every
 from gristmill._src.engine.tuner import TuningBudget
 from gristmill._src.loader.elastic import ElasticIterator
 from gristmill._src.loader.pack_and_batch import PackAndBatchOperation
+from gristmill._src.loader.partitioned import PartitionedIterDataset
 from gristmill._src.public import export as _export
 from gristmill._src.sources.parquet_dataset import ParquetIterDataset
 from gristmill._src.sources.tfrecord import TFRecordIterDataset
@@ -54,6 +55,7 @@ _export(
     LimitIterDataset,
     PackAndBatchOperation,
     ParquetIterDataset,
+    PartitionedIterDataset,
     PerformanceConfig,
     RebatchIterDataset,
     RepeatIterDataset,
@@ -88,6 +90,7 @@ __all__ = [
     "MapWithIndexTransform",
     "PackAndBatchOperation",
     "ParquetIterDataset",
+    "PartitionedIterDataset",
     "PerformanceConfig",
     "RebatchIterDataset",
     "RepeatIterDataset",

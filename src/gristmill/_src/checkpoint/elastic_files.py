@@ -4,7 +4,8 @@ Each process writes the states of the shards it reads (``ElasticIterator.get_sha
 each file ``json.dumps(shard_state, indent=4)``), next to its own
 ``process_{i}-of-{n}.json``. A restore under the same process count reads that file (exact);
 under another count, shard ``s`` of ``C`` reads ``shard_state_{s}.json``,
-``shard_state_{s + C}.json``, … up to the first missing one, and resumes those shards.
+``shard_state_{s + C}.json``, … up to the first missing one, and resumes those shards (a
+``PartitionedIterDataset`` reads the files of the partitions it names, a contiguous range).
 
 An ElasticIterator over a MapDataset has one state for all shards: under another process
 count it restores from any process's file (Grain main looks for this process's file only,
@@ -73,10 +74,16 @@ def restore_shards(directory: str | os.PathLike[str], item: ElasticCheckpoint) -
     """Resumes the shards ``item`` reads from their ``shard_state_{g}.json`` files."""
     index, count = item.shard_options.shard_index, item.shard_options.shard_count
     states: dict[int, Any] = {}
-    shard = index
-    while (path := shard_path(directory, shard)).exists():
-        states[shard] = files.parse_file(path)
-        shard += count
+    owned = getattr(item, "_owned_shards", None)
+    if owned is not None:  # shards of its own choosing (a PartitionedIterDataset's range)
+        for shard in owned():
+            if (path := shard_path(directory, shard)).exists():
+                states[shard] = files.parse_file(path)
+    else:  # Grain main's: shard s of C reads shards s, s + C, … up to the first missing one
+        shard = index
+        while (path := shard_path(directory, shard)).exists():
+            states[shard] = files.parse_file(path)
+            shard += count
     if not states and not any(pathlib.Path(directory).glob("shard_state_*.json")):
         raise files.CheckpointNotFoundError(
             f"no shard_state_<index>.json files in {str(directory)!r} for shard {index} of "

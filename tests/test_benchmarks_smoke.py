@@ -127,6 +127,15 @@ def test_an_issue_35_script_prints_its_rows_in_quick_mode(script):
         assert all(sum(line.count(m) for m in "✓✗") == 3 for line in rows), stdout
 
 
+def test_the_elastic_resume_script_resumes_exactly_and_prints_its_rows_in_quick_mode():
+    stdout = run_script("elastic_resume.py", "--quick")
+    lines = stdout.splitlines()
+    assert [line for line in lines if line.startswith("  fresh start, first batch")], stdout
+    rows = [line for line in lines if line.startswith("  at ")]
+    assert len(rows) == 2, stdout  # each resume's first batch was checked against a replay
+    assert all("x fresh" in row and "state " in row for row in rows), stdout
+
+
 def test_the_autotune_script_is_the_six_pipeline_table():
     stdout = run_script("autotune.py", "--help")
     assert stdout.startswith("usage: autotune.py")

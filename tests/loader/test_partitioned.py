@@ -2,6 +2,9 @@
 global batches is the uninterrupted N-host run's, batch by batch (hosts simulated as
 iterators of this process; ``test_partitioned_processes.py`` runs them as processes)."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -268,3 +271,26 @@ def test_bad_arguments_are_refused_naming_the_parameter_and_the_fix(kwargs, mess
     }
     with pytest.raises((ValueError, TypeError), match=message):
         E.PartitionedIterDataset(**{**args, **kwargs})
+
+
+def slow(x):
+    time.sleep(0.001)  # costly enough that a partition's read stage runs on threads
+    return x
+
+
+def slow_partition(p):
+    return gm.MapDataset.range(p * 100, p * 100 + 20).map(slow).to_iter_dataset()
+
+
+def test_many_partitions_on_a_host_share_the_processs_pool_not_a_set_of_threads_each():
+    (it,) = [iter(E.PartitionedIterDataset(slow_partition, 48, 96, gm.sharding.ShardOptions(0, 1)))]
+    seen = set()
+    rows = 0
+    for batch in it:
+        rows += len(batch)
+        seen.update(t.name for t in threading.enumerate() if t.name.startswith("gristmill["))
+    it.close()
+    assert rows == 48 * 20
+    # no thread of a partition's own: the pool's, the reaper, nothing else
+    assert {name.split("]")[0] + "]" for name in seen} <= {"gristmill[pool]", "gristmill-reaper]"}
+    assert any(name.startswith("gristmill[pool]") for name in seen)

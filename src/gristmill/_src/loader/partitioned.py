@@ -66,7 +66,10 @@ class PartitionedIterDataset(IterDataset[Any]):
       num_steps: the job's steps (then no partition is counted); a partition that runs out
         earlier is padded (``"pad"``) or is an error naming it (``"drop"``). None: counted
         from every partition's length.
-      multiprocessing_options: read this host's partitions in worker processes.
+      multiprocessing_options: run each partition's map and filter work in that many worker
+        processes (``mp_prefetch``); output and states are the same for any count.
+      backend: where those workers run (``mp_prefetch(backend=…)``: a ``RayBackend``, whose
+        actors the partitions share).
       batch_fn: makes a local batch from its list of elements (default: stack each leaf,
         as ``batch``).
 
@@ -90,6 +93,7 @@ class PartitionedIterDataset(IterDataset[Any]):
         pad_element: Any = None,
         num_steps: int | None = None,
         multiprocessing_options: MultiprocessingOptions | None = None,
+        backend: Any = None,
         batch_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         super().__init__()
@@ -142,6 +146,7 @@ class PartitionedIterDataset(IterDataset[Any]):
         self._pad_element = pad_element
         self._num_steps = num_steps
         self._multiprocessing_options = multiprocessing_options
+        self._backend = backend
         self._batch_fn = batch_fn or make_batch
 
     @property
@@ -189,6 +194,8 @@ class PartitionedIterDataset(IterDataset[Any]):
         ds = self._dataset(partition)
         iter_ds = ds if isinstance(ds, IterDataset) else ds.to_iter_dataset()
         options = self._multiprocessing_options
+        if self._backend is not None:
+            return iter_ds.mp_prefetch(options, backend=self._backend)
         if options is None or not options.num_workers:
             return iter_ds
         return iter_ds.mp_prefetch(options)
@@ -198,7 +205,11 @@ class PartitionedIterDataset(IterDataset[Any]):
         if self._num_steps is not None:
             return self._num_steps
         rows = self.rows_per_partition
-        lengths = [sum(1 for _ in self._dataset(p)) for p in range(self._num_partitions)]
+        lengths = []
+        for p in range(self._num_partitions):  # in the workers, if the partitions use them
+            it = iter(self._partition(p))
+            lengths.append(sum(1 for _ in it))
+            it.close()
         if self._remainder == "drop":
             return min(length // rows for length in lengths)
         return max(-(-length // rows) for length in lengths)

@@ -108,12 +108,27 @@ def any_process_state(directory: str | os.PathLike[str]) -> Any:
 
 
 def restore_rescaled(directory: str | os.PathLike[str], item: Any) -> bool:
-    """Restores an ElasticIterator saved under another process count; False otherwise
-    (then this process's own ``process_{i}-of-{n}.json`` restores it exactly)."""
-    if not isinstance(item, ElasticCheckpoint):
+    """Restores an ElasticIterator (or a DataLoader iterator) saved under another process
+    count; False otherwise (then this process's own ``process_{i}-of-{n}.json`` restores it
+    exactly)."""
+    from_shards = getattr(item, "set_state_from_shards", None)
+    if not isinstance(item, ElasticCheckpoint) and from_shards is None:
         return False
-    if saved_process_count(directory) == jax_process_index_and_count()[1]:
+    saved = saved_process_count(directory)
+    if saved == jax_process_index_and_count()[1]:
         return False
+    if from_shards is not None:  # a DataLoader: every saving process's state, in order
+        if not saved:
+            return False  # no process file: the restore names the one it looked for
+        paths = [pathlib.Path(directory) / f"process_{i}-of-{saved}.json" for i in range(saved)]
+        missing = [path.name for path in paths if not path.exists()]
+        if missing:
+            raise files.CheckpointNotFoundError(
+                f"{str(directory)!r} lacks {missing} of the {saved} processes that saved: a "
+                "restore under another process count reads every one"
+            )
+        from_shards([path.read_bytes() for path in paths])
+        return True
     if item._elastic_layout() == "shards":
         restore_shards(directory, item)
     else:  # one state for every shard

@@ -83,8 +83,10 @@ class _SamplerRecords(MapDataset[Any]):
 
 
 def _shard_length(sampler: Any, s: int, c: int) -> int:
-    """How many records shard ``s`` of ``c`` reads: every record of its block, per epoch."""
-    if isinstance(sampler, IndexSampler):
+    """How many records shard ``s`` of ``c`` reads: every record of its block, per epoch (a
+    sampler sharded as the loader), or the sampler's indices ``s, s + c, …`` (an unsharded
+    sampler that the loader's ``shard_options`` stride)."""
+    if isinstance(sampler, IndexSampler) and sampler._shard_count == c:
         return sampler._records_in_shard()
     length = _sampler_length(sampler)
     return max(0, (length - s + c - 1) // c)
@@ -425,6 +427,62 @@ class DataLoaderIterator:
             return
         consumed = loader_state.continuation(taken, exact=self._validate)
         self._iterator.set_state(loader_state.with_next_index(native, consumed))
+
+    def set_state_from_shards(self, states: Any) -> None:
+        """Continues, as this loader's shard, a run saved under another shard count.
+
+        ``states`` are ``get_state()`` of every shard of the saving run, in shard order
+        (shard ``s`` of ``len(states)``). The shards must have read in lockstep (no filter,
+        flat map or packing among the operations: each consumed as many records), from an
+        unsharded sampler whose indices the loaders' ``shard_options`` stride: the records
+        consumed are then a prefix of the sampler's indices, and this shard goes on with the
+        records after it that it reads under its own sharding — none repeated, none lost;
+        global step ``t`` holds the same records as in the uninterrupted run (the global
+        batch size kept). ``CheckpointHandler.restore`` calls this when the process count
+        differs from the saving run's.
+
+        Raises:
+          ValueError: a state is not this loader's (its sampler or source), the sampler is
+            sharded, the operations split records, or the shards did not read in lockstep.
+        """
+        loader = self._loader
+        if isinstance(states, (bytes, bytearray, str)) or not isinstance(states, Sequence):
+            raise TypeError(
+                "states must be a list of the saving shards' get_state() bytes, in shard "
+                f"order, got {states!r:.80}; pass [state_of_shard_0, state_of_shard_1, …]"
+            )
+        if not states:
+            raise ValueError("states must not be empty: pass every saving shard's state")
+        if self._native() or loader._per_worker:
+            raise ValueError(
+                "set_state_from_shards needs records read in order, one element each: a "
+                "FlatMap among the operations, or MultiprocessingOrder.GRAIN_PER_WORKER, "
+                "reads them otherwise; restore under the saving run's shard count"
+            )
+        sampler_shards = getattr(loader._sampler, "_shard_options", None)
+        if sampler_shards is not None and sampler_shards.shard_count != 1:
+            raise ValueError(
+                f"set_state_from_shards needs an unsharded sampler, got {loader._sampler!r}: "
+                "a sampler sharded by its own shard_options gives each shard a block of "
+                "records that depends on the shard count. Use IndexSampler(..., "
+                "shard_options=NoSharding()) and DataLoader(shard_options=ShardOptions(i, n))"
+            )
+        consumed = []
+        for old_shard, state in enumerate(states):
+            data = state_json.loads(state, f"states[{old_shard}] (JSON bytes)")
+            if not isinstance(data, dict) or "last_seen_indices" not in data:
+                raise ValueError(
+                    f"states[{old_shard}] must be a DataLoader state (get_state() bytes), "
+                    f"got {data!r:.200}"
+                )
+            if self._validate:
+                _check_same_loader(loader, data)
+            taken = loader_state.records_taken(data, old_shard, len(states))
+            consumed.append(loader_state.continuation(taken, exact=True))
+        shard = loader._shard_options
+        position = loader_state.rescaled(consumed, shard.shard_index, shard.shard_count)
+        native = self._iterator.get_state()
+        self._iterator.set_state(loader_state.with_next_index(native, position))
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"

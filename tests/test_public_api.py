@@ -285,6 +285,7 @@ EXPECTED = {
         "LimitIterDataset",
         "PackAndBatchOperation",
         "ParquetIterDataset",
+        "PartitionedIterDataset",
         "PerformanceConfig",
         "RebatchIterDataset",
         "RepeatIterDataset",

@@ -83,7 +83,7 @@ def test_shards_that_read_unevenly_are_refused_naming_the_partitioned_dataset():
         next(it)
     states = [it.get_state() for it in iterators]
     it = iter(loader(0, 1, operations=ops))
-    with pytest.raises(ValueError, match=r"consumed records unevenly.*PartitionedIterDataset"):
+    with pytest.raises(ValueError, match=r"consumed unevenly.*PartitionedIterDataset"):
         it.set_state_from_shards(states)
 
 

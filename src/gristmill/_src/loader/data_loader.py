@@ -30,7 +30,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from gristmill._src.core import grain_types, state_json, transforms, validation
+from gristmill._src.core import grain_types, rescale, state_json, transforms, validation
 from gristmill._src.core.options import (
     MultiprocessingOptions,
     MultiprocessingOrder,
@@ -480,7 +480,9 @@ class DataLoaderIterator:
             taken = loader_state.records_taken(data, old_shard, len(states))
             consumed.append(loader_state.continuation(taken, exact=True))
         shard = loader._shard_options
-        position = loader_state.rescaled(consumed, shard.shard_index, shard.shard_count)
+        position = rescale.lockstep_position(
+            consumed, shard.shard_index, shard.shard_count, "DataLoader states"
+        )
         native = self._iterator.get_state()
         self._iterator.set_state(loader_state.with_next_index(native, position))
 

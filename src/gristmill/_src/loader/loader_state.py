@@ -100,36 +100,6 @@ def continuation(taken: list[int], *, exact: bool) -> int:
     return first_open
 
 
-def rescaled(consumed: list[int], shard_index: int, shard_count: int) -> int:
-    """The local positions shard ``shard_index`` of ``shard_count`` has consumed, when shard
-    ``s`` of ``len(consumed)`` consumed its first ``consumed[s]`` (shard ``s`` reads global
-    sampler indices ``s, s + C, …``).
-
-    Exact only when the old shards together consumed a *prefix* of the global indices (as
-    shards in lockstep do: equal batches, no filter): shard ``s`` consumed
-    ``ceil((g - s) / C)`` for ``g = sum(consumed)``; the new shard then consumed
-    ``ceil((g - shard_index) / shard_count)``.
-
-    Raises:
-      ValueError: the consumed records are not a prefix (some shard read further than
-        another): no position of another shard count continues them.
-    """
-    count = len(consumed)
-    total = sum(consumed)
-    prefix = [max(0, -(-(total - s) // count)) for s in range(count)]
-    if consumed != prefix:
-        raise ValueError(
-            f"the {count} DataLoader states consumed records unevenly (records per shard: "
-            f"{consumed}; a run in lockstep consumes {prefix}), as a filter, a flat map or "
-            "packing in the operations makes shards do: under another shard count no "
-            "position continues them without repeating or losing records. Restore them "
-            f"under {count} shards, or build the job with "
-            "gristmill.experimental.PartitionedIterDataset, whose global batches are the "
-            "same on any host count"
-        )
-    return max(0, -(-(total - shard_index) // shard_count))
-
-
 def _names_workers(last_seen: dict[Any, Any], workers: int) -> bool:
     """Whether the keys are exactly "0", "1", …, str(workers - 1)."""
     return len(last_seen) == workers and all(

@@ -11,6 +11,7 @@ stage that differs, with both descriptions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sized
 from typing import Any
 
@@ -95,3 +96,32 @@ def check(saved: Any, current: list[str]) -> None:
             f"this pipeline has {len(current)} (the first extra one, in {where}: {extra}); "
             f"{_ACCEPT}"
         )
+
+
+_AGGREGATE = re.compile(r"^(\d+):aggregate\((\d+)(.*)\)$")
+
+
+def check_rescaled(saved: Any, current: list[str], saved_ranks: int, ranks: int) -> None:
+    """Like :func:`check` for a state of one of ``saved_ranks`` ranks restored into one of
+    ``ranks``: the source (which names the rank) is not compared, and each aggregate may
+    differ in size as long as the global batch is kept (``size * ranks`` the same).
+
+    Raises:
+      StateMismatchError: another pipeline, or an aggregate whose global size differs.
+    """
+    if not isinstance(saved, list) or len(saved) != len(current):
+        check(saved, current)  # names the difference
+        return
+    for old, new in zip(saved[1:], current[1:], strict=True):
+        old_batch, new_batch = _AGGREGATE.match(old), _AGGREGATE.match(new)
+        if old_batch and new_batch and old_batch[3] == new_batch[3]:
+            if int(old_batch[2]) * saved_ranks != int(new_batch[2]) * ranks:
+                raise StateMismatchError(
+                    f"stage {new} here was {old} on each of {saved_ranks} ranks: a global "
+                    f"batch of {int(old_batch[2]) * saved_ranks} then, "
+                    f"{int(new_batch[2]) * ranks} now; keep the global batch (aggregate "
+                    f"{int(old_batch[2]) * saved_ranks // ranks} on each of {ranks} ranks) to "
+                    "continue its steps"
+                )
+        elif old != new:
+            check([old], [new])

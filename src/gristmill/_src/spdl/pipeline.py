@@ -14,10 +14,10 @@ import dataclasses
 import itertools
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from gristmill._src.core import state_json
+from gristmill._src.core import rescale, state_json
 from gristmill._src.engine import reaper, runtime
 from gristmill._src.engine.feeds import ChunkStream
 from gristmill._src.engine.markers import EOF, EPOCH_END, SKIP
@@ -31,6 +31,7 @@ from gristmill._src.spdl import fingerprint
 from gristmill._src.spdl.bg_tasks import BackgroundRunner
 from gristmill._src.spdl.delivery import DeliveryTracker
 from gristmill._src.spdl.queue_monitor import ItemCount, QueueMonitor, counters_probe
+from gristmill._src.spdl.samplers import DistributedDeterministicSampler, DistributedRandomSampler
 from gristmill._src.spdl.tracking import DeliveredOutputs, Keyed, ResumableSource
 
 PIPELINE_IDS = itertools.count()
@@ -356,6 +357,82 @@ class Pipeline(Generic[T]):
         self._delivered.outputs = dict(self._tracker.partial)
         self._delivered.batches = dict(self._tracker.partial_batches)
         self._delivered.members = dict(self._tracker.batch_members)
+
+    def set_state_from_ranks(self, states: Sequence[dict[str, Any]]) -> None:
+        """Continues, as this pipeline's rank, a run saved under another world size.
+
+        ``states`` are :meth:`get_state` of every rank of the saving run, in rank order. The
+        source must be a ``DistributedRandomSampler`` or ``DistributedDeterministicSampler``
+        (its rank and world size this pipeline's; its draw the same size under both world
+        sizes), and the ranks must have read in lockstep, in input order (the same number of
+        source items each, nothing delivered out of order or partly): the items consumed are
+        then a prefix of the global draw, and this rank goes on with the items after it that
+        it reads under its own world size — none repeated, none lost; global step ``t``
+        holds the same items as in the uninterrupted run (the global batch size kept).
+
+        Raises:
+          ValueError: the source is not a distributed sampler, its draw differs under the
+            saving world size, a state holds items delivered out of order, or the ranks did
+            not read in lockstep.
+          StateMismatchError: a state was saved by a pipeline built differently.
+        """
+        if self._resumable is None:
+            raise NotImplementedError(_NO_STATE)
+        source = self._resumable.source
+        if not isinstance(source, (DistributedRandomSampler, DistributedDeterministicSampler)):
+            raise ValueError(
+                "set_state_from_ranks needs a pipeline whose source is a "
+                "DistributedRandomSampler or DistributedDeterministicSampler (the global "
+                f"order every rank shares), got {type(source).__name__}; restore the saving "
+                "rank's own state with set_state"
+            )
+        if isinstance(states, dict) or not isinstance(states, Sequence) or not states:
+            raise TypeError(
+                "states must be a non-empty list of the saving ranks' get_state(), in rank "
+                f"order, got {states!r:.80}"
+            )
+        saved_ranks = len(states)
+        if source._dealt(saved_ranks) != source._dealt(source._world_size):
+            raise ValueError(
+                f"the sampler deals {source._dealt(saved_ranks)} positions to {saved_ranks} "
+                f"ranks but {source._dealt(source._world_size)} to {source._world_size} "
+                "(ddp_drop_last_distributed_round drops a different remainder), so the global "
+                "order differs; pass ddp_drop_last_distributed_round=False, or a dataset size "
+                "(num_draws) divisible by both world sizes"
+            )
+        consumed = [
+            self._lockstep_position(r, state, saved_ranks) for r, state in enumerate(states)
+        ]
+        position = rescale.lockstep_position(
+            consumed, source._rank, source._world_size, "SPDL pipeline states"
+        )
+        tracker = self._tracker
+        fresh = DeliveryTracker(continuous=tracker.continuous, batches=tracker.batches).state()
+        self.set_state({**fresh, "next_position": position})
+
+    def _lockstep_position(self, rank: int, state: Any, saved_ranks: int) -> int:
+        """Rank ``rank``'s source items consumed, from a state saved in input order."""
+        if not isinstance(state, dict) or "next_position" not in state:
+            raise ValueError(
+                f"states[{rank}] must be a dict returned by Pipeline.get_state(), got "
+                f"{state!r:.200}"
+            )
+        saved = state.get(fingerprint.STAGES_KEY)
+        if saved is not None:
+            ranks = self._resumable.source._world_size  # type: ignore[union-attr]
+            fingerprint.check_rescaled(saved, list(self._stages), saved_ranks, ranks)
+        held = [
+            key
+            for key in ("delivered_above", "partial_outputs", "partial_batches")
+            if state.get(key)
+        ]
+        if held or state.get("epochs_ended"):
+            raise ValueError(
+                f"states[{rank}] holds items delivered out of input order or in part ({held}), "
+                "or epochs of a continuous source: set_state_from_ranks needs each rank saved "
+                "between batches of a pipeline in input order (output_order='input')"
+            )
+        return int(state["next_position"])
 
     def get_iterator(self, *, timeout: float | None = None) -> Iterator[Any]:
         """An iterator over the rest of the stream (single use; one epoch)."""

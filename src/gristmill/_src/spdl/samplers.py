@@ -106,6 +106,10 @@ class DistributedDeterministicSampler:
         """This rank's indices (Python ints), the same every pass."""
         return iter(range(self._rank, self._total, self._world_size))
 
+    def _dealt(self, world_size: int) -> int:
+        """How many global positions (indices ``0, 1, …``) ``world_size`` ranks share."""
+        return _shares(self._n, 0, world_size, self._drop_last)[1]
+
     def __repr__(self) -> str:
         return (
             f"DistributedDeterministicSampler({self._n}, rank={self._rank}, "
@@ -241,6 +245,12 @@ class DistributedRandomSampler:
         rng = np.random.default_rng(self._seed)
         draw = rng.choice(self._n, size=self._num_draws, replace=self._p is not None, p=self._p)
         yield from draw[self._rank :: self._world_size]
+
+    def _dealt(self, world_size: int) -> int:
+        """How many global positions (the draw's entries) ``world_size`` ranks share: the
+        draw's size, which is the draw only while it is the same size."""
+        total = self._n if self._num_draws_arg is None else self._num_draws_arg
+        return _shares(total, 0, world_size, self._drop_last)[1]
 
     def shuffle(self, seed: int) -> None:
         """Sets the seed of the next passes; the order depends on nothing else.

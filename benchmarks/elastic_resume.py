@@ -10,7 +10,7 @@ batch 48, run on 4 hosts (iterators of this process) for ``--steps`` steps and c
 - **resume**: build it, ``set_state`` the 4 hosts' merged state, take the first batch;
 - **replay** (what a loader without positions does): build it and skip ``--steps`` batches.
 
-Each is the median of ``--repeats`` (5). The same at a tenth of the steps shows the resume
+Each is the median of ``--repeats`` (21). The same at a tenth of the steps shows the resume
 does not grow with how far the run had got; the state's JSON size is printed for both.
 Target: resume / fresh ≈ 1 (O(state), not O(steps)).
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--elements", type=int, default=10_000_000)
     parser.add_argument("--steps", type=int, default=5_000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:

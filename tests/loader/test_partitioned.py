@@ -2,8 +2,11 @@
 global batches is the uninterrupted N-host run's, batch by batch (hosts simulated as
 iterators of this process; ``test_partitioned_processes.py`` runs them as processes)."""
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,3 +297,42 @@ def test_many_partitions_on_a_host_share_the_processs_pool_not_a_set_of_threads_
     # no thread of a partition's own: the pool's, the reaper, nothing else
     assert {name.split("]")[0] + "]" for name in seen} <= {"gristmill[pool]", "gristmill-reaper]"}
     assert any(name.startswith("gristmill[pool]") for name in seen)
+
+
+def spdl_dialect(p):
+    """Partition p as an SPDL-dialect pipeline: a source, a pipe and a filtering pipe."""
+    from gristmill.pipeline import PipelineBuilder, PipelineIterDataset
+
+    builder = PipelineBuilder().add_source(range(p * 100, p * 100 + 25 + p))
+    builder.pipe(lambda x: x * 3).pipe(lambda x: x if x % 2 else None)  # None: dropped
+    return PipelineIterDataset(builder.add_sink(4), num_threads=2)
+
+
+def test_a_partition_built_in_the_spdl_dialect_resumes_on_another_host_count():
+    expected = steps(hosts(spdl_dialect, 4))
+    assert resumed(spdl_dialect, (4, 2, 3), (2, 1)) == expected
+    assert len(expected) > 3
+
+
+DROPPED_AT_EXIT = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.loader import test_partitioned as t
+print(len(t.steps(t.hosts(t.spdl_dialect, 4))))  # the iterators dropped, never closed
+"""
+
+
+def test_spdl_partitions_dropped_unclosed_end_quietly_at_interpreter_exit():
+    # dropped iterators that a reference cycle keeps are collected as the interpreter exits,
+    # after module globals are cleared: their queues' hooks printed 44 "Exception ignored"
+    root = str(Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", DROPPED_AT_EXIT.format(root=root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(len(steps(hosts(spdl_dialect, 4))))
+    assert "Exception ignored" not in result.stderr, result.stderr

@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import math
 import numbers
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
@@ -205,6 +206,11 @@ class StatsQueue(AsyncQueue[T]):
         interval: seconds between interval reports; ``<= 0`` (the default) turns them off.
     """
 
+    # Bound on the class: a pipeline its user dropped inside a reference cycle is collected
+    # at interpreter exit, after this module's globals are cleared; its hooks then end
+    # without a report (there is no one to read it) instead of failing on a cleared name.
+    _interpreter_exiting = staticmethod(sys.is_finalizing)
+
     def __init__(self, info: Any, *, buffer_size: int = 1, interval: float = -1) -> None:
         super().__init__(info, buffer_size=buffer_size)
         self.interval = check_interval(interval, "interval")
@@ -234,8 +240,9 @@ class StatsQueue(AsyncQueue[T]):
         try:
             yield
         finally:
-            self._final = _between(self._start, self._end or self._read())
-            self._log_stats(self._final)
+            if not self._interpreter_exiting():
+                self._final = _between(self._start, self._end or self._read())
+                self._log_stats(self._final)
 
     def _lap_stats(self) -> QueuePerfStats:
         """The figures since the previous call (or the start), for an interval report.

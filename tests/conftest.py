@@ -12,9 +12,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -166,6 +168,19 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in _summary_lines:
         terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def as_process(monkeypatch):
+    """``as_process(index, count)`` makes the code under test see process ``index`` of
+    ``count``, as ``jax.process_index()`` / ``process_count()`` report them (a stub ``jax``
+    module for the test)."""
+
+    def switch(index, count):
+        fake = types.SimpleNamespace(process_index=lambda: index, process_count=lambda: count)
+        monkeypatch.setitem(sys.modules, "jax", fake)
+
+    return switch
 
 
 @pytest.fixture

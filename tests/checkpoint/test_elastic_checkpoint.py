@@ -3,8 +3,6 @@
 processes and restored on M."""
 
 import json
-import sys
-import types
 
 import pytest
 
@@ -23,17 +21,6 @@ def shard_data(k):
 def shards_ds():
     parts = [M.source(shard_data(k)).to_iter_dataset() for k in range(6)]
     return E.InterleaveIterDataset(parts, cycle_length=2)
-
-
-@pytest.fixture
-def as_process(monkeypatch):
-    """Makes the handler see process ``index`` of ``count`` (as jax would report)."""
-
-    def switch(index, count):
-        fake = types.SimpleNamespace(process_index=lambda: index, process_count=lambda: count)
-        monkeypatch.setitem(sys.modules, "jax", fake)
-
-    return switch
 
 
 def save_on(directory, as_process, count, steps, build):

@@ -3,8 +3,6 @@
 consumed, none repeated, none lost, each global step holding the uninterrupted run's."""
 
 import json
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -103,15 +101,6 @@ def test_a_state_of_another_sampler_is_refused():
     )
     with pytest.raises(ValueError, match=r"Sampler in checkpoint does not match"):
         iter(other).set_state_from_shards(states)
-
-
-@pytest.fixture
-def as_process(monkeypatch):
-    def switch(index, count):
-        fake = types.SimpleNamespace(process_index=lambda: index, process_count=lambda: count)
-        monkeypatch.setitem(sys.modules, "jax", fake)
-
-    return switch
 
 
 def test_the_checkpoint_handler_restores_on_another_process_count(tmp_path, as_process):

@@ -179,7 +179,9 @@ def _check_map_dataset(ds: MapDataset[Any]) -> None:
         raise ValueError(
             f"ElasticIterator does not support `filter` transformation (here {dropping}): "
             "its state counts elements of ds, so every index must produce one element; "
-            "filter after reading, or use to_iter_dataset() with a regular checkpoint"
+            "filter after reading, use to_iter_dataset() with a regular checkpoint, or, to "
+            "resume a filtered job on another host count, "
+            "gristmill.experimental.PartitionedIterDataset"
         )
 
 

@@ -144,22 +144,36 @@ def test_global_step_t_takes_its_rows_from_every_partition_in_order():
         assert [x // 1000 for x in batch[p * rows : (p + 1) * rows]] == [p] * rows
 
 
-def test_worker_processes_resume_under_another_worker_and_host_count(no_children_left):
-    two = {"multiprocessing_options": gm.MultiprocessingOptions(num_workers=2)}
-    expected = steps(hosts(filtered, 4))
-    iterators = hosts(filtered, 4, **two)
-    head = steps(iterators, 2)
-    state = E.PartitionedIterDataset.merge_states([it.get_state() for it in iterators])
+def workers(n):
+    # num_steps: no pass over every partition's workers to count them (the count is tested
+    # above); partition 0 of `filtered` has 15 elements, 7 steps of 2
+    return {"multiprocessing_options": gm.MultiprocessingOptions(num_workers=n), "num_steps": 7}
+
+
+@pytest.mark.parametrize(
+    ("counts", "stops", "per_stage"),
+    [((4, 2, 3), (2, 1), (2, 1, 3)), ((2, 1), (3,), (2, 1))],
+    ids=["4-2-3", "2-1"],
+)
+def test_worker_processes_resume_under_another_worker_and_host_count(
+    counts, stops, per_stage, no_children_left
+):
+    expected = steps(hosts(filtered, counts[0]))
+    assert len(expected) == 7
+    iterators = hosts(filtered, counts[0], **workers(per_stage[0]))
+    out = []
+    for count, stop, n in zip(counts[1:], stops, per_stage[1:], strict=True):
+        out += steps(iterators, stop)
+        state = E.PartitionedIterDataset.merge_states([it.get_state() for it in iterators])
+        for it in iterators:
+            it.close()
+        iterators = hosts(filtered, count, **workers(n))
+        for it in iterators:
+            it.set_state(state)
+    out += steps(iterators)
     for it in iterators:
         it.close()
-    one = {"multiprocessing_options": gm.MultiprocessingOptions(num_workers=1)}
-    iterators = hosts(filtered, 3, **one)
-    for it in iterators:
-        it.set_state(state)
-    tail = steps(iterators)
-    for it in iterators:
-        it.close()
-    assert head + tail == expected
+    assert out == expected
 
 
 def short_partitions(p):

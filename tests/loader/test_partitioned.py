@@ -350,3 +350,16 @@ def test_spdl_partitions_dropped_unclosed_end_quietly_at_interpreter_exit():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(len(steps(hosts(spdl_dialect, 4))))
     assert "Exception ignored" not in result.stderr, result.stderr
+
+
+def test_the_plan_and_statistics_list_every_partitions_stages_then_the_interleave():
+    (it,) = [iter(E.PartitionedIterDataset(slow_partition, 6, 12, gm.sharding.ShardOptions(0, 2)))]
+    next(it)
+    plan = it.plan()
+    reads = [stage for stage in plan.stages if stage.role.value == "read"]
+    assert len(reads) == 3  # partitions 0, 1, 2 of this host, each its read stage
+    assert plan.stages[-1].role.value == "interleave"
+    assert len(plan.keys()) == len(set(plan.keys()))  # "<name> #k": each settable on its own
+    rows = it.statistics()
+    assert "Map(slow)" in str(rows)
+    it.close()

@@ -600,6 +600,11 @@ class InterleaveDatasetIterator(DatasetIterator[Any]):
         self._exhausted[0] = 0  # it may have more elements from there
         self._next_in_cycle = 0
 
+    def open_plans(self) -> Plan:
+        """The stages of the iterators open now, slot by slot (for a reader whose datasets
+        stay open, as a ``PartitionedIterDataset``'s partitions do)."""
+        return Plan.joined(it.plan() for it in self._iterators if it is not None)
+
     def plan(self) -> Plan:
         """The stage that opens iterators ahead (none when they are opened on demand), then
         the row of reading them (their own stages are not listed: they come and go)."""

@@ -39,6 +39,7 @@ from gristmill._src.dataset.batching import make_batch
 from gristmill._src.dataset.interleave import InterleaveIterDataset, start_state
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
 from gristmill._src.dataset.partition_chunks import PartitionChunks
+from gristmill._src.engine.plan import Plan
 from gristmill._src.loader.sharding import ShardOptions, check_shard_options
 
 Remainder = Literal["drop", "pad"]
@@ -267,6 +268,13 @@ class PartitionedIterator(DatasetIterator[Any]):
     def start_prefetch(self) -> None:
         self._check_open()
         self._parent.start_prefetch()
+
+    def plan(self) -> Plan:
+        """Every partition's stages (partition after partition: their read stages are keyed
+        ``"<name> #k"``), then the interleave that takes their chunks in turn."""
+        interleave = self._parent
+        opened = interleave.open_plans() if hasattr(interleave, "open_plans") else Plan([])
+        return Plan.joined([opened, interleave.plan()])
 
     # -- states -----------------------------------------------------------------------
 

@@ -249,6 +249,8 @@ def test_a_state_of_another_seed_is_refused_naming_the_partition():
     (it,) = hosts(reseeded, 1)
     with pytest.raises(gm.checkpoint.StateMismatchError, match=r"another pipeline of partition 0"):
         it.set_state(state)
+    it.set_state(gm.checkpoint.accept_changes(state))  # a deliberate change: the positions
+    assert it.get_state()["partitions"]["0"]["step"] == 1
 
 
 def test_states_of_missing_partitions_or_different_steps_are_refused():

@@ -327,7 +327,8 @@ class PartitionedIterator(DatasetIterator[Any]):
                 "steps": self._steps,
                 "num_partitions": ds._num_partitions,
                 "global_batch_size": ds._global_batch_size,
-                "pipeline": self._info(local)[1],
+                # under the key accept_changes() strips: a deliberate change restores
+                state_meta.STATE_KEY: f"v{state_meta.STATE_VERSION}:{self._info(local)[1]}",
             }
             for local, (partition, shard) in enumerate(zip(self._owned, shards, strict=True))
         }
@@ -394,12 +395,13 @@ class PartitionedIterator(DatasetIterator[Any]):
                 f"{where} was saved with num_steps={value['steps']}, this pipeline has "
                 f"num_steps={self._ds._num_steps}; pass the same num_steps"
             )
-        if value.get("pipeline") != fingerprint:
+        record = value.get(state_meta.STATE_KEY)
+        if record is not None and record != f"v{state_meta.STATE_VERSION}:{fingerprint}":
             raise state_meta.StateMismatchError(
                 f"{where} was saved from another pipeline of partition {partition}: its "
                 "description differs (a seed, a function, a length or a setting of make(p)); "
-                "restore it into the same make, or pass gm.checkpoint.accept_changes(state) to "
-                "set_state to take the positions as they are"
+                "restore it into the same make, or pass gm.checkpoint.accept_changes(state) "
+                "(of the states, merged) to take the positions as they are"
             )
 
     def get_state(self) -> dict[str, Any]:

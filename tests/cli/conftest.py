@@ -95,10 +95,11 @@ PIPELINES = textwrap.dedent(
 
     SLOW_S = 10e-3  # a wait: the machine's load does not move the verdict (test_verdict.py)
     # A MapDataset read with the default ReadOptions is autotuned up to 256 threads (the
-    # worker pool's most): 256 waits of 0.1 s (2,560 elements/s) still limit it when a
-    # loaded machine slows the consumer, over 2,048 elements (8 rounds of them: the first
-    # element's inline probe and the threads' start are a small share of the run).
-    WIDE_SLOW_S = 0.1
+    # worker pool's most): 256 waits of 0.4 s (640 elements/s) still limit it when a
+    # loaded machine slows the consumer (to 850 elements/s in one CI run, where 256 waits
+    # of 0.1 s outran it), over 1,536 elements (6 rounds of them: the first element's
+    # inline probe and the threads' start are a small share of the run).
+    WIDE_SLOW_S = 0.4
 
 
     def waiting(seconds):
@@ -122,7 +123,7 @@ PIPELINES = textwrap.dedent(
 
 
     def map_dataset():
-        return gm.MapDataset.range(2048).map(cheap).map(waiting(WIDE_SLOW_S))
+        return gm.MapDataset.range(1536).map(cheap).map(waiting(WIDE_SLOW_S))
 
 
     def endless():

@@ -109,7 +109,7 @@ def test_a_map_dataset_names_its_slow_op_and_writes_the_report(pipelines_module,
     code, out, err = profile(capsys, f"{pipelines_module}:map_dataset", "--report", str(report))
     assert code == 0, err
     assert "returned a MapDataset, read with to_iter_dataset() (default ReadOptions)" in out
-    assert "2,048 elements in" in out
+    assert "1,536 elements in" in out
     assert "stopped by the end of the data" in out
     assert stage_names(out) == [
         "Range",

@@ -31,14 +31,13 @@ def keep_odd_values(x):
     return bool(int(x) % 2)
 
 
+def shuffled_odd_values(p, seed):
+    ds = gm.MapDataset.range(p * 1000, p * 1000 + 30 + p).seed(seed).shuffle()
+    return ds.to_iter_dataset().filter(keep_odd_values)
+
+
 def filtered(p):
-    return (
-        gm.MapDataset.range(p * 1000, p * 1000 + 30 + p)
-        .seed(7)
-        .shuffle()
-        .to_iter_dataset()
-        .filter(keep_odd_values)
-    )
+    return shuffled_odd_values(p, seed=7)
 
 
 def first_fit(p):
@@ -235,13 +234,7 @@ def test_a_state_of_another_global_batch_size_is_refused_naming_it():
 
 
 def reseeded(p):
-    return (
-        gm.MapDataset.range(p * 1000, p * 1000 + 30 + p)
-        .seed(8)
-        .shuffle()
-        .to_iter_dataset()
-        .filter(keep_odd_values)
-    )
+    return shuffled_odd_values(p, seed=8)  # as filtered, another seed
 
 
 def test_a_state_of_another_seed_is_refused_naming_the_partition():

@@ -36,8 +36,8 @@ from gristmill._src.core.options import MultiprocessingOptions
 from gristmill._src.dataset import interleave_shards
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.batching import make_batch
-from gristmill._src.dataset.interleave import InterleaveIterDataset, start_state
-from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset
+from gristmill._src.dataset.interleave import InterleaveIterDataset
+from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.partition_chunks import PartitionChunks
 from gristmill._src.engine.plan import Plan
 from gristmill._src.loader.sharding import ShardOptions, check_shard_options
@@ -209,8 +209,10 @@ class PartitionedIterDataset(IterDataset[Any]):
         lengths = []
         for p in range(self._num_partitions):  # in the workers, if the partitions use them
             it = iter(self._partition(p))
-            lengths.append(sum(1 for _ in it))
-            it.close()
+            try:
+                lengths.append(sum(1 for _ in it))
+            finally:
+                it.close()
         if self._remainder == "drop":
             return min(length // rows for length in lengths)
         return max(-(-length // rows) for length in lengths)
@@ -238,11 +240,15 @@ class PartitionedIterator(DatasetIterator[Any]):
 
     # -- reading ----------------------------------------------------------------------
 
-    def __next__(self) -> Any:
-        self._check_open()
+    def _total_steps(self) -> int:
+        """The job's steps: restored, or counted at the first need."""
         if self._steps is None:
             self._steps = self._ds._count_steps()
-        if self._step >= self._steps:
+        return self._steps
+
+    def __next__(self) -> Any:
+        self._check_open()
+        if self._step >= self._total_steps():
             raise StopIteration
         rows = self._ds.rows_per_partition
         elements: list[Any] = []
@@ -304,19 +310,19 @@ class PartitionedIterator(DatasetIterator[Any]):
         """Partition ``owned[local]``'s start state and its pipeline's fingerprint."""
         if local not in self._partition_info:
             iterator = iter(self._chunks[local])
+            mark_nested(iterator)  # its state as the interleave holds it: no metadata
             try:
                 fingerprint = state_meta.Pipeline(iterator._pipeline()).fingerprint
+                self._partition_info[local] = (iterator.get_state(), fingerprint)
             finally:
                 iterator.close()
-            self._partition_info[local] = (start_state(self._chunks, local), fingerprint)
         return self._partition_info[local]
 
     def get_shard_states(self) -> dict[int, Any]:
         """``{global partition index: its state}`` for the partitions this host reads."""
         self._check_open()
         ds = self._ds
-        if self._steps is None:
-            self._steps = ds._count_steps()
+        steps = self._total_steps()
         shards = interleave_shards.split(
             self._parent.get_state(), len(self._owned), lambda local: self._info(local)[0]
         )
@@ -324,7 +330,7 @@ class PartitionedIterator(DatasetIterator[Any]):
             partition: {
                 **shard,
                 "step": self._step,
-                "steps": self._steps,
+                "steps": steps,
                 "num_partitions": ds._num_partitions,
                 "global_batch_size": ds._global_batch_size,
                 # under the key accept_changes() strips: a deliberate change restores

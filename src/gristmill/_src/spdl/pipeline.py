@@ -401,7 +401,8 @@ class Pipeline(Generic[T]):
                 "(num_draws) divisible by both world sizes"
             )
         consumed = [
-            self._lockstep_position(r, state, saved_ranks) for r, state in enumerate(states)
+            self._lockstep_position(r, state, saved_ranks, source._world_size)
+            for r, state in enumerate(states)
         ]
         position = rescale.lockstep_position(
             consumed, source._rank, source._world_size, "SPDL pipeline states"
@@ -410,7 +411,7 @@ class Pipeline(Generic[T]):
         fresh = DeliveryTracker(continuous=tracker.continuous, batches=tracker.batches).state()
         self.set_state({**fresh, "next_position": position})
 
-    def _lockstep_position(self, rank: int, state: Any, saved_ranks: int) -> int:
+    def _lockstep_position(self, rank: int, state: Any, saved_ranks: int, ranks: int) -> int:
         """Rank ``rank``'s source items consumed, from a state saved in input order."""
         if not isinstance(state, dict) or "next_position" not in state:
             raise ValueError(
@@ -419,7 +420,6 @@ class Pipeline(Generic[T]):
             )
         saved = state.get(fingerprint.STAGES_KEY)
         if saved is not None:
-            ranks = self._resumable.source._world_size  # type: ignore[union-attr]
             fingerprint.check_rescaled(saved, list(self._stages), saved_ranks, ranks)
         held = [
             key

@@ -211,3 +211,37 @@ def test_cpu_work_on_one_core_is_the_gils_only_while_its_threads_do_not_wait_for
         model.decide(window, [stage])  # type: ignore[list-item]
         threads.append(model.workers_for(stage))  # type: ignore[arg-type]
     assert (0 in threads) is not waits_for_data, threads
+
+
+def _claimed(feed_waits: bool, *, waited_s: float, tasks: int, elements: int, cpu: float):
+    """A member whose claimers waited ``waited_s`` over a window of ``tasks`` tasks."""
+    policy = types.SimpleNamespace(claim_chunk=None, cpu_cost=None)
+    counters = types.SimpleNamespace(input_wait_s=0.0, room_wait_s=0.0)
+    feed = types.SimpleNamespace(take_never_waits=not feed_waits)
+    core = types.SimpleNamespace(policy=policy, counters=counters, feed=feed, tuned=None)
+    sample = StageSample(elements=elements, wall=0.0, cpu=cpu, tasks=tasks)
+    window = PoolWindow(0.0, 0.0, tasks=tasks, elements=elements, stages={id(core): sample})
+    window.elapsed = INTERVAL_S
+    model = PoolModel(budget=lambda: 2.0)
+    model.size_tasks(window, [core])  # type: ignore[list-item]  # its first count
+    counters.input_wait_s += waited_s
+    model.size_tasks(window, [core])  # type: ignore[list-item]
+    return core.policy, elements / INTERVAL_S, tasks / INTERVAL_S
+
+
+def test_a_busy_claim_path_gets_tasks_large_enough_to_serve_within_half_its_time():
+    # 58 threads of heavy-tailed waits, 11 elements a task: 24 of them waited to claim
+    # (12 thread-seconds over the window's 1,386 claims, 13,860 elements)
+    policy, rate, claims = _claimed(False, waited_s=12.1, tasks=1_386, elements=13_860, cpu=0.5)
+    per_claim = 12.1 / 1_386
+    service = per_claim / (1 + claims * per_claim)  # a single server's, from its waits
+    assert claims * service > 0.9  # busy nearly all the time at 10 elements a task
+    assert rate * service / policy.claim_chunk <= 0.5  # within half of it at the new size
+    assert rate * service / (policy.claim_chunk - 1) > 0.5  # and no larger than that needs
+    assert policy.cpu_cost == 0.5 / 13_860
+
+
+def test_claims_that_wait_for_an_upstream_say_nothing_of_the_claim_path():
+    policy, _, _ = _claimed(True, waited_s=12.1, tasks=1_386, elements=13_860, cpu=0.5)
+    assert policy.claim_chunk is None
+    assert policy.cpu_cost is None

@@ -131,6 +131,10 @@ class ChunkStream(Protocol):
 
 
 class Feed(Protocol):
+    take_never_waits: bool
+    """Whether ``take`` returns at once (an index range): a claimer's wait for the feed is
+    then the claim path's own (its locks under the GIL), never an upstream's."""
+
     def exhausted(self) -> bool:
         """True when ``take`` is known to return None (until the next ``reset``)."""
         ...
@@ -234,6 +238,8 @@ class RangeFeed:
     given, is applied to what it returns, each element once.
     """
 
+    take_never_waits = True
+
     def __init__(
         self, read: ReadFn, start: int, stop: int, fn: Callable[[Any], Any] | None = None
     ) -> None:
@@ -280,6 +286,8 @@ class StreamFeed:
     After upstream delivers an error, the feed ends (the error travels in the last task)
     until the next ``reset``, which repositions upstream too.
     """
+
+    take_never_waits = False  # `take` waits for upstream's next chunk
 
     def __init__(
         self,

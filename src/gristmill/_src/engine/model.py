@@ -150,6 +150,12 @@ MIN_TASKS_PER_THREAD = 2
 MAX_CHUNK = 64
 """The most elements per task a buffer is sized for (a task's hand-off amortised over 64
 elements costs under 1 µs each at the contended rate of 256 threads)."""
+CLAIM_BUSY = 0.5
+"""The share of the time a stage's claim path (its locks, each taken under the GIL) may
+serve claims. It serves one claim at a time: a single server busy ``rho`` of the time
+keeps ``rho**2 / (1 - rho)`` claimers waiting on average (M/M/1), half a thread at 0.5,
+and the wait grows as ``1 / (1 - rho)`` past it (at 0.96: 24 of 58 threads waited to claim,
+heavy-tailed waits in tasks of 11)."""
 MIN_BUFFER = 16
 MAX_BUFFER = 4096
 RESIZE = 1.25
@@ -209,6 +215,7 @@ class StageSample:
     wall: float = 0.0
     cpu: float = 0.0
     slowest: float = 0.0
+    tasks: int = 0
 
 
 @dataclasses.dataclass
@@ -243,6 +250,7 @@ class PoolWindow:
         self.cpu += cpu
         sample = self.stages.setdefault(id(core), StageSample())
         sample.elements += size
+        sample.tasks += 1
         sample.wall += wall
         sample.cpu += cpu
         sample.slowest = max(sample.slowest, wall)
@@ -336,6 +344,9 @@ class PoolModel:
         """Each tuned member's own count: ``budget / share`` of its work alone (its probe,
         else its first measured window); the pool's threads bound it."""
         self._samples: dict[int, StageSample] = {}
+        self._claim_waits: dict[int, float] = {}
+        """Each member's thread-seconds waiting to claim (``input_wait_s``) at the last
+        window's end (the members of that window only)."""
         self._data_waits: dict[int, float] = {}
         """Each member's thread-seconds waiting for input or for room, at the last window's
         end (its counters': ``input_wait_s + room_wait_s``)."""
@@ -524,6 +535,44 @@ class PoolModel:
         self.threads_tuned = new
         self._unsettled = 1
         return True
+
+    def size_tasks(self, window: PoolWindow, members: Sequence[Core]) -> None:
+        """Gives each member whose feed's ``take`` never waits (an index range: another's
+        claimers may wait for their upstream) what its tasks' size is decided from
+        (``ChunkPolicy.cpu_cost``, ``claim_chunk``), measured over ``window``:
+
+        - its elements' CPU time each (its tasks' thread time over their elements): a
+          hand-off is amortised over the CPU time it hands on (``ChunkPolicy``);
+        - the fewest elements a task for its claim path to serve within ``CLAIM_BUSY``:
+          its claimers waited ``wait`` thread-seconds for ``tasks`` claims; a single
+          server busy ``rho`` of the time makes a claim wait ``s / (1 - rho)`` for a
+          service of ``s``, so ``s = c / (1 + lam c)`` (``c`` the wait a claim, ``lam``
+          the claims a second), and at tasks of ``k`` elements it is busy ``rate * s / k``.
+
+        Each changes only by more than ``RESIZE`` (the tasks' size follows it)."""
+        elapsed = max(window.elapsed, 1e-9)
+        lasts, self._claim_waits = self._claim_waits, {}
+        for core in members:
+            waited = core.counters.input_wait_s
+            last = lasts.get(id(core))
+            self._claim_waits[id(core)] = waited
+            sample = window.stages.get(id(core))
+            if (
+                last is None
+                or sample is None
+                or not sample.tasks
+                or not getattr(core.feed, "take_never_waits", False)
+            ):
+                continue
+            claims = sample.tasks / elapsed
+            per_claim = max(0.0, waited - last) / sample.tasks
+            service = per_claim / (1 + claims * per_claim)
+            rate = sample.elements / elapsed
+            policy = core.policy
+            policy.claim_chunk = _resized(
+                policy.claim_chunk, max(1, math.ceil(rate * service / CLAIM_BUSY))
+            )
+            policy.cpu_cost = _resized(policy.cpu_cost, max(sample.cpu / sample.elements, 1e-9))
 
     def _waited_for_data(self, members: Sequence[Core]) -> float | None:
         """Thread-seconds ``members``' threads waited for input or for room since the last
@@ -763,6 +812,13 @@ class PoolModel:
         per_element = sample.wall / sample.elements
         tail = math.ceil(workers * slowest / per_element)
         return max(MIN_BUFFER, min(max(least, tail), MAX_BUFFER))
+
+
+def _resized(current: Any, measured: Any) -> Any:
+    """``measured``, unless within ``RESIZE`` of ``current``."""
+    if current is None or not 1 / RESIZE < measured / current < RESIZE:
+        return measured
+    return current
 
 
 class ModelTuner:

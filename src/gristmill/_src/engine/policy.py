@@ -127,6 +127,15 @@ class ChunkPolicy:
         self.inline_beyond_buffer = inline_beyond_buffer
         """Inline chunks may exceed ``buffer_size`` (up to ``MAX_INLINE_CHUNK``): for stages
         whose buffer bounds hand-offs only, not what the puller holds (pipeline stages)."""
+        self.cpu_cost: float | None = None
+        """Seconds of CPU an element takes on the thread that computes it, as the pool's
+        model measures it (its tasks' thread time over their elements); None: not
+        measured."""
+        self.claim_chunk: int | None = None
+        """The fewest elements a task carries for the stage's claim path (its locks, under
+        the GIL) to stay within what it serves, as the pool's model measures it
+        (``engine.model``: the claimers' waits). With ``cpu_cost``, it replaces
+        :meth:`contended_handoff_s`'s estimate of contention. None: not measured."""
         self.configure(workers, buffer_size)
 
     def configure(self, workers: int, buffer_size: int) -> None:
@@ -239,9 +248,28 @@ class ChunkPolicy:
         cost = self.cost
         if cost is None:
             return 1  # nothing measured yet (threads_first): probe on every worker at once
-        handoff = self.handoff_s if first_round else self.contended_handoff_s()
-        wanted = math.ceil(handoff / (MAX_OVERHEAD * max(cost, 1e-9)))
+        if first_round:
+            wanted = math.ceil(self.handoff_s / (MAX_OVERHEAD * max(cost, 1e-9)))
+        else:
+            wanted = self._amortising(cost)
         return max(1, min(wanted, self.thread_chunk_cap))
+
+    def _amortising(self, cost: float) -> int:
+        """Elements per task at ``cost`` each for a hand-off to cost at most
+        ``MAX_OVERHEAD`` of the task, contention included.
+
+        Measured (the pool's model gave ``cpu_cost`` and ``claim_chunk``): a hand-off is
+        CPU work under the GIL (locks, a queue, a wake-up), and the cores and the GIL are
+        what the process's threads share, while a thread's wait is not (more threads
+        overlap waits): so at most ``MAX_OVERHEAD`` of the elements' CPU time, and at least
+        what the claim path serves. A 2 ms read that spends 25 µs on the CPU carries 24
+        elements a task, not 1. Else estimated: the elements' whole time against
+        :meth:`contended_handoff_s`."""
+        if self.cpu_cost is not None and self.claim_chunk is not None:
+            on_cpu = max(min(self.cpu_cost, cost), 1e-9)
+            amortised = math.ceil(self.handoff_s / (MAX_OVERHEAD * on_cpu))
+            return max(1, amortised, self.claim_chunk)
+        return max(1, math.ceil(self.contended_handoff_s() / (MAX_OVERHEAD * max(cost, 1e-9))))
 
     def wanted_thread_chunk(self) -> int:
         """The elements per task that :meth:`thread_chunk` would give if the buffer did not
@@ -252,7 +280,7 @@ class ChunkPolicy:
         cost = self.cost
         if cost is None:
             return 1
-        return max(1, math.ceil(self.contended_handoff_s() / (MAX_OVERHEAD * max(cost, 1e-9))))
+        return self._amortising(cost)
 
     def contended_handoff_s(self) -> float:
         """What a hand-off costs a stage with this many workers: each task is claimed and

@@ -252,7 +252,10 @@ class WorkerPool:
             threads = list(self._native_ids.values())
             self._window = PoolWindow.start(runqueue_wait_s(threads))
             tuned = list(self._tuned.values())
-        if not self.model.decide(window.close(runqueue_wait_s(threads)), tuned):
+            members = list(self._members.values())
+        window.close(runqueue_wait_s(threads))
+        self.model.size_tasks(window, members)  # tuned or not: the tasks' size is the pool's
+        if not self.model.decide(window, tuned):
             return
         with self._lock:
             self._target = self._wanted()

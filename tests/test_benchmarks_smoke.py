@@ -122,7 +122,7 @@ def test_an_issue_35_script_prints_its_rows_in_quick_mode(script):
         rows = [line for line in lines if line.startswith(start)]
         assert len(rows) == 1, (start, stdout)
     if script == "tuner_six.py":
-        # each row: tuned/best, 90 % within 5 s, tuned >= defaults
+        # each row: tuned/best, 90 % within 5 s, tuned >= fixed defaults
         rows = [line for line in lines if line.startswith(tuple(ISSUE_35_SCRIPTS[script]))]
         assert all(sum(line.count(m) for m in "✓✗") == 3 for line in rows), stdout
 

@@ -19,10 +19,12 @@ import pytest
 from gristmill._src.engine.model import (
     INTERVAL_S,
     MAX_THREADS,
+    TRIALS,
     PoolModel,
     PoolWindow,
     StageSample,
 )
+from gristmill._src.engine.policy import ChunkPolicy
 
 MACHINE_CORES = 2
 
@@ -215,7 +217,8 @@ def test_cpu_work_on_one_core_is_the_gils_only_while_its_threads_do_not_wait_for
 
 def _claimed(feed_waits: bool, *, waited_s: float, tasks: int, elements: int, cpu: float):
     """A member whose claimers waited ``waited_s`` over a window of ``tasks`` tasks."""
-    policy = types.SimpleNamespace(claim_chunk=None, cpu_cost=None)
+    policy = ChunkPolicy(64, 4096)
+    policy.record(10, 10 * 2e-3)  # 2 ms an element
     counters = types.SimpleNamespace(input_wait_s=0.0, room_wait_s=0.0)
     feed = types.SimpleNamespace(take_never_waits=not feed_waits)
     core = types.SimpleNamespace(policy=policy, counters=counters, feed=feed, tuned=None)
@@ -245,3 +248,82 @@ def test_claims_that_wait_for_an_upstream_say_nothing_of_the_claim_path():
     policy, _, _ = _claimed(True, waited_s=12.1, tasks=1_386, elements=13_860, cpu=0.5)
     assert policy.claim_chunk is None
     assert policy.cpu_cost is None
+
+
+def _window(stage: object, rate: float, busy: float, cpu_per_element: float) -> PoolWindow:
+    """A window of ``rate`` elements a second, ``busy`` threads busy on average."""
+    elements = round(rate * INTERVAL_S)
+    cpu = elements * cpu_per_element
+    sample = StageSample(elements=elements, wall=busy * INTERVAL_S, cpu=cpu, slowest=0.002)
+    return PoolWindow(
+        began=0.0,
+        process_cpu=0.0,
+        tasks=elements,
+        elements=elements,
+        wall=busy * INTERVAL_S,
+        cpu=cpu,
+        stages={id(stage): sample},
+        elapsed=INTERVAL_S,
+        used=cpu / INTERVAL_S + 0.02,
+        waited_for_cores=0.0,
+    )
+
+
+def _io_model() -> tuple[PoolModel, types.SimpleNamespace]:
+    """A 2 ms read (2 % of it on the CPU) the model gave 100 threads."""
+    model = PoolModel(budget=lambda: 2.0)
+    stage = a_stage(Work(wait=1.96e-3, gil=40e-6, free=0))
+    model.stage_tuned(stage)  # type: ignore[arg-type]
+    assert model.workers_for(stage) == 100  # type: ignore[arg-type]
+    return model, stage
+
+
+def _small_gain_kept(spread: float, seed: int) -> bool:
+    """Whether a trial of more threads that gains 6 % is kept, where a window's rate moves
+    by ``spread`` (a standard deviation) with nothing changed."""
+    model, stage = _io_model()
+    rng = random.Random(seed)
+
+    def settled(rate: float, busy: float) -> None:
+        noisy = rate * (1 + rng.gauss(0, spread))
+        model.decide(_window(stage, noisy, busy, 20e-6), [stage])  # type: ignore[list-item]
+
+    other = PoolModel()
+    assert TRIALS.take(other)  # another pipeline's trial runs: this one waits
+    try:
+        for _ in range(8):  # meanwhile its windows measure the spread
+            settled(40_000, 80)
+        assert model.workers_for(stage) == 100  # type: ignore[arg-type]
+    finally:
+        TRIALS.give(other)
+    settled(40_000, 80)  # all threads busy, cores to spare: a trial of more
+    trial = model.workers_for(stage)  # type: ignore[arg-type]
+    assert trial > 100
+    for _ in range(3):  # the window after the change (not measured), then two
+        settled(42_400, 85)
+    kept = model.workers_for(stage) == trial  # type: ignore[arg-type]
+    assert model.decisions[-1].why == ("verified" if kept else "more did not pay: back")
+    return kept
+
+
+def test_a_small_gain_is_kept_where_the_windows_measure_it_beyond_their_spread():
+    # 6 % is three standard errors where a window moves by 2 %, and less than one where
+    # it moves by 10 % (the trial's two windows against the four before it)
+    assert sum(_small_gain_kept(0.02, seed) for seed in range(100)) >= 95
+    assert sum(_small_gain_kept(0.10, seed) for seed in range(100)) <= 60
+
+
+def test_idle_threads_cut_come_back_when_the_rate_drops():
+    # threads busy under half the time (a burst's threads): cut by Little's law, a trial;
+    # the rate drops by a third with fewer, so they come back and stay for a while
+    model, stage = _io_model()
+    rates = []
+    for _ in range(12):
+        threads = model.workers_for(stage)  # type: ignore[arg-type]
+        rate = 20_000 if threads >= 100 else 13_000
+        model.decide(_window(stage, rate, 40, 40e-6), [stage])  # type: ignore[list-item]
+        rates.append((threads, model.decisions[-1].why if model.decisions else ""))
+    whys = [why for _, why in rates]
+    assert "threads idle: Little's law" in whys, rates
+    assert "the cut lost: threads back" in whys, rates
+    assert model.workers_for(stage) == 100  # type: ignore[arg-type]

@@ -143,6 +143,10 @@ class Feed(Protocol):
         """The next task of at most ``limit`` positions, or None at the end. May block."""
         ...
 
+    def left(self) -> int | None:
+        """Positions left to take (None: not known ahead, a stream)."""
+        ...
+
     def run(self, task: Task) -> Chunk:
         """Computes ``task``; a failure is returned in the chunk, never raised."""
         ...
@@ -251,6 +255,9 @@ class RangeFeed:
     def exhausted(self) -> bool:
         return self.position >= self.stop
 
+    def left(self) -> int | None:
+        return max(0, self.stop - self.position)
+
     def take(self, limit: int) -> Task | None:
         start = self.position
         if start >= self.stop:
@@ -315,6 +322,9 @@ class StreamFeed:
 
     def exhausted(self) -> bool:
         return self._ended and not self._pending()
+
+    def left(self) -> int | None:
+        return None  # what upstream has not made yet is not known
 
     def take(self, limit: int) -> Task | None:
         while not self._pending():

@@ -31,31 +31,45 @@ the CPU gets 200 threads, Python or numpy work one per core. Then each window:
   budget / used)``, with as many more as the spare cores serve, and never more than can
   keep the budget busy: ``budget * need / cpu`` (its time alone over its CPU time; a
   process on a loaded machine uses less than its budget, but CPU-bound work waits for a
-  core then, not for I/O). That prediction is tried and kept when the measured gain is at
-  least a quarter of the predicted one (``VERIFIED``) and beyond a window's noise
-  (``NOISE``), and the process stays within its budget; else the threads go back, and that
-  count is the most the pool grows to for ``RETRY_WINDOWS`` windows.
+  core then, not for I/O). That prediction is tried and kept when the measured gain is
+  real (beyond the spread: see *Trials*; threads that wait cost the cores nothing, so any
+  real gain pays) and the process stays within its budget; else the threads go back, and
+  that count is the most the pool grows to for ``RETRY_WINDOWS`` windows.
 - **The GIL** (threads run CPU-bound work, at least ``WAITING`` on the CPU alone, while the
   process uses under ``GIL_CORES`` cores, and they waited neither for a core nor for data:
   input or room, their counters' ``input_wait_s + room_wait_s`` under ``1 - SATURATED``
   of their time): the CPU-bound stages get no worker (inline, on their consumer's thread:
   no hand-off, no second thread waiting for the GIL), and the pool no more threads, for
-  ``RETRY_WINDOWS`` windows. That is a trial too: if the next settled window's rate lost
-  more than ``NOISE``, what held the GIL was not their threads (another stage's work that
+  ``RETRY_WINDOWS`` windows. That is a trial too: if the rate lost (beyond the spread),
+  what held the GIL was not their threads (another stage's work that
   inline work would wait behind), and they get their threads back; the rule then waits
   ``RETRY_WINDOWS`` windows.
 - **A first guess from a window** (a stage tuned from the settings it ran with, which ran
   no probe): its share was measured under those settings (under contention, for CPU
-  work), so the guess is a trial against them, kept unless the rate lost more than
-  ``NOISE``.
+  work), so the guess is a trial against them, kept unless the rate lost.
 - **Worker processes** (``tasks_in_process = False``: ``engine/stage_threads.py``): the
   tasks' CPU time, from the workers' replies, is added to the process's own for the
   budget, and no GIL rule applies between processes.
 - **Threads idle** (``busy < IDLE * threads`` for ``IDLE_WINDOWS`` windows in a row): cut
   to ``ceil(HEADROOM * need)``: the consumer, not the pool, bounds the rate, and idle
-  threads only cost memory and wake-ups.
+  threads only cost memory and wake-ups. A trial too, kept unless the rate lost (threads
+  idle on average may be what a burst needs); else they come back, and the rule waits
+  ``RETRY_WINDOWS`` windows.
 
-The window after a change is not measured (threads start or leave, buffers refill).
+**Trials.** The window after a change is not measured (threads start or leave, buffers
+refill). A trial is judged on the mean rate of its next ``TRIAL_WINDOWS`` settled windows
+against the mean of the settled windows before it at the old setting (``BASELINE_WINDOWS``
+at most), and a difference counts once it is beyond one standard error of the two means:
+``spread * rate * sqrt(1 / before + 1 / after)``, where ``spread`` is what one window's
+rate moves by with nothing changed, measured on this machine now (``_Spread``: each
+settled window against the mean of its stretch between two changes; ``NOISE`` until
+measured). One window's rate moves by ~10 % on a loaded 2-core machine, as much as one
+step of threads gains: one window against one window refuted real gains.
+
+**Tasks' size** (``size_tasks``, for every stage on the pool, tuned or not): from each
+window, the elements' CPU time each and the claim path's service time, from which
+``ChunkPolicy`` sizes the tasks (a hand-off amortised over the CPU time it hands on, and a
+claim path busy at most ``CLAIM_BUSY`` of the time).
 
 **Buffers.** An in-order stage delivers nothing while its oldest task runs; meanwhile its
 other threads go on only while the buffer has room. So a buffer that never stops them
@@ -107,15 +121,16 @@ ROOM = 0.9
 is what one window's measurement of CPU time may be off by on a loaded machine)."""
 OVER = 1.05
 """The process is over its budget when it uses more than this many times it."""
-VERIFIED = 0.25
-"""A change is kept when the rate gained at least this share of the predicted gain ...
-The prediction is in proportion to the threads (nothing else limits the rate); the
-hand-offs of many threads share the GIL, so what more threads really gain is a fraction
-of it (2 ms waits: 23 -> 56 threads gained 41 % of a predicted 143 %). A lock every thread
-waits for (GIL-bound work) gains nothing."""
 NOISE = 0.10
-"""... and at least this share of the rate: what one window's rate moves by on a quiet
-2-core machine with nothing changed."""
+"""What one window's rate moves by, as a share of it, with nothing changed, until the
+windows measured it (``_Spread``): a quiet 2-core machine's."""
+TRIAL_WINDOWS = 2
+"""A trial is judged on the mean of this many settled windows (the mean of two moves by
+``1/sqrt(2)`` of what one does), against the mean of the settled windows before it at the
+old setting (``BASELINE_WINDOWS`` at most)."""
+BASELINE_WINDOWS = 4
+SPREAD_WINDOWS = 64
+"""The spread is measured over the settled windows of this many recent ones."""
 IDLE = 0.5
 """Threads are idle when fewer than this share of them run a task on average ..."""
 IDLE_WINDOWS = 3
@@ -299,16 +314,72 @@ class Decision:
         return text
 
 
+class _Spread:
+    """What a window's rate moves by with nothing changed, measured: the settled windows'
+    deviations from the mean of their stretch (the settled windows between two changes),
+    as a share of it; ``NOISE`` until ``MIN_DEVIATIONS`` are known."""
+
+    MIN_DEVIATIONS = 6
+
+    def __init__(self) -> None:
+        self.stretch: list[float] = []
+        """The rates of the settled windows at the setting that runs now."""
+        self._squares: deque[float] = deque(maxlen=SPREAD_WINDOWS)
+        """Squared relative deviations of earlier stretches, each corrected for its mean
+        (``n / (n - 1)``: a mean of ``n`` is nearer its own windows than the truth)."""
+
+    def add(self, rate: float) -> None:
+        self.stretch.append(rate)
+
+    def changed(self, keep: Sequence[float] = ()) -> None:
+        """The setting changed: the stretch ends (``keep``: rates at the new setting
+        already measured, a trial's)."""
+        self._squares.extend(self._deviations(self.stretch))
+        self.stretch = list(keep)
+
+    @staticmethod
+    def _deviations(rates: Sequence[float]) -> list[float]:
+        n = len(rates)
+        mean = sum(rates) / n if n else 0.0
+        if n < 2 or mean <= 0:
+            return []
+        return [(rate / mean - 1) ** 2 * n / (n - 1) for rate in rates]
+
+    def relative(self) -> float:
+        """One window's relative spread (a standard deviation)."""
+        squares = [*self._squares, *self._deviations(self.stretch)]
+        if len(squares) < self.MIN_DEVIATIONS:
+            return NOISE
+        return math.sqrt(sum(squares) / len(squares))
+
+    def baseline(self) -> tuple[float, int]:
+        """The mean rate of the last settled windows at this setting, and how many."""
+        recent = self.stretch[-BASELINE_WINDOWS:]
+        return (sum(recent) / len(recent), len(recent)) if recent else (0.0, 0)
+
+    def beyond(self, before: tuple[float, int], after: Sequence[float]) -> float:
+        """How far two means may lie apart by the spread alone (one standard error of
+        their difference): ``before`` a mean of ``n`` windows, ``after`` windows."""
+        rate, n = before
+        return self.relative() * rate * math.sqrt(1 / max(n, 1) + 1 / max(len(after), 1))
+
+
 @dataclasses.dataclass
 class _Trial:
     old: int
     new: int
     rate: float
     predicted: float
+    windows: int = 1
+    """How many settled windows ``rate`` is the mean of."""
+    rates: list[float] = dataclasses.field(default_factory=list)
+    """The settled windows' rates under the trial."""
     inline: dict[int, int] | None = None
     """For a trial of running the CPU-bound stages inline: their own counts before it."""
     guess: bool = False
     """A first guess from a window of the settings a stage ran with (``old`` of them)."""
+    cut: bool = False
+    """Idle threads cut: kept unless the rate lost beyond the noise."""
 
 
 class PoolModel:
@@ -338,6 +409,9 @@ class PoolModel:
         """Windows left before the GIL rule may apply again (inline did not pay)."""
         self._trial: _Trial | None = None
         self._unsettled = 0
+        self._spread = _Spread()
+        self._idle_refuted = 0
+        """Windows left before the idle rule may cut again (a cut lost rate)."""
         self._slowest: dict[int, deque[float]] = {}
         self._shares: dict[int, float] = {}  # each tuned stage's first CPU share
         self._guess: dict[int, int] = {}
@@ -365,6 +439,8 @@ class PoolModel:
         self.threads_tuned = None
         self.cap = None
         self._cap_windows = self._idle_windows = self._unsettled = self._gil_refuted = 0
+        self._idle_refuted = 0
+        self._spread = _Spread()
         self._trial = None
         TRIALS.give(self)
         for table in (
@@ -484,7 +560,7 @@ class PoolModel:
             if guess != ran_with and TRIALS.take(self):
                 rate = window.elements / elapsed
                 self._trial = _Trial(ran_with, guess, rate, rate, guess=True)
-            self._unsettled = 1
+            self._changed()
             return True
         rate = window.elements / elapsed
         busy = window.wall / elapsed
@@ -533,10 +609,16 @@ class PoolModel:
             if guess >= threads or guess > new:
                 self._guess[key] = new
         self.threads_tuned = new
-        self._unsettled = 1
+        self._changed()
         return True
 
-    def size_tasks(self, window: PoolWindow, members: Sequence[Core]) -> None:
+    def _changed(self) -> None:
+        """The tuned stages' setting changed: the next window is not measured (threads
+        start or leave, buffers refill), and the windows after it are another stretch."""
+        self._unsettled = 1
+        self._spread.changed()
+
+    def size_tasks(self, window: PoolWindow, members: Sequence[Core]) -> bool:
         """Gives each member whose feed's ``take`` never waits (an index range: another's
         claimers may wait for their upstream) what its tasks' size is decided from
         (``ChunkPolicy.cpu_cost``, ``claim_chunk``), measured over ``window``:
@@ -549,7 +631,9 @@ class PoolModel:
           service of ``s``, so ``s = c / (1 + lam c)`` (``c`` the wait a claim, ``lam``
           the claims a second), and at tasks of ``k`` elements it is busy ``rate * s / k``.
 
-        Each changes only by more than ``RESIZE`` (the tasks' size follows it)."""
+        Each changes only by more than ``RESIZE`` (the tasks' size follows it). True when
+        a member's tasks change size by more than ``RESIZE`` (:meth:`tasks_resized`)."""
+        resized = False
         elapsed = max(window.elapsed, 1e-9)
         lasts, self._claim_waits = self._claim_waits, {}
         for core in members:
@@ -569,10 +653,21 @@ class PoolModel:
             service = per_claim / (1 + claims * per_claim)
             rate = sample.elements / elapsed
             policy = core.policy
+            was = policy.wanted_thread_chunk()
             policy.claim_chunk = _resized(
                 policy.claim_chunk, max(1, math.ceil(rate * service / CLAIM_BUSY))
             )
             policy.cpu_cost = _resized(policy.cpu_cost, max(sample.cpu / sample.elements, 1e-9))
+            resized = resized or _resized(was, policy.wanted_thread_chunk()) != was
+        return resized
+
+    def tasks_resized(self) -> None:
+        """The members' tasks changed size (:meth:`size_tasks`), after a window: as after a
+        change of threads, the next window is not measured, the windows after it are
+        another stretch, and a trial's windows so far are not the trial's."""
+        self._changed()
+        if self._trial is not None:
+            self._trial.rates.clear()
 
     def _waited_for_data(self, members: Sequence[Core]) -> float | None:
         """Thread-seconds ``members``' threads waited for input or for room since the last
@@ -606,17 +701,27 @@ class PoolModel:
         if self._unsettled:  # threads start or leave, buffers refill: not measured
             self._unsettled -= 1
             return None
+        self._spread.add(rate)
         trial = self._trial
         if trial is not None:
+            trial.rates.append(rate)
+            over = used > OVER * cores
+            if len(trial.rates) < TRIAL_WINDOWS and not over:
+                return None
             self._trial = None
             TRIALS.give(self)
+            measured = sum(trial.rates) / len(trial.rates)
             if trial.inline is not None:
-                return self._verify_inline(trial, rate)
+                return self._verify_inline(trial, measured)
             if trial.guess:
-                return self._verify_guess(trial, rate)
-            return self._verify(trial, rate, over=used > OVER * cores)
+                return self._verify_guess(trial, measured)
+            if trial.cut:
+                return self._verify_cut(trial, measured)
+            return self._verify(trial, measured, over=over)
         if self._gil_refuted:
             self._gil_refuted -= 1
+        if self._idle_refuted:
+            self._idle_refuted -= 1
         if self.cap is not None:
             self._cap_windows += 1
             if self._cap_windows >= RETRY_WINDOWS:
@@ -641,8 +746,9 @@ class PoolModel:
             for key in before:
                 self._guess[key] = 0
             self.cap, self._cap_windows = max(1, threads), 0
-            self._trial = _Trial(threads, threads, rate, rate, inline=before)
-            self._unsettled = 1
+            baseline, windows = self._spread.baseline()
+            self._trial = _Trial(threads, threads, baseline, baseline, windows, inline=before)
+            self._changed()
             self._record(
                 threads, threads, "CPU-bound work on one core: the GIL; inline", rate, rate
             )
@@ -664,61 +770,89 @@ class PoolModel:
             if self.cap is not None:
                 new = min(new, self.cap)
             if new > threads and TRIALS.take(self):
-                predicted = rate * min(new / threads, cores / max(used, 1e-3))
-                self._trial = _Trial(threads, new, rate, predicted)
-                self._record(threads, new, "all threads busy, cores to spare", rate, predicted)
+                baseline, windows = self._spread.baseline()
+                predicted = baseline * min(new / threads, cores / max(used, 1e-3))
+                self._trial = _Trial(threads, new, baseline, predicted, windows)
+                why = "all threads busy, cores to spare"
+                self._record(threads, new, why, baseline, predicted)
                 return new
             return None
         if busy < IDLE * total:
             self._idle_windows += 1
             if self._idle_windows >= IDLE_WINDOWS:
                 self._idle_windows = 0
-                if enough < threads:
-                    self._record(threads, enough, "threads idle: Little's law", rate, rate)
+                if enough < threads and not self._idle_refuted and TRIALS.take(self):
+                    # a trial: threads idle on average may still be what a burst needs
+                    baseline, windows = self._spread.baseline()
+                    self._trial = _Trial(threads, enough, baseline, baseline, windows, cut=True)
+                    self._record(threads, enough, "threads idle: Little's law", baseline, baseline)
                     return enough
             return None
         self._idle_windows = 0
         return None
 
+    def _margin(self, trial: _Trial) -> float:
+        """How far the trial's mean rate may lie from the one before it by the windows'
+        measured spread alone (``_Spread.beyond``)."""
+        return self._spread.beyond((trial.rate, trial.windows), trial.rates)
+
+    def _before(self, trial: _Trial, what: str) -> str:
+        windows = f", {trial.windows} windows" if trial.windows > 1 else ""
+        return f"{trial.rate:,.0f} {what}{windows}; spread {self._spread.relative():.0%}"
+
     def _verify(self, trial: _Trial, rate: float, *, over: bool) -> int:
-        """Keeps ``trial`` (the pool runs it now) or goes back, from the measured ``rate``
-        (and back in any case when it put the process ``over`` its budget)."""
-        gain = trial.predicted - trial.rate
+        """Keeps ``trial`` (the pool runs it now) when its mean ``rate`` gained beyond the
+        spread (any real gain: threads that wait cost the cores nothing), or goes back (in
+        any case when it put the process ``over`` its budget)."""
+        before = self._before(trial, f"with {trial.old}")
         if over:
             self.cap, self._cap_windows = trial.old, 0
-            self._record(trial.new, trial.old, "over the budget: back", rate, trial.predicted)
+            why = "over the budget: back"
+            self._record(trial.new, trial.old, why, rate, trial.predicted, before)
             return trial.old
-        if rate >= trial.rate + max(VERIFIED * gain, NOISE * trial.rate):
-            self._record(trial.new, trial.new, "verified", rate, trial.predicted)
+        if rate >= trial.rate + self._margin(trial):
+            self._record(trial.new, trial.new, "verified", rate, trial.predicted, before)
             return trial.new
         # the threads waited for something every thread shares: not more of them
         self.cap, self._cap_windows = trial.old, 0
-        self._record(trial.new, trial.old, "more did not pay: back", rate, trial.predicted)
+        why = "more did not pay: back"
+        self._record(trial.new, trial.old, why, rate, trial.predicted, before)
+        return trial.old
+
+    def _verify_cut(self, trial: _Trial, rate: float) -> int:
+        """Keeps idle threads cut unless the mean ``rate`` lost beyond the spread; then the
+        threads come back, and the idle rule waits ``RETRY_WINDOWS`` windows."""
+        before = self._before(trial, f"with {trial.old}")
+        if rate >= trial.rate - self._margin(trial):
+            self._record(trial.new, trial.new, "cut verified", rate, trial.rate, before)
+            return trial.new
+        self._idle_refuted = RETRY_WINDOWS
+        why = "the cut lost: threads back"
+        self._record(trial.new, trial.old, why, rate, trial.rate, before)
         return trial.old
 
     def _verify_guess(self, trial: _Trial, rate: float) -> int:
-        """Keeps a first guess made from the settings a stage ran with unless the rate lost
-        more than a window's noise; then back to those settings, the most it grows to for
-        ``RETRY_WINDOWS`` windows."""
-        if rate >= (1 - NOISE) * trial.rate:
-            before = f"{trial.rate:,.0f} with {trial.old}"
+        """Keeps a first guess made from the settings a stage ran with unless its mean
+        ``rate`` lost beyond the spread; then back to those settings, the most it grows to
+        for ``RETRY_WINDOWS`` windows."""
+        before = self._before(trial, f"with {trial.old}")
+        if rate >= trial.rate - self._margin(trial):
             self._record(trial.new, trial.new, "first guess verified", rate, 0.0, before)
             return trial.new
         for key, guess in self._guess.items():
             self._guess[key] = min(guess, trial.old) if guess else guess
         if trial.new > trial.old:
             self.cap, self._cap_windows = trial.old, 0
-        before = f"{trial.rate:,.0f} with {trial.old}"
         self._record(trial.new, trial.old, "first guess did not pay: back", rate, 0.0, before)
         return trial.old
 
     def _verify_inline(self, trial: _Trial, rate: float) -> int:
-        """Keeps the CPU-bound stages inline (``trial``) unless the rate lost more than a
-        window's noise; then they get their threads back, and the GIL rule waits
+        """Keeps the CPU-bound stages inline (``trial``) unless the mean ``rate`` lost beyond
+        the spread; then they get their threads back, and the GIL rule waits
         ``RETRY_WINDOWS`` windows (what held the GIL was not their threads)."""
         assert trial.inline is not None
-        if rate >= (1 - NOISE) * trial.rate:
-            before = f"{trial.rate:,.0f} on threads"
+        before = self._before(trial, "on threads")
+        if rate >= trial.rate - self._margin(trial):
             self._record(trial.old, trial.old, "inline verified", rate, 0.0, before)
             return trial.old
         for key, guess in trial.inline.items():
@@ -726,8 +860,7 @@ class PoolModel:
                 self._guess[key] = guess
         self.cap, self._cap_windows = None, 0
         self._gil_refuted = RETRY_WINDOWS
-        self._unsettled = 1
-        before = f"{trial.rate:,.0f} on threads"
+        self._changed()
         self._record(trial.old, trial.old, "inline did not pay: threads back", rate, 0.0, before)
         return trial.old
 

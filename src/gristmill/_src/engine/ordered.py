@@ -305,6 +305,9 @@ class Core:
                     room = min(self.bound() - window.in_flight, self.largest_task())
                     first_round = window.next_claim < self.policy.workers
                     limit = max(1, min(self.policy.thread_chunk(first_round), room))
+                    left = self.feed.left()
+                    if left is not None:  # the last tasks spread over every worker
+                        limit = min(limit, max(1, left // max(self.policy.workers, 1)))
                     # what the byte budget lets it take (another stage may have taken
                     # the room `_can_claim` saw: then wait for a release)
                     limit = self.bytes.grant(limit, self.unmeasured())

@@ -254,8 +254,12 @@ class WorkerPool:
             tuned = list(self._tuned.values())
             members = list(self._members.values())
         window.close(runqueue_wait_s(threads))
-        self.model.size_tasks(window, members)  # tuned or not: the tasks' size is the pool's
-        if not self.model.decide(window, tuned):
+        # tuned or not: the tasks' size is the pool's
+        resized = self.model.size_tasks(window, members)
+        decided = self.model.decide(window, tuned)
+        if resized:
+            self.model.tasks_resized()
+        if not decided:
             return
         with self._lock:
             self._target = self._wanted()

@@ -45,6 +45,13 @@ def test_measured_hand_offs_are_amortised_over_the_cpu_time_they_hand_on():
     # within the buffer's share of each worker
     policy.configure(64, 500)
     assert policy.thread_chunk() == 500 // 64
+    # a hand-off measured at 70 us on the worker's side (contended): with the consumer's
+    # 30 us, 100 us over 5 % of 25 us
+    policy.configure(8, 500)
+    policy.claim_chunk, policy.handoff_cpu = 1, 70e-6
+    assert policy.thread_chunk() == 62  # 500 // 8: within the buffer's share
+    policy.configure(2, 500)
+    assert policy.thread_chunk() == 80
     # CPU-bound work: its CPU time is its time, as estimated
     cpu_bound = ChunkPolicy(2, 500)
     cpu_bound.record(10, 10 * 200e-6)

@@ -223,6 +223,7 @@ def _claimed(feed_waits: bool, *, waited_s: float, tasks: int, elements: int, cp
     feed = types.SimpleNamespace(take_never_waits=not feed_waits)
     core = types.SimpleNamespace(policy=policy, counters=counters, feed=feed, tuned=None)
     sample = StageSample(elements=elements, wall=0.0, cpu=cpu, tasks=tasks)
+    sample.handoff_cpu, sample.handoffs = tasks * 60e-6, tasks  # 60 us each
     window = PoolWindow(0.0, 0.0, tasks=tasks, elements=elements, stages={id(core): sample})
     window.elapsed = INTERVAL_S
     model = PoolModel(budget=lambda: 2.0)
@@ -242,12 +243,14 @@ def test_a_busy_claim_path_gets_tasks_large_enough_to_serve_within_half_its_time
     assert rate * service / policy.claim_chunk <= 0.5  # within half of it at the new size
     assert rate * service / (policy.claim_chunk - 1) > 0.5  # and no larger than that needs
     assert policy.cpu_cost == 0.5 / 13_860
+    assert policy.handoff_cpu == pytest.approx(60e-6)
 
 
 def test_claims_that_wait_for_an_upstream_say_nothing_of_the_claim_path():
     policy, _, _ = _claimed(True, waited_s=12.1, tasks=1_386, elements=13_860, cpu=0.5)
     assert policy.claim_chunk is None
     assert policy.cpu_cost is None
+    assert policy.handoff_cpu is None
 
 
 def _window(stage: object, rate: float, busy: float, cpu_per_element: float) -> PoolWindow:

@@ -67,9 +67,10 @@ measured). One window's rate moves by ~10 % on a loaded 2-core machine, as much 
 step of threads gains: one window against one window refuted real gains.
 
 **Tasks' size** (``size_tasks``, for every stage on the pool, tuned or not): from each
-window, the elements' CPU time each and the claim path's service time, from which
-``ChunkPolicy`` sizes the tasks (a hand-off amortised over the CPU time it hands on, and a
-claim path busy at most ``CLAIM_BUSY`` of the time).
+window, the elements' CPU time each, the CPU time a hand-off takes on the worker's side,
+and the claim path's service time, from which ``ChunkPolicy`` sizes the tasks (a hand-off
+amortised over the CPU time it hands on, and a claim path busy at most ``CLAIM_BUSY`` of
+the time).
 
 **Buffers.** An in-order stage delivers nothing while its oldest task runs; meanwhile its
 other threads go on only while the buffer has room. So a buffer that never stops them
@@ -231,6 +232,11 @@ class StageSample:
     cpu: float = 0.0
     slowest: float = 0.0
     tasks: int = 0
+    handoff_cpu: float = 0.0
+    """The CPU time its tasks' hand-offs took on the threads that ran them (claiming,
+    filing, wake-ups) ..."""
+    handoffs: int = 0
+    """... over this many tasks (those a pool thread ran; inline ones hand nothing off)."""
 
 
 @dataclasses.dataclass
@@ -258,7 +264,9 @@ class PoolWindow:
     def start(cls, runqueue_s: float | None = None) -> PoolWindow:
         return cls(time.perf_counter(), time.process_time(), runqueue_s=runqueue_s)
 
-    def add(self, core: Any, size: int, wall: float, cpu: float) -> None:
+    def add(
+        self, core: Any, size: int, wall: float, cpu: float, handoff_cpu: float | None = None
+    ) -> None:
         self.tasks += 1
         self.elements += size
         self.wall += wall
@@ -269,6 +277,9 @@ class PoolWindow:
         sample.wall += wall
         sample.cpu += cpu
         sample.slowest = max(sample.slowest, wall)
+        if handoff_cpu is not None:
+            sample.handoff_cpu += max(0.0, handoff_cpu)
+            sample.handoffs += 1
 
     def due(self, interval: float = INTERVAL_S) -> bool:
         return self.tasks >= MIN_TASKS and time.perf_counter() - self.began >= interval
@@ -625,6 +636,9 @@ class PoolModel:
 
         - its elements' CPU time each (its tasks' thread time over their elements): a
           hand-off is amortised over the CPU time it hands on (``ChunkPolicy``);
+        - the CPU time a task's hand-off takes on the thread that ran it (its claim, its
+          filing, the wake-ups: 50-80 µs under contention on a 2-core machine, where an
+          uncontended hand-off costs 30 µs);
         - the fewest elements a task for its claim path to serve within ``CLAIM_BUSY``:
           its claimers waited ``wait`` thread-seconds for ``tasks`` claims; a single
           server busy ``rho`` of the time makes a claim wait ``s / (1 - rho)`` for a
@@ -658,6 +672,9 @@ class PoolModel:
                 policy.claim_chunk, max(1, math.ceil(rate * service / CLAIM_BUSY))
             )
             policy.cpu_cost = _resized(policy.cpu_cost, max(sample.cpu / sample.elements, 1e-9))
+            if sample.handoffs:
+                handoff = max(sample.handoff_cpu / sample.handoffs, 1e-9)
+                policy.handoff_cpu = _resized(policy.handoff_cpu, handoff)
             resized = resized or _resized(was, policy.wanted_thread_chunk()) != was
         return resized
 

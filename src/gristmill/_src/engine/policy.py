@@ -131,6 +131,10 @@ class ChunkPolicy:
         """Seconds of CPU an element takes on the thread that computes it, as the pool's
         model measures it (its tasks' thread time over their elements); None: not
         measured."""
+        self.handoff_cpu: float | None = None
+        """The CPU time a task's hand-off takes on the worker's side (its claim, its
+        filing, the wake-ups), as the pool's model measures it; the consumer's side is
+        taken as ``handoff_s``, an uncontended hand-off. None: not measured."""
         self.claim_chunk: int | None = None
         """The fewest elements a task carries for the stage's claim path (its locks, under
         the GIL) to stay within what it serves, as the pool's model measures it
@@ -262,12 +266,14 @@ class ChunkPolicy:
         CPU work under the GIL (locks, a queue, a wake-up), and the cores and the GIL are
         what the process's threads share, while a thread's wait is not (more threads
         overlap waits): so at most ``MAX_OVERHEAD`` of the elements' CPU time, and at least
-        what the claim path serves. A 2 ms read that spends 25 µs on the CPU carries 24
-        elements a task, not 1. Else estimated: the elements' whole time against
-        :meth:`contended_handoff_s`."""
+        what the claim path serves; a hand-off's cost is the worker's side measured
+        (``handoff_cpu``) and the consumer's side ``handoff_s``. A 2 ms read that spends
+        25 µs on the CPU carries 24 elements a task at 30 µs a hand-off, not 1. Else
+        estimated: the elements' whole time against :meth:`contended_handoff_s`."""
         if self.cpu_cost is not None and self.claim_chunk is not None:
             on_cpu = max(min(self.cpu_cost, cost), 1e-9)
-            amortised = math.ceil(self.handoff_s / (MAX_OVERHEAD * on_cpu))
+            handoff = self.handoff_s + (self.handoff_cpu or 0.0)
+            amortised = math.ceil(handoff / (MAX_OVERHEAD * on_cpu))
             return max(1, amortised, self.claim_chunk)
         return max(1, math.ceil(self.contended_handoff_s() / (MAX_OVERHEAD * max(cost, 1e-9))))
 

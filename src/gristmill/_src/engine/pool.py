@@ -220,6 +220,7 @@ class WorkerPool:
 
     def _serve(self, core: PooledCore, *, requeue: bool = True) -> None:
         """Runs one task of ``core``'s (if it has one to claim now), then queues it again."""
+        began_cpu = time.thread_time()
         claimed = core.claim(wait=False)
         if claimed is None:
             return
@@ -238,15 +239,24 @@ class WorkerPool:
         del chunk, claimed  # no traceback kept alive by a live thread (as Core.work)
         if requeue:
             self.wake(core)  # its next task, after the others queued before it
-        self.account(core, size, elapsed, cpu)
+        handoff_cpu = time.thread_time() - began_cpu - cpu  # the claim, filing, wake-ups
+        self.account(core, size, elapsed, cpu, handoff_cpu)
 
-    def account(self, core: PooledCore, size: int, wall: float, cpu: float) -> None:
+    def account(
+        self,
+        core: PooledCore,
+        size: int,
+        wall: float,
+        cpu: float,
+        handoff_cpu: float | None = None,
+    ) -> None:
         """Adds one task of ``core``'s (run by a thread of the pool's, or inline on its
-        consumer's) to the window; at the window's end, the model decides (outside the
-        lock) and the tuned stages get its settings."""
+        consumer's) to the window, with the CPU time its hand-off took on that thread
+        (None: run inline, nothing handed off); at the window's end, the model decides
+        (outside the lock) and the tuned stages get its settings."""
         with self._lock:
             window = self._window
-            window.add(core, size, wall, cpu)
+            window.add(core, size, wall, cpu, handoff_cpu)
             if not window.due():
                 return
             threads = list(self._native_ids.values())

@@ -89,7 +89,21 @@ def window(stage: object, work: Work, threads: int, cores: float, noise: float) 
     # CPU time: what the elements took, on at most the machine's cores (the noise moves
     # the rate, not what a core can give)
     cpu = min(elements * (work.gil + work.free), MACHINE_CORES * INTERVAL_S)
-    sample = StageSample(elements=elements, wall=busy * INTERVAL_S, cpu=cpu, slowest=whole)
+    return measured(stage, elements, busy, cpu, slowest=whole)
+
+
+def measured(
+    stage: object,
+    elements: int,
+    busy: float,
+    cpu: float,
+    *,
+    slowest: float,
+    waited_for_cores: float | None = None,
+) -> PoolWindow:
+    """A window of one stage: ``elements`` made, ``busy`` threads busy on average, ``cpu``
+    seconds of its tasks' CPU time; the process used that and the consumer's own share."""
+    sample = StageSample(elements=elements, wall=busy * INTERVAL_S, cpu=cpu, slowest=slowest)
     return PoolWindow(
         began=0.0,
         process_cpu=0.0,
@@ -100,6 +114,7 @@ def window(stage: object, work: Work, threads: int, cores: float, noise: float) 
         stages={id(stage): sample},
         elapsed=INTERVAL_S,
         used=cpu / INTERVAL_S + 0.02,  # the consumer's own share
+        waited_for_cores=waited_for_cores,
     )
 
 
@@ -257,19 +272,7 @@ def _window(stage: object, rate: float, busy: float, cpu_per_element: float) -> 
     """A window of ``rate`` elements a second, ``busy`` threads busy on average."""
     elements = round(rate * INTERVAL_S)
     cpu = elements * cpu_per_element
-    sample = StageSample(elements=elements, wall=busy * INTERVAL_S, cpu=cpu, slowest=0.002)
-    return PoolWindow(
-        began=0.0,
-        process_cpu=0.0,
-        tasks=elements,
-        elements=elements,
-        wall=busy * INTERVAL_S,
-        cpu=cpu,
-        stages={id(stage): sample},
-        elapsed=INTERVAL_S,
-        used=cpu / INTERVAL_S + 0.02,
-        waited_for_cores=0.0,
-    )
+    return measured(stage, elements, busy, cpu, slowest=0.002, waited_for_cores=0.0)
 
 
 def _io_model() -> tuple[PoolModel, types.SimpleNamespace]:

@@ -655,12 +655,7 @@ class PoolModel:
             last = lasts.get(id(core))
             self._claim_waits[id(core)] = waited
             sample = window.stages.get(id(core))
-            if (
-                last is None
-                or sample is None
-                or not sample.tasks
-                or not getattr(core.feed, "take_never_waits", False)
-            ):
+            if last is None or sample is None or not sample.tasks or not core.feed.take_never_waits:
                 continue
             claims = sample.tasks / elapsed
             per_claim = max(0.0, waited - last) / sample.tasks

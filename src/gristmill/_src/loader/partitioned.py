@@ -36,7 +36,7 @@ from gristmill._src.core.options import MultiprocessingOptions
 from gristmill._src.dataset import interleave_shards
 from gristmill._src.dataset.base import MapDataset
 from gristmill._src.dataset.batching import make_batch
-from gristmill._src.dataset.interleave import InterleaveIterDataset
+from gristmill._src.dataset.interleave import InterleaveDatasetIterator, InterleaveIterDataset
 from gristmill._src.dataset.iter_base import DatasetIterator, IterDataset, mark_nested
 from gristmill._src.dataset.partition_chunks import PartitionChunks
 from gristmill._src.engine.plan import Plan
@@ -236,7 +236,10 @@ class PartitionedIterator(DatasetIterator[Any]):
         self._step = 0
         self._steps: int | None = None  # counted at the first next(), unless restored
         self._partition_info: dict[int, tuple[Any, str]] = {}
-        super().__init__(iter(reader))
+        interleave = iter(reader)
+        assert isinstance(interleave, InterleaveDatasetIterator)
+        self._interleave = interleave
+        super().__init__(interleave)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -278,9 +281,7 @@ class PartitionedIterator(DatasetIterator[Any]):
     def plan(self) -> Plan:
         """Every partition's stages (partition after partition: their read stages are keyed
         ``"<name> #k"``), then the interleave that takes their chunks in turn."""
-        interleave = self._parent
-        opened = interleave.open_plans() if hasattr(interleave, "open_plans") else Plan([])
-        return Plan.joined([opened, interleave.plan()])
+        return Plan.joined([self._interleave.open_plans(), self._interleave.plan()])
 
     # -- states -----------------------------------------------------------------------
 
